@@ -1,0 +1,482 @@
+//! [`Engine`]: the multi-level feedback queue itself, in the handle/poll shape.
+//!
+//! Methods come in four groups:
+//! - getters: [`Engine::config`], [`Engine::container`], [`Engine::containers`], [`Engine::len`];
+//! - inputs, each taking `now`: [`Engine::handle_started`], [`Engine::handle_sample`], [`Engine::handle_removed`],
+//!   [`Engine::handle_timeout`], [`Engine::set_policy`], [`Engine::reconfigure`];
+//! - outputs: [`Engine::poll_change`] (drain until `None`) and [`Engine::poll_timeout`];
+//! - nothing else: the engine never reads a clock, does no I/O and logs nothing.
+//!
+//! The rule for drivers: after every input, drain [`Engine::poll_change`] until it returns `None`, then ask
+//! [`Engine::poll_timeout`] when to call [`Engine::handle_timeout`] next.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::config::{Config, ConfigError, CountMode};
+use crate::id::ContainerId;
+use crate::units::IoCounters;
+use crate::weight::Weight;
+
+/// How the engine treats one container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase", tag = "policy", content = "weight")]
+pub enum Policy {
+    /// Moves through the levels (default).
+    #[default]
+    Managed,
+    /// Held at a fixed weight; never demoted or boosted.
+    Pinned(Weight),
+    /// Not touched at all: the driver should leave (or put back) the weight the container had.
+    Excluded,
+}
+
+/// Why a container's weight changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Reason {
+    /// First seen: enters the top level.
+    New,
+    /// Used more than its level's allotment.
+    Demoted,
+    /// Below the top for `boost_after`: back to the top (starvation rule).
+    Boosted,
+    /// Periodic boost of every container (`boost_all_every`).
+    PeriodicBoost,
+    /// No I/O for `idle_promote_after`: one level up.
+    IdlePromoted,
+    /// Policy set to pinned.
+    Pinned,
+    /// Policy changed from excluded or pinned back to managed: enters the top level.
+    Managed,
+    /// Policy set to excluded: the driver should restore the weight the container had before it was managed.
+    Released,
+    /// The configuration changed the weight of the container's level.
+    Reconfigured,
+}
+
+impl Reason {
+    /// Kebab-case name, for logs and metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::New => "new",
+            Reason::Demoted => "demoted",
+            Reason::Boosted => "boosted",
+            Reason::PeriodicBoost => "periodic-boost",
+            Reason::IdlePromoted => "idle-promoted",
+            Reason::Pinned => "pinned",
+            Reason::Managed => "managed",
+            Reason::Released => "released",
+            Reason::Reconfigured => "reconfigured",
+        }
+    }
+}
+
+/// One decision: a container's weight must change. Levels are 0-based (0 = top).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WeightChange {
+    /// The container.
+    pub id: ContainerId,
+    /// The weight to apply; `None` means "release": restore the weight it had before the engine managed it.
+    pub weight: Option<Weight>,
+    /// Level before, if it was managed.
+    pub old_level: Option<usize>,
+    /// Level after, if it is managed.
+    pub new_level: Option<usize>,
+    /// Why.
+    pub reason: Reason,
+    /// Bytes counted at the old level when the change happened (the allotment used).
+    pub bytes_at_old_level: u64,
+}
+
+/// A read-only view of one container's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ContainerView {
+    /// The container.
+    pub id: ContainerId,
+    /// Its policy.
+    pub policy: Policy,
+    /// Current level (0 = top); meaningful only for managed containers.
+    pub level: usize,
+    /// The weight the engine wants it to have; `None` for excluded containers.
+    pub weight: Option<Weight>,
+    /// Bytes counted since it entered its current level.
+    pub bytes_at_level: u64,
+    /// Bytes counted since the engine first saw it.
+    pub total_bytes: u64,
+    /// Time spent at the current level.
+    pub time_at_level: Duration,
+}
+
+#[derive(Debug, Clone)]
+struct Container {
+    policy: Policy,
+    level: usize,
+    entered_level: Instant,
+    /// When it left the top level; `None` while at the top.
+    left_top: Option<Instant>,
+    /// Last time it did counted I/O (or entered its level, whichever is later, for the idle rule).
+    last_io: Instant,
+    bytes_at_level: u64,
+    total_bytes: u64,
+    /// Previous counters; `None` means the next sample is a baseline (adopted container, I/O before unknown).
+    last: Option<IoCounters>,
+}
+
+impl Container {
+    fn enter(policy: Policy, now: Instant, last: Option<IoCounters>) -> Self {
+        Self {
+            policy,
+            level: 0,
+            entered_level: now,
+            left_top: None,
+            last_io: now,
+            bytes_at_level: 0,
+            total_bytes: 0,
+            last,
+        }
+    }
+}
+
+/// The multi-level feedback queue. See the module documentation for the calling rules.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    config: Config,
+    containers: BTreeMap<ContainerId, Container>,
+    changes: VecDeque<WeightChange>,
+    /// Earliest time a timer may fire; may be earlier than the true next deadline (a spurious wake-up costs one
+    /// scan), never later.
+    next_deadline: Option<Instant>,
+    last_periodic_boost: Instant,
+}
+
+impl Engine {
+    /// Creates an engine with a validated config; `now` starts the periodic-boost clock.
+    pub fn new(config: Config, now: Instant) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let mut engine = Self {
+            config,
+            containers: BTreeMap::new(),
+            changes: VecDeque::new(),
+            next_deadline: None,
+            last_periodic_boost: now,
+        };
+        engine.next_deadline = engine.periodic_deadline();
+        Ok(engine)
+    }
+
+    // ----- getters -----
+
+    /// The config in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Number of containers known (any policy).
+    pub fn len(&self) -> usize {
+        self.containers.len()
+    }
+
+    /// Whether no container is known.
+    pub fn is_empty(&self) -> bool {
+        self.containers.is_empty()
+    }
+
+    /// State of one container.
+    pub fn container(&self, id: &ContainerId, now: Instant) -> Option<ContainerView> {
+        self.containers.get(id).map(|c| self.view(id, c, now))
+    }
+
+    /// State of every container, in id order.
+    pub fn containers(&self, now: Instant) -> impl Iterator<Item = ContainerView> + '_ {
+        self.containers.iter().map(move |(id, c)| self.view(id, c, now))
+    }
+
+    fn view(&self, id: &ContainerId, c: &Container, now: Instant) -> ContainerView {
+        ContainerView {
+            id: id.clone(),
+            policy: c.policy,
+            level: c.level,
+            weight: self.weight_for(c),
+            bytes_at_level: c.bytes_at_level,
+            total_bytes: c.total_bytes,
+            time_at_level: now.saturating_duration_since(c.entered_level),
+        }
+    }
+
+    fn weight_for(&self, c: &Container) -> Option<Weight> {
+        match c.policy {
+            Policy::Managed => Some(self.config.levels[c.level].weight),
+            Policy::Pinned(w) => Some(w),
+            Policy::Excluded => None,
+        }
+    }
+
+    // ----- inputs -----
+
+    /// A container was just created or started: it enters the top level at once (before any sample), and its
+    /// counters are taken to start from zero, so I/O it does before the first sample counts.
+    ///
+    /// Starting a container the engine already knows (a restart) puts it back at the top as a new one.
+    pub fn handle_started(&mut self, id: &ContainerId, now: Instant) {
+        let policy = self.containers.get(id).map_or(Policy::Managed, |c| c.policy);
+        let old = self.containers.insert(id.clone(), Container::enter(policy, now, Some(IoCounters::default())));
+        self.announce_entry(id, old, policy);
+    }
+
+    /// A sample of a container's cumulative counters. An unknown container is adopted: it enters the top level
+    /// and this sample is its baseline (what it did before is not held against it).
+    ///
+    /// A counter lower than the previous sample is a reset (cgroup recreated): the new value is counted from zero.
+    pub fn handle_sample(&mut self, id: &ContainerId, counters: IoCounters, now: Instant) {
+        let Some(c) = self.containers.get_mut(id) else {
+            self.containers.insert(id.clone(), Container::enter(Policy::Managed, now, Some(counters)));
+            self.announce_entry(id, None, Policy::Managed);
+            return;
+        };
+        let delta = match c.last.replace(counters) {
+            Some(prev) => counted(self.config.count, prev, counters),
+            // A baseline-less entry never happens today (every entry sets `last`), but stay total.
+            None => 0,
+        };
+        if delta == 0 {
+            return;
+        }
+        c.total_bytes = c.total_bytes.saturating_add(delta);
+        c.bytes_at_level = c.bytes_at_level.saturating_add(delta);
+        c.last_io = now;
+        if c.policy != Policy::Managed {
+            return;
+        }
+        let old_level = c.level;
+        let used = c.bytes_at_level;
+        let bottom = self.config.bottom();
+        // Allotment rule: cross as many levels as the sample covers, carrying the surplus down.
+        while c.level < bottom && c.bytes_at_level > self.config.levels[c.level].threshold.0 {
+            c.bytes_at_level -= self.config.levels[c.level].threshold.0;
+            c.level += 1;
+        }
+        if c.level != old_level {
+            c.entered_level = now;
+            if old_level == 0 {
+                c.left_top = Some(now);
+            }
+            let deadline = self.container_deadline(&self.containers[id]);
+            self.lower_deadline(deadline);
+            self.push_level_change(id, old_level, self.containers[id].level, Reason::Demoted, used);
+        }
+    }
+
+    /// The container is gone; its state is dropped. No change is emitted (there is no cgroup left to write).
+    pub fn handle_removed(&mut self, id: &ContainerId, _now: Instant) {
+        self.containers.remove(id);
+    }
+
+    /// Sets a container's policy (adding it at the top if unknown). Emits the change it implies.
+    pub fn set_policy(&mut self, id: &ContainerId, policy: Policy, now: Instant) {
+        let Some(c) = self.containers.get_mut(id) else {
+            self.containers.insert(id.clone(), Container::enter(policy, now, None));
+            self.announce_entry(id, None, policy);
+            return;
+        };
+        if c.policy == policy {
+            return;
+        }
+        let old_policy = std::mem::replace(&mut c.policy, policy);
+        let old_level = (old_policy == Policy::Managed).then_some(c.level);
+        let used = c.bytes_at_level;
+        let (weight, new_level, reason) = match policy {
+            Policy::Pinned(w) => (Some(w), None, Reason::Pinned),
+            Policy::Excluded => (None, None, Reason::Released),
+            Policy::Managed => {
+                let (last, last_io) = (c.last, c.last_io);
+                *c = Container::enter(Policy::Managed, now, last);
+                c.last_io = last_io.max(now);
+                (Some(self.config.levels[0].weight), Some(0), Reason::Managed)
+            }
+        };
+        self.changes.push_back(WeightChange {
+            id: id.clone(),
+            weight,
+            old_level,
+            new_level,
+            reason,
+            bytes_at_old_level: used,
+        });
+    }
+
+    /// Fires every timer due at `now`: starvation boost, idle promotion, periodic boost. Calling it early or
+    /// often is harmless.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let periodic = self
+            .config
+            .boost_all_every
+            .filter(|p| self.last_periodic_boost.checked_add(*p).is_some_and(|due| now >= due));
+        if periodic.is_some() {
+            self.last_periodic_boost = now;
+        }
+        let mut next: Option<Instant> = self.periodic_deadline();
+        let mut moves: Vec<(ContainerId, usize, usize, Reason, u64)> = Vec::new();
+        for (id, c) in self.containers.iter_mut() {
+            if c.policy != Policy::Managed {
+                continue;
+            }
+            let old = c.level;
+            let used = c.bytes_at_level;
+            let boost_due = c.left_top.and_then(|t| t.checked_add(self.config.boost_after)).is_some_and(|d| now >= d);
+            let idle_due = self
+                .config
+                .idle_promote_after
+                .and_then(|d| c.last_io.max(c.entered_level).checked_add(d))
+                .is_some_and(|d| now >= d);
+            let reason = if old == 0 {
+                None
+            } else if periodic.is_some() {
+                Some(Reason::PeriodicBoost)
+            } else if boost_due {
+                Some(Reason::Boosted)
+            } else if idle_due {
+                Some(Reason::IdlePromoted)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                c.level = if reason == Reason::IdlePromoted { old - 1 } else { 0 };
+                c.entered_level = now;
+                c.bytes_at_level = 0;
+                if c.level == 0 {
+                    c.left_top = None;
+                }
+                moves.push((id.clone(), old, c.level, reason, used));
+            }
+            if let Some(d) = deadline_of(&self.config, c) {
+                next = Some(next.map_or(d, |n| n.min(d)));
+            }
+        }
+        self.next_deadline = next;
+        for (id, old, new, reason, used) in moves {
+            self.push_level_change(&id, old, new, reason, used);
+        }
+    }
+
+    /// Replaces the config. On error the old config stays in force. Containers keep their level (clamped to the
+    /// new bottom); those whose weight changes get a [`Reason::Reconfigured`] change.
+    pub fn reconfigure(&mut self, config: Config, now: Instant) -> Result<(), ConfigError> {
+        config.validate()?;
+        let old = std::mem::replace(&mut self.config, config);
+        let bottom = self.config.bottom();
+        let mut moves = Vec::new();
+        for (id, c) in self.containers.iter_mut() {
+            if c.policy != Policy::Managed {
+                continue;
+            }
+            let old_level = c.level;
+            if c.level > bottom {
+                c.level = bottom;
+                c.entered_level = now;
+            }
+            if old.levels[old_level].weight != self.config.levels[c.level].weight || old_level != c.level {
+                moves.push((id.clone(), old_level, c.level, c.bytes_at_level));
+            }
+        }
+        for (id, old_level, new_level, used) in moves {
+            self.push_level_change(&id, old_level, new_level, Reason::Reconfigured, used);
+        }
+        // Timers may now be due earlier or later: recompute on the next poll.
+        self.next_deadline = Some(now);
+        Ok(())
+    }
+
+    // ----- outputs -----
+
+    /// Next decision to carry out, oldest first. Drain until `None` after every input.
+    pub fn poll_change(&mut self) -> Option<WeightChange> {
+        self.changes.pop_front()
+    }
+
+    /// When [`Engine::handle_timeout`] must be called next; `None` if no timer is pending. May be earlier than
+    /// strictly needed (never later).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.next_deadline
+    }
+
+    // ----- internals -----
+
+    fn announce_entry(&mut self, id: &ContainerId, old: Option<Container>, policy: Policy) {
+        let (old_level, used) = match &old {
+            Some(c) if c.policy == Policy::Managed => (Some(c.level), c.bytes_at_level),
+            _ => (None, 0),
+        };
+        let (weight, new_level, reason) = match policy {
+            Policy::Managed => (Some(self.config.levels[0].weight), Some(0), Reason::New),
+            Policy::Pinned(w) => (Some(w), None, Reason::Pinned),
+            // Entering as excluded: nothing was applied, nothing to release (set_policy emits the release when a
+            // managed container becomes excluded).
+            Policy::Excluded => return,
+        };
+        let c = &self.containers[id];
+        let deadline = deadline_of(&self.config, c);
+        self.lower_deadline(deadline);
+        self.changes.push_back(WeightChange {
+            id: id.clone(),
+            weight,
+            old_level,
+            new_level,
+            reason,
+            bytes_at_old_level: used,
+        });
+    }
+
+    fn push_level_change(&mut self, id: &ContainerId, old: usize, new: usize, reason: Reason, used: u64) {
+        self.changes.push_back(WeightChange {
+            id: id.clone(),
+            weight: Some(self.config.levels[new].weight),
+            old_level: Some(old),
+            new_level: Some(new),
+            reason,
+            bytes_at_old_level: used,
+        });
+    }
+
+    fn container_deadline(&self, c: &Container) -> Option<Instant> {
+        deadline_of(&self.config, c)
+    }
+
+    fn lower_deadline(&mut self, d: Option<Instant>) {
+        if let Some(d) = d {
+            self.next_deadline = Some(self.next_deadline.map_or(d, |n| n.min(d)));
+        }
+    }
+
+    fn periodic_deadline(&self) -> Option<Instant> {
+        self.config.boost_all_every.and_then(|p| self.last_periodic_boost.checked_add(p))
+    }
+}
+
+/// Earliest timer of one managed container below the top: its boost or its idle promotion.
+fn deadline_of(config: &Config, c: &Container) -> Option<Instant> {
+    if c.policy != Policy::Managed || c.level == 0 {
+        return None;
+    }
+    let boost = c.left_top.and_then(|t| t.checked_add(config.boost_after));
+    let idle = config.idle_promote_after.and_then(|d| c.last_io.max(c.entered_level).checked_add(d));
+    match (boost, idle) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Bytes counted between two samples; a counter that went down restarted from zero.
+fn counted(mode: CountMode, prev: IoCounters, now: IoCounters) -> u64 {
+    let step = |p: u64, n: u64| if n >= p { n - p } else { n };
+    let read = step(prev.read, now.read);
+    let write = step(prev.write, now.write);
+    match mode {
+        CountMode::Read => read,
+        CountMode::Write => write,
+        CountMode::Both => read.saturating_add(write),
+    }
+}
