@@ -1,0 +1,334 @@
+//! Resolving a container's cgroup directory, confined to the [`CgroupRoot`].
+//!
+//! ## How confinement is checked, and why that is enough
+//! A relative path is first checked lexically (only plain components: no `..`, no leading `/`), then walked
+//! component by component with `symlink_metadata` (lstat): every component must exist and be a real directory,
+//! never a symlink. The root itself is trusted (it comes from mountinfo, or is canonicalized by
+//! [`CgroupRoot::from_dir`]).
+//!
+//! This check happens at resolution time only, and later opens use the path again. That leaves no window on a
+//! real cgroup filesystem: cgroupfs (kernfs) has no `symlink` operation, so nobody, root included, can put a
+//! symlink inside the hierarchy after the check; all that can happen is a directory being removed (seen later as
+//! ENOENT/ENODEV: [`CgroupError::Vanished`]), or removed and recreated under the same name, which is the same
+//! cgroup name and as far as the kernel is concerned a legitimate cgroup. Files are additionally opened with
+//! `O_NOFOLLOW`. On ordinary filesystems (test fixtures) a symlink could be swapped in after the check; that is a
+//! test environment, not a trust boundary. `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` would close that gap
+//! too, but needs a directory fd per cgroup kept open (or a root fd and per-open resolution) for no gain on cgroupfs.
+
+use std::fmt;
+use std::fs;
+use std::path::{Component, Path, PathBuf};
+use std::str::FromStr;
+
+use super::error::{CgroupError, Result};
+use super::mount::{CgroupRoot, CgroupVersion};
+
+/// A cgroup directory that existed, as a real directory reached without symlinks, under its [`CgroupRoot`] when
+/// it was resolved. Only the `resolve_*` methods of [`CgroupRoot`] make one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CgroupDir {
+    path: PathBuf,
+    version: CgroupVersion,
+}
+
+impl CgroupDir {
+    /// The absolute path of the directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The cgroup interface of the hierarchy the directory is in.
+    pub fn version(&self) -> CgroupVersion {
+        self.version
+    }
+}
+
+/// How Docker names container cgroups (`docker info` shows it as "Cgroup Driver").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CgroupDriver {
+    /// `<parent>/<id>`, parent `/docker` unless `--cgroup-parent` says otherwise.
+    Cgroupfs,
+    /// `<expanded slice>/docker-<id>.scope`, slice `system.slice` unless `--cgroup-parent` names another.
+    Systemd,
+}
+
+impl FromStr for CgroupDriver {
+    type Err = CgroupError;
+
+    /// Accepts Docker's spellings, "cgroupfs" and "systemd".
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "cgroupfs" => Ok(Self::Cgroupfs),
+            "systemd" => Ok(Self::Systemd),
+            _ => Err(CgroupError::InvalidName {
+                what: "cgroup driver",
+                value: s.into(),
+                reason: "expected \"cgroupfs\" or \"systemd\"",
+            }),
+        }
+    }
+}
+
+impl fmt::Display for CgroupDriver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Cgroupfs => "cgroupfs",
+            Self::Systemd => "systemd",
+        })
+    }
+}
+
+impl CgroupRoot {
+    /// The cgroup directory `rel` below the root, e.g. `docker/<id>` or `system.slice/docker-<id>.scope`.
+    ///
+    /// `rel` must be relative: plain components only (no `..`, no leading `/`); the empty string is the root
+    /// itself. Every component must exist and be a real directory, not a symlink. A missing directory is
+    /// reported as [`CgroupError::Vanished`].
+    pub fn resolve_relative(&self, rel: &str) -> Result<CgroupDir> {
+        let outside = |reason| CgroupError::OutsideRoot { path: rel.into(), root: self.path.clone(), reason };
+        if rel.contains('\0') {
+            return Err(CgroupError::InvalidName { what: "cgroup path", value: rel.into(), reason: "contains NUL" });
+        }
+        let mut parts = Vec::new();
+        for component in Path::new(rel).components() {
+            match component {
+                Component::Normal(part) => parts.push(part),
+                Component::CurDir => {}
+                Component::ParentDir => return Err(outside("contains a `..` component")),
+                Component::RootDir | Component::Prefix(_) => return Err(outside("is absolute")),
+            }
+        }
+        let mut path = self.path.clone();
+        for part in parts {
+            path.push(part);
+            match fs::symlink_metadata(&path) {
+                Ok(meta) if meta.file_type().is_symlink() => return Err(outside("a component is a symlink")),
+                Ok(meta) if meta.is_dir() => {}
+                Ok(_) => {
+                    let source = std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a cgroup directory");
+                    return Err(CgroupError::Io { op: "use", path, source });
+                }
+                Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(CgroupError::Vanished { path, source })
+                }
+                Err(source) => return Err(CgroupError::Io { op: "stat", path, source }),
+            }
+        }
+        tracing::trace!(path = %path.display(), "resolved cgroup");
+        Ok(CgroupDir { path, version: self.version })
+    }
+
+    /// The cgroup of process `pid` in this hierarchy, from `/proc/PID/cgroup`. A process that is gone gives
+    /// [`CgroupError::Vanished`].
+    pub fn resolve_pid(&self, pid: u32) -> Result<CgroupDir> {
+        if pid == 0 {
+            return Err(CgroupError::InvalidName { what: "pid", value: "0".into(), reason: "not a process" });
+        }
+        let file = PathBuf::from(format!("/proc/{pid}/cgroup"));
+        let text = fs::read(&file).map_err(|source| match source.raw_os_error() {
+            Some(libc::ENOENT | libc::ESRCH) => CgroupError::Vanished { path: file.clone(), source },
+            _ => CgroupError::Io { op: "read", path: file.clone(), source },
+        })?;
+        self.resolve_proc_cgroup(&file, &text)
+    }
+
+    /// [`CgroupRoot::resolve_pid`] on the text of a `/proc/PID/cgroup` file (`file` names it in errors).
+    pub fn resolve_proc_cgroup(&self, file: &Path, text: &[u8]) -> Result<CgroupDir> {
+        let hierarchy_path = proc_cgroup_path(file, text, self.version)?;
+        let rel = self.strip_mount_root(hierarchy_path)?;
+        self.resolve_relative(rel)
+    }
+
+    /// The cgroup of Docker container `id` (the full 64-hex-digit id), under Docker's naming for `driver` and its
+    /// `--cgroup-parent` option (`None`: Docker's default, `/docker` or `system.slice`).
+    pub fn resolve_docker(&self, id: &str, driver: CgroupDriver, parent: Option<&str>) -> Result<CgroupDir> {
+        validate_docker_id(id)?;
+        let rel = match driver {
+            CgroupDriver::Cgroupfs => {
+                // Docker writes parents as absolute cgroup paths ("/docker"); they are relative to our root.
+                let parent = parent.unwrap_or("/docker").trim_start_matches('/').trim_end_matches('/');
+                if parent.is_empty() {
+                    id.to_owned()
+                } else {
+                    format!("{parent}/{id}")
+                }
+            }
+            CgroupDriver::Systemd => {
+                let slice = expand_slice(parent.unwrap_or("system.slice"))?;
+                if slice.is_empty() {
+                    format!("docker-{id}.scope")
+                } else {
+                    format!("{slice}/docker-{id}.scope")
+                }
+            }
+        };
+        self.resolve_relative(&rel)
+    }
+
+    /// Makes a path of the hierarchy (as /proc shows it) relative to what this mount shows.
+    fn strip_mount_root<'a>(&self, hierarchy_path: &'a str) -> Result<&'a str> {
+        let root = self.mount_root.trim_end_matches('/');
+        let rest = hierarchy_path.strip_prefix(root).filter(|rest| rest.is_empty() || rest.starts_with('/'));
+        match rest {
+            Some(rest) => Ok(rest.trim_start_matches('/')),
+            None => Err(CgroupError::OutsideRoot {
+                path: hierarchy_path.into(),
+                root: self.path.clone(),
+                reason: "the process's cgroup is not below the mounted part of the hierarchy",
+            }),
+        }
+    }
+}
+
+/// The path of the block-I/O hierarchy in `/proc/PID/cgroup` text: for v1 the line whose controller list
+/// contains `blkio` (`7:blkio:/docker/<id>`, `4:cpu,cpuacct,blkio:/x`); for v2 the `0::/path` line.
+pub(crate) fn proc_cgroup_path<'a>(file: &Path, text: &'a [u8], version: CgroupVersion) -> Result<&'a str> {
+    for (index, line) in text.split(|b| *b == b'\n').enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        let line_text =
+            std::str::from_utf8(line).map_err(|_| CgroupError::parse(file, index + 1, line, "not UTF-8"))?;
+        let mut fields = line_text.splitn(3, ':');
+        let (Some(_id), Some(controllers), Some(path)) = (fields.next(), fields.next(), fields.next()) else {
+            return Err(CgroupError::parse(file, index + 1, line, "expected ID:CONTROLLERS:PATH"));
+        };
+        let wanted = match version {
+            CgroupVersion::V1 => controllers.split(',').any(|c| c == "blkio"),
+            CgroupVersion::V2 => controllers.is_empty() && line_text.starts_with("0::"),
+        };
+        if wanted {
+            if !path.starts_with('/') {
+                return Err(CgroupError::parse(file, index + 1, line, "cgroup path is not absolute"));
+            }
+            return Ok(path);
+        }
+    }
+    let what = match version {
+        CgroupVersion::V1 => "no blkio line",
+        CgroupVersion::V2 => "no 0:: line",
+    };
+    Err(CgroupError::parse(file, 0, b"", what))
+}
+
+/// A full Docker container id: 64 lowercase hex digits (short ids are ambiguous, and anything else could be a
+/// path).
+fn validate_docker_id(id: &str) -> Result<()> {
+    if id.len() == 64 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        Ok(())
+    } else {
+        Err(CgroupError::InvalidName {
+            what: "container id",
+            value: id.into(),
+            reason: "expected the full id: 64 lowercase hex digits",
+        })
+    }
+}
+
+/// systemd's slice naming, as runc's `ExpandSlice`: `a-b-c.slice` lives at `a.slice/a-b.slice/a-b-c.slice`;
+/// `-.slice` is the root (empty path).
+fn expand_slice(slice: &str) -> Result<String> {
+    let invalid = |reason| CgroupError::InvalidName { what: "cgroup parent", value: slice.into(), reason };
+    let Some(name) = slice.strip_suffix(".slice") else {
+        return Err(invalid("with the systemd driver the parent must be a slice name ending in .slice"));
+    };
+    if slice.contains('/') {
+        return Err(invalid("a slice name contains no '/'"));
+    }
+    if name == "-" {
+        return Ok(String::new());
+    }
+    let mut path = String::new();
+    let mut prefix = String::new();
+    for component in name.split('-') {
+        if component.is_empty() || component == "." || component == ".." {
+            return Err(invalid("empty or dot component between '-'"));
+        }
+        if !path.is_empty() {
+            path.push('/');
+        }
+        path.push_str(&prefix);
+        path.push_str(component);
+        path.push_str(".slice");
+        prefix.push_str(component);
+        prefix.push('-');
+    }
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str, version: CgroupVersion) -> Result<&str> {
+        proc_cgroup_path(Path::new("/proc/1/cgroup"), text.as_bytes(), version)
+    }
+
+    #[test]
+    fn proc_cgroup_v1_blkio_line() {
+        let text = "9:name=systemd:/\n8:pids:/\n7:blkio:/docker/abc\n0::/\n";
+        assert_eq!(parse(text, CgroupVersion::V1).unwrap(), "/docker/abc");
+        let text = "4:cpu,cpuacct,blkio:/system.slice/docker-x.scope\n";
+        assert_eq!(parse(text, CgroupVersion::V1).unwrap(), "/system.slice/docker-x.scope");
+        // A path may contain ':'.
+        assert_eq!(parse("7:blkio:/a:b\n", CgroupVersion::V1).unwrap(), "/a:b");
+        assert!(parse("7:blkio2:/a\n0::/\n", CgroupVersion::V1).is_err());
+    }
+
+    #[test]
+    fn proc_cgroup_v2_line() {
+        assert_eq!(parse("0::/user.slice/x.scope\n", CgroupVersion::V2).unwrap(), "/user.slice/x.scope");
+        assert_eq!(parse("7:blkio:/d\n0::/\n", CgroupVersion::V2).unwrap(), "/");
+        let err = parse("7:blkio:/d\n", CgroupVersion::V2).unwrap_err();
+        assert!(matches!(err, CgroupError::Parse { line: 0, .. }), "{err}");
+    }
+
+    #[test]
+    fn proc_cgroup_garbage() {
+        let err = parse("7:blkio:/d\nnonsense\n", CgroupVersion::V2).unwrap_err();
+        assert!(matches!(err, CgroupError::Parse { line: 2, ref text, .. } if text == "nonsense"), "{err}");
+        let err = proc_cgroup_path(Path::new("f"), b"7:blkio:/\xff\n", CgroupVersion::V1).unwrap_err();
+        assert!(matches!(err, CgroupError::Parse { line: 1, .. }), "{err}");
+        assert!(parse("", CgroupVersion::V1).is_err());
+        assert!(parse("7:blkio:relative\n", CgroupVersion::V1).is_err());
+    }
+
+    #[test]
+    fn slices_expand_like_runc() {
+        assert_eq!(expand_slice("system.slice").unwrap(), "system.slice");
+        assert_eq!(expand_slice("a-b-c.slice").unwrap(), "a.slice/a-b.slice/a-b-c.slice");
+        assert_eq!(expand_slice("-.slice").unwrap(), "");
+        for bad in ["system", ".slice", "a--b.slice", "-a.slice", "a-.slice", "a/b.slice", "../x.slice", "a-...slice"] {
+            assert!(expand_slice(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn docker_ids() {
+        assert!(validate_docker_id(&"a".repeat(64)).is_ok());
+        assert!(validate_docker_id(&"0123456789abcdef".repeat(4)).is_ok());
+        for bad in ["abc".to_owned(), "A".repeat(64), "g".repeat(64), "a".repeat(65), format!("../{}", "a".repeat(61))]
+        {
+            assert!(validate_docker_id(&bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn drivers_parse() {
+        assert_eq!("systemd".parse::<CgroupDriver>().unwrap(), CgroupDriver::Systemd);
+        assert_eq!("cgroupfs".parse::<CgroupDriver>().unwrap().to_string(), "cgroupfs");
+        assert!("Systemd".parse::<CgroupDriver>().is_err());
+    }
+
+    #[test]
+    fn mount_root_is_stripped() {
+        let root = CgroupRoot { version: CgroupVersion::V1, path: "/r".into(), mount_root: "/docker/a".into() };
+        assert_eq!(root.strip_mount_root("/docker/a").unwrap(), "");
+        assert_eq!(root.strip_mount_root("/docker/a/b").unwrap(), "b");
+        assert!(root.strip_mount_root("/docker/ab").is_err());
+        assert!(root.strip_mount_root("/").is_err());
+        let host = CgroupRoot { mount_root: "/".into(), ..root };
+        assert_eq!(host.strip_mount_root("/docker/x").unwrap(), "docker/x");
+        assert_eq!(host.strip_mount_root("/").unwrap(), "");
+    }
+}

@@ -1,0 +1,325 @@
+//! [`WeightFile`]: a cgroup's block-I/O weight, read and written on the engine's [`Weight`] scale and verified.
+
+use std::fs::OpenOptions;
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use qos_core::{Weight, WeightError};
+
+use super::error::{CgroupError, Result};
+use super::mount::CgroupVersion;
+use super::path::CgroupDir;
+
+/// v1 BFQ weight, 1..=1000. Reads `100\n`; accepts a plain number only ("default N" is EINVAL, checked on 6.18).
+pub const V1_BFQ_WEIGHT: &str = "blkio.bfq.weight";
+/// v1 CFQ weight, 10..=1000 (kernels before 5.0). Plain number.
+pub const V1_BLKIO_WEIGHT: &str = "blkio.weight";
+/// v2 BFQ weight, 1..=1000. Reads `default 100\n` plus `MAJ:MIN N` overrides; accepts `default N`.
+pub const V2_BFQ_WEIGHT: &str = "io.bfq.weight";
+/// v2 io.cost weight, 1..=10000. Reads `default 100\n` plus `MAJ:MIN N` overrides; accepts `default N`.
+pub const V2_IO_WEIGHT: &str = "io.weight";
+
+/// Which weight file a [`WeightFile`] manages; each has its own range and write format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WeightFileKind {
+    /// v1 `blkio.bfq.weight`.
+    V1Bfq,
+    /// v1 `blkio.weight` (CFQ).
+    V1Blkio,
+    /// v2 `io.bfq.weight`.
+    V2Bfq,
+    /// v2 `io.weight` (io.cost).
+    V2Io,
+}
+
+impl WeightFileKind {
+    /// The file name inside the cgroup directory.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Self::V1Bfq => V1_BFQ_WEIGHT,
+            Self::V1Blkio => V1_BLKIO_WEIGHT,
+            Self::V2Bfq => V2_BFQ_WEIGHT,
+            Self::V2Io => V2_IO_WEIGHT,
+        }
+    }
+
+    /// The value this file takes for `weight`.
+    pub fn file_value(self, weight: Weight) -> u32 {
+        match self {
+            Self::V1Bfq | Self::V2Bfq => weight.to_bfq(),
+            Self::V1Blkio => weight.to_v1_blkio_weight(),
+            Self::V2Io => weight.to_io_weight(),
+        }
+    }
+
+    /// The weight a value of this file stands for.
+    pub fn weight_of(self, value: u64) -> Result<Weight, WeightError> {
+        match self {
+            Self::V1Bfq | Self::V2Bfq | Self::V1Blkio => Weight::new(value),
+            Self::V2Io => {
+                let value = u32::try_from(value).map_err(|_| WeightError::OutOfRange { value, min: 1, max: 10_000 })?;
+                Weight::from_io_weight(value)
+            }
+        }
+    }
+
+    /// Exactly what is written for file value `value`: v1 files take a plain number, v2 files the documented
+    /// `default N` form (which sets the default and leaves per-device overrides alone).
+    fn data(self, value: u32) -> String {
+        match self {
+            Self::V1Bfq | Self::V1Blkio => format!("{value}\n"),
+            Self::V2Bfq | Self::V2Io => format!("default {value}\n"),
+        }
+    }
+
+    fn candidates(version: CgroupVersion) -> &'static [Self] {
+        match version {
+            CgroupVersion::V1 => &[Self::V1Bfq, Self::V1Blkio],
+            CgroupVersion::V2 => &[Self::V2Bfq, Self::V2Io],
+        }
+    }
+}
+
+const V1_NAMES: &[&str] = &[V1_BFQ_WEIGHT, V1_BLKIO_WEIGHT];
+const V2_NAMES: &[&str] = &[V2_BFQ_WEIGHT, V2_IO_WEIGHT];
+
+/// A cgroup's weight file: BFQ's if the kernel offers it (the weights that act on BFQ devices), else the legacy
+/// v1 `blkio.weight` or v2 `io.weight`.
+///
+/// Only these four file names are ever written, and only inside a [`CgroupDir`] (which is confined to the cgroup
+/// root). Files are opened per operation with `O_NOFOLLOW` and never created: a missing file is an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightFile {
+    path: PathBuf,
+    dir: PathBuf,
+    kind: WeightFileKind,
+}
+
+impl WeightFile {
+    /// Finds the weight file of `dir`. [`CgroupError::MissingFile`] if there is none (e.g. v1 without BFQ and
+    /// CFQ, or the root cgroup), [`CgroupError::Vanished`] if the cgroup is gone.
+    pub fn open(dir: &CgroupDir) -> Result<Self> {
+        for &kind in WeightFileKind::candidates(dir.version()) {
+            let path = dir.path().join(kind.file_name());
+            match std::fs::symlink_metadata(&path) {
+                Ok(meta) if meta.is_file() => {
+                    tracing::debug!(path = %path.display(), ?kind, "weight file");
+                    return Ok(Self { path, dir: dir.path().to_owned(), kind });
+                }
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(CgroupError::on_cgroup_file("stat", &path, dir.path(), e)),
+            }
+        }
+        if !dir.path().is_dir() {
+            let source = std::io::Error::from_raw_os_error(libc::ENOENT);
+            return Err(CgroupError::Vanished { path: dir.path().to_owned(), source });
+        }
+        let candidates = match dir.version() {
+            CgroupVersion::V1 => V1_NAMES,
+            CgroupVersion::V2 => V2_NAMES,
+        };
+        Err(CgroupError::MissingFile { dir: dir.path().to_owned(), candidates })
+    }
+
+    /// The full path of the weight file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Which weight file this is.
+    pub fn kind(&self) -> WeightFileKind {
+        self.kind
+    }
+
+    /// The cgroup's weight (its default weight; per-device overrides are not ours), on the engine's scale.
+    pub fn read(&self) -> Result<Weight> {
+        let value = self.read_file_value()?;
+        self.kind.weight_of(value.into()).map_err(|source| CgroupError::WeightRange {
+            path: self.path.clone(),
+            value: value.into(),
+            source,
+        })
+    }
+
+    /// Writes `weight` (converted to this file's scale). Does not read back; see [`WeightFile::write_verified`].
+    pub fn write(&self, weight: Weight) -> Result<()> {
+        let value = self.kind.file_value(weight);
+        let data = self.kind.data(value);
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(false)
+            // Harmless on cgroupfs (as `echo N > file` does); keeps a fixture file holding exactly one value.
+            .truncate(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&self.path)
+            .map_err(|e| CgroupError::on_cgroup_write(&self.path, &self.dir, &data, e))?;
+        // One write(2): a cgroup file parses each write call on its own.
+        match file.write(data.as_bytes()) {
+            Ok(n) if n == data.len() => {}
+            Ok(n) => {
+                let source = std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write: {n} bytes"));
+                return Err(CgroupError::Write { path: self.path.clone(), data, source });
+            }
+            Err(e) => return Err(CgroupError::on_cgroup_write(&self.path, &self.dir, &data, e)),
+        }
+        tracing::debug!(path = %self.path.display(), %weight, value, "wrote weight");
+        Ok(())
+    }
+
+    /// Checks that the file holds what writing `weight` puts there. [`CgroupError::Mismatch`] (with both values
+    /// on the file's scale) if not; useful on its own to notice someone else changing the weight.
+    pub fn verify(&self, weight: Weight) -> Result<()> {
+        let wrote = self.kind.file_value(weight);
+        let read = self.read_file_value()?;
+        if read == wrote {
+            Ok(())
+        } else {
+            Err(CgroupError::Mismatch { path: self.path.clone(), wrote, read })
+        }
+    }
+
+    /// [`WeightFile::write`], then [`WeightFile::verify`]: the kernel accepting a write is not proof it applies it
+    /// (Docker, for one, reports success and discards weights on some kernels).
+    pub fn write_verified(&self, weight: Weight) -> Result<()> {
+        self.write_then(weight, |_| {})
+    }
+
+    /// `write_verified` with a hook between write and read-back, so tests can interfere.
+    fn write_then(&self, weight: Weight, between: impl FnOnce(&Path)) -> Result<()> {
+        self.write(weight)?;
+        between(&self.path);
+        self.verify(weight)
+    }
+
+    /// The default weight as the file states it, on the file's own scale.
+    fn read_file_value(&self) -> Result<u32> {
+        let mut buf = Vec::with_capacity(256);
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&self.path)
+            .and_then(|mut f| f.read_to_end(&mut buf))
+            .map_err(|e| CgroupError::on_cgroup_file("read", &self.path, &self.dir, e))?;
+        parse_default_weight(&self.path, &buf)
+    }
+}
+
+/// The default weight in a weight file: `N` (v1) or a `default N` line (v2), possibly among `MAJ:MIN N`
+/// per-device lines, which are skipped.
+pub(crate) fn parse_default_weight(file: &Path, bytes: &[u8]) -> Result<u32> {
+    let mut found = None;
+    for (index, line) in bytes.split(|b| *b == b'\n').enumerate() {
+        let err = |reason: &str| CgroupError::parse(file, index + 1, line, reason);
+        let fields: [Option<&[u8]>; 3] = {
+            let mut it = line.split(u8::is_ascii_whitespace).filter(|f| !f.is_empty());
+            [it.next(), it.next(), it.next()]
+        };
+        let value = match fields {
+            [None, ..] => continue,
+            [Some(v), None, None] => v,
+            [Some(b"default"), Some(v), None] => v,
+            [Some(device), Some(v), None] if device.contains(&b':') => {
+                parse_u32(v).ok_or_else(|| err("bad per-device weight"))?;
+                continue;
+            }
+            _ => return Err(err("expected \"N\", \"default N\" or \"MAJ:MIN N\"")),
+        };
+        if found.is_some() {
+            return Err(err("second default weight"));
+        }
+        found = Some(parse_u32(value).ok_or_else(|| err("bad weight"))?);
+    }
+    found.ok_or_else(|| CgroupError::parse(file, 0, bytes, "no default weight"))
+}
+
+fn parse_u32(field: &[u8]) -> Option<u32> {
+    std::str::from_utf8(field).ok().filter(|s| s.bytes().all(|b| b.is_ascii_digit()))?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroup::CgroupRoot;
+
+    fn parse(text: &[u8]) -> Result<u32> {
+        parse_default_weight(Path::new("w"), text)
+    }
+
+    #[test]
+    fn default_weight_formats() {
+        assert_eq!(parse(b"100\n").unwrap(), 100);
+        assert_eq!(parse(b"default 100\n").unwrap(), 100);
+        assert_eq!(parse(b"default 100\n8:0 200\n8:16 300\n").unwrap(), 100);
+        assert_eq!(parse(b"8:0 200\ndefault 7").unwrap(), 7);
+        assert_eq!(parse(b"  500  \n").unwrap(), 500);
+    }
+
+    #[test]
+    fn default_weight_garbage() {
+        for (bad, line) in [
+            (&b""[..], 0),
+            (b"\n", 0),
+            (b"8:0 200\n", 0),
+            (b"default\n", 1),
+            (b"default x\n", 1),
+            (b"-5\n", 1),
+            (b"100\n200\n", 2),
+            (b"default 1 2\n", 1),
+            (b"8:0 x\n", 1),
+            (b"99999999999\n", 1),
+            (b"\xff\n", 1),
+            (b"dflt 10\n", 1),
+        ] {
+            match parse(bad) {
+                Err(CgroupError::Parse { line: l, .. }) => assert_eq!(l, line, "{:?}", String::from_utf8_lossy(bad)),
+                other => panic!("{:?} gave {other:?}", String::from_utf8_lossy(bad)),
+            }
+        }
+    }
+
+    #[test]
+    fn conversions_per_kind() {
+        let w = |v| Weight::new(v).unwrap();
+        assert_eq!(WeightFileKind::V1Bfq.file_value(w(1)), 1);
+        assert_eq!(WeightFileKind::V1Blkio.file_value(w(1)), 10);
+        assert_eq!(WeightFileKind::V2Io.file_value(w(1000)), 1000);
+        assert_eq!(WeightFileKind::V2Io.weight_of(10_000).unwrap(), Weight::MAX);
+        assert!(WeightFileKind::V2Io.weight_of(10_001).is_err());
+        assert!(WeightFileKind::V2Io.weight_of(u64::MAX).is_err());
+        assert!(WeightFileKind::V1Bfq.weight_of(0).is_err());
+        assert_eq!(WeightFileKind::V2Bfq.data(500), "default 500\n");
+        assert_eq!(WeightFileKind::V1Bfq.data(500), "500\n");
+        for kind in [WeightFileKind::V1Bfq, WeightFileKind::V1Blkio, WeightFileKind::V2Bfq, WeightFileKind::V2Io] {
+            for v in [1, 9, 10, 100, 999, 1000] {
+                let back = kind.weight_of(kind.file_value(w(v)).into()).unwrap();
+                let expect = if kind == WeightFileKind::V1Blkio { v.max(10) } else { v };
+                assert_eq!(u64::from(back.get()), expect, "{kind:?} {v}");
+            }
+        }
+    }
+
+    #[test]
+    fn write_verified_catches_a_change_between_write_and_read_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("c")).unwrap();
+        std::fs::write(tmp.path().join("c").join(V2_IO_WEIGHT), "default 100\n").unwrap();
+        let root = CgroupRoot::from_dir(CgroupVersion::V2, tmp.path()).unwrap();
+        let wf = WeightFile::open(&root.resolve_relative("c").unwrap()).unwrap();
+        assert_eq!(wf.kind(), WeightFileKind::V2Io);
+        let err = wf
+            .write_then(Weight::new(700).unwrap(), |p| std::fs::write(p, "default 300\n8:0 700\n").unwrap())
+            .unwrap_err();
+        match err {
+            CgroupError::Mismatch { path, wrote, read } => {
+                assert_eq!(path, wf.path());
+                assert_eq!((wrote, read), (700, 300));
+            }
+            other => panic!("{other}"),
+        }
+        wf.write_then(Weight::new(700).unwrap(), |_| {}).unwrap();
+        assert_eq!(std::fs::read_to_string(wf.path()).unwrap(), "default 700\n");
+    }
+}
