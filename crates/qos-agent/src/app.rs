@@ -1,0 +1,116 @@
+//! Wiring for the binary: picks the backends from the config, starts metrics and the status socket, turns
+//! signals into daemon commands (SIGTERM/SIGINT stop, SIGHUP reloads the config file), and runs the daemon.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+use tracing::{error, info, warn};
+
+use crate::cgroup::{CgroupRoot, CgroupVersion};
+use crate::cgroupfs::{CgroupfsCounters, CgroupfsWriter};
+use crate::config::{ActuatorMode, AgentConfig, RuntimeKind};
+use crate::daemon::{Command, Daemon, Summary};
+use crate::docker::{DockerCounters, DockerDiscovery, DockerWriter};
+use crate::metrics::Metrics;
+use crate::plain::CgroupDirDiscovery;
+use crate::state::OriginalWeights;
+use crate::{control, devices, metrics};
+
+/// Runs the agent until SIGTERM/SIGINT; `config_path` is re-read on SIGHUP.
+pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summary> {
+    cfg.validate().context("invalid configuration")?;
+    let root = Arc::new(detect_root(&cfg)?);
+    info!(version = ?root.version(), path = %root.path().display(), "cgroup root");
+    let originals =
+        OriginalWeights::load((!cfg.dry_run).then_some(cfg.state_file.as_path())).context("loading the state file")?;
+    if !originals.is_empty() {
+        info!(containers = originals.len(), "state file from a previous agent found; its containers start at the top");
+    }
+    let metrics = Arc::new(Metrics::new());
+    if cfg.metrics.enabled {
+        let listener = metrics::bind(cfg.metrics.listen)
+            .await
+            .with_context(|| format!("metrics.listen = {}: cannot bind", cfg.metrics.listen))?;
+        if !cfg.metrics.listen.ip().is_loopback() {
+            warn!(listen = %cfg.metrics.listen, "metrics served on a non-loopback address, as configured");
+        }
+        info!(listen = %cfg.metrics.listen, "serving Prometheus metrics");
+        tokio::spawn(metrics::serve(listener, metrics.clone()));
+    }
+    let (tx, rx) = mpsc::channel(16);
+    let listener = control::bind(&cfg.control_socket)
+        .with_context(|| format!("control_socket = {}: cannot bind", cfg.control_socket.display()))?;
+    tokio::spawn(control::serve(listener, tx.clone()));
+    spawn_signal_handlers(tx, config_path)?;
+    let systemd = std::env::var_os("NOTIFY_SOCKET").is_some();
+
+    let summary = match cfg.runtime {
+        RuntimeKind::Docker => {
+            let docker = crate::docker::connect(&cfg.docker.socket).await?;
+            devices::check_at_start(&cfg, &root, Some(&docker)).await?;
+            let discovery = DockerDiscovery::new(docker.clone(), root.clone()).await?;
+            let counters = DockerCounters::new(docker.clone());
+            let writer = DockerWriter::new(docker, cfg.actuator);
+            info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
+            Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics)?
+                .with_systemd_notify(systemd)
+                .run(rx)
+                .await?
+        }
+        RuntimeKind::CgroupDir => {
+            if cfg.actuator == ActuatorMode::Docker {
+                bail!("actuator = docker needs runtime = docker");
+            }
+            devices::check_at_start(&cfg, &root, None).await?;
+            let discovery = CgroupDirDiscovery::new(root.clone(), &cfg.cgroup.parent)?;
+            info!(parent = %cfg.cgroup.parent, dry_run = cfg.dry_run, "managing child cgroups");
+            Daemon::new(cfg.clone(), discovery, CgroupfsCounters::new(), CgroupfsWriter, originals, metrics)?
+                .with_systemd_notify(systemd)
+                .run(rx)
+                .await?
+        }
+    };
+    let _ = std::fs::remove_file(&cfg.control_socket);
+    info!(restored = summary.restored, failures = summary.restore_failures, "stopped");
+    Ok(summary)
+}
+
+fn detect_root(cfg: &AgentConfig) -> Result<CgroupRoot> {
+    match cfg.cgroup.root.trim() {
+        "" | "auto" => CgroupRoot::detect().context("detecting the cgroup mount"),
+        path => {
+            let p = std::path::Path::new(path);
+            let version = if p.join("cgroup.controllers").exists() { CgroupVersion::V2 } else { CgroupVersion::V1 };
+            CgroupRoot::from_dir(version, p)
+                .with_context(|| format!("cgroup.root = {path:?} is not a usable cgroup mount"))
+        }
+    }
+}
+
+fn spawn_signal_handlers(tx: mpsc::Sender<Command>, config_path: Option<PathBuf>) -> Result<()> {
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = term.recv() => { info!("SIGTERM: restoring weights and stopping"); let _ = tx.send(Command::Shutdown).await; }
+                _ = int.recv() => { info!("SIGINT: restoring weights and stopping"); let _ = tx.send(Command::Shutdown).await; }
+                _ = hup.recv() => {
+                    let Some(path) = config_path.as_ref() else {
+                        warn!("SIGHUP: no config file was given; nothing to reload");
+                        continue;
+                    };
+                    match AgentConfig::load(path) {
+                        Ok(cfg) => { let _ = tx.send(Command::Reload(Box::new(cfg))).await; }
+                        Err(e) => error!(error = %e, "SIGHUP: new config rejected; keeping the old one"),
+                    }
+                }
+            }
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,132 @@
+//! The three small traits a runtime implements to be driven by the daemon, and the types they exchange.
+//!
+//! Data flows one way: [`Discovery`] says which containers exist → [`CounterSource`] samples their counters →
+//! the engine decides → [`WeightWriter`] applies and verifies.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use qos_core::{ContainerId, IoCounters, Weight};
+
+use crate::cgroup::{CgroupDir, CgroupError};
+
+/// What discovery knows about one container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerInfo {
+    /// Stable identifier (Docker: the 64-hex id; plain mode: the directory name).
+    pub id: ContainerId,
+    /// Human-readable name, for logs and the status table.
+    pub name: String,
+    /// Labels (Docker labels; plain mode: none). Policy labels are read from here.
+    pub labels: BTreeMap<String, String>,
+    /// Its blkio/io cgroup, confined under the cgroup root; `None` if it could not be found (counters then come
+    /// from a fallback, if the runtime has one).
+    pub cgroup: Option<CgroupDir>,
+}
+
+/// A change in the set of containers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DiscoveryEvent {
+    /// A container started (or was created running). Enters the top level at once.
+    Started(ContainerInfo),
+    /// A container's configuration changed (e.g. someone ran `docker update`): its weight is re-verified.
+    Updated(ContainerId),
+    /// A container stopped or was removed: its state is dropped.
+    Stopped(ContainerId),
+    /// The event stream was lost and re-established: this is the full list of running containers now. Containers
+    /// not in it are dropped; new ones are adopted.
+    Resync(Vec<ContainerInfo>),
+    /// The runtime is unreachable (e.g. dockerd restarting); discovery retries with backoff and sends
+    /// [`DiscoveryEvent::Resync`] when it is back. Weights stay as they are meanwhile.
+    Lost(String),
+}
+
+/// A discovery failure the daemon cannot recover from by waiting (e.g. the socket path does not exist at start).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DiscoveryError {
+    /// The runtime could not be reached or answered with an error.
+    #[error("{what}: {detail}")]
+    Runtime {
+        /// What was being done (names the socket or the call).
+        what: String,
+        /// The runtime's answer.
+        detail: String,
+    },
+    /// A cgroup directory could not be listed.
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+}
+
+/// Finds containers. Implementations subscribe to changes *before* listing, so nothing is missed in between.
+pub trait Discovery: Send {
+    /// Subscribes to events, then lists the running containers and returns them.
+    fn start(&mut self) -> impl Future<Output = Result<Vec<ContainerInfo>, DiscoveryError>> + Send;
+    /// Waits for the next change. Transient failures are handled inside (retry with backoff) and reported as
+    /// [`DiscoveryEvent::Lost`] / [`DiscoveryEvent::Resync`]; an `Err` is permanent.
+    fn next_event(&mut self) -> impl Future<Output = Result<DiscoveryEvent, DiscoveryError>> + Send;
+}
+
+/// Where a sample or a write went wrong for one container.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// A cgroup file operation failed (the error names the file).
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// The runtime's API failed.
+    #[error("{what} for container {id}: {detail}")]
+    Runtime {
+        /// The container.
+        id: ContainerId,
+        /// The call.
+        what: &'static str,
+        /// The answer.
+        detail: String,
+    },
+    /// The container has no cgroup directory this backend can use.
+    #[error("container {0} has no reachable cgroup directory")]
+    NoCgroup(ContainerId),
+}
+
+impl BackendError {
+    /// The container's cgroup disappeared (it stopped): not a fault, treat as removal.
+    pub fn is_vanished(&self) -> bool {
+        matches!(self, BackendError::Cgroup(e) if e.is_vanished())
+    }
+}
+
+/// Reads cumulative I/O counters. Holds per-container handles between rounds (e.g. open files), so a round costs
+/// one read per container and no runtime API call.
+pub trait CounterSource: Send {
+    /// Starts sampling a container. Called once per container, before its first sample.
+    fn attach(&mut self, info: &ContainerInfo) -> impl Future<Output = Result<(), BackendError>> + Send;
+    /// Stops sampling a container and frees its handles.
+    fn detach(&mut self, id: &ContainerId);
+    /// One sampling round over every attached container; results are appended to `out`.
+    fn sample(
+        &mut self,
+        out: &mut Vec<(ContainerId, Result<IoCounters, BackendError>)>,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+/// How a weight reached the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppliedVia {
+    /// Through the runtime's API (`docker update --blkio-weight`), confirmed in the cgroup file.
+    RuntimeApi,
+    /// By writing the cgroup weight file directly, confirmed by reading it back.
+    CgroupFile,
+}
+
+/// Applies weights and proves they arrived by reading the cgroup file back.
+pub trait WeightWriter: Send {
+    /// The weight the container has now, read from its cgroup (used to restore it later).
+    fn read(&mut self, info: &ContainerInfo) -> impl Future<Output = Result<Weight, BackendError>> + Send;
+    /// Sets the weight and verifies it by reading the cgroup file back.
+    fn write(
+        &mut self,
+        info: &ContainerInfo,
+        weight: Weight,
+    ) -> impl Future<Output = Result<AppliedVia, BackendError>> + Send;
+}

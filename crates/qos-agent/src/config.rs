@@ -1,0 +1,250 @@
+//! [`AgentConfig`]: the agent's TOML file. Every field has a documented default, so the agent runs with no file.
+//!
+//! ```toml
+//! runtime = "docker"            # docker | cgroup-dir
+//! sample_interval = "500ms"
+//! actuator = "auto"             # auto | docker | cgroupfs
+//! dry_run = false
+//! state_file = "/run/ddiskqos/state.json"
+//! control_socket = "/run/ddiskqos/agent.sock"
+//!
+//! [docker]
+//! socket = "/var/run/docker.sock"
+//!
+//! [cgroup]
+//! root = "auto"                 # or a mount point, e.g. "/sys/fs/cgroup/blkio"
+//! parent = ""                   # cgroup-dir runtime: containers are the child directories of this cgroup
+//!
+//! [devices]
+//! check = []                    # devices whose scheduler is checked at start (default: Docker's data disk)
+//! switch_to_bfq = []            # opt-in: set these devices' scheduler to bfq at start
+//!
+//! [metrics]
+//! enabled = false
+//! listen = "127.0.0.1:9477"
+//!
+//! [mlfq]                        # qos-core's config; defaults are the paper's
+//! boost_after = "10s"
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Which runtime's containers are managed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuntimeKind {
+    /// Docker, through its API socket (default).
+    #[default]
+    Docker,
+    /// Every child directory of `[cgroup] parent` is a container (systemd slices, other runtimes).
+    CgroupDir,
+}
+
+/// How weights are applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ActuatorMode {
+    /// Docker API first; if the weight does not arrive in the cgroup file, the cgroup file from then on (default).
+    #[default]
+    Auto,
+    /// Docker API only (`docker update --blkio-weight`), verified in the cgroup file.
+    Docker,
+    /// The cgroup weight file only.
+    Cgroupfs,
+}
+
+/// `[docker]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DockerConfig {
+    /// Path of dockerd's API socket.
+    pub socket: PathBuf,
+}
+
+impl Default for DockerConfig {
+    fn default() -> Self {
+        Self { socket: PathBuf::from("/var/run/docker.sock") }
+    }
+}
+
+/// `[cgroup]`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CgroupConfig {
+    /// Cgroup mount to use: `"auto"` (empty also means auto) detects it once from /proc/self/mountinfo.
+    pub root: String,
+    /// For `runtime = "cgroup-dir"`: the cgroup (relative to the root) whose child directories are the
+    /// containers.
+    pub parent: String,
+}
+
+/// `[devices]`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DevicesConfig {
+    /// Block devices (names like `sda`, `loop3`) whose scheduler is checked at start-up. Empty: the device
+    /// holding Docker's data root.
+    pub check: Vec<String>,
+    /// Opt-in: block devices switched to the BFQ scheduler at start-up. No other device is ever touched, and the
+    /// device holding `/` is refused.
+    pub switch_to_bfq: Vec<String>,
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Serve Prometheus text metrics (off by default).
+    pub enabled: bool,
+    /// Address to serve on; loopback by default. A non-loopback address must be set explicitly.
+    pub listen: SocketAddr,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self { enabled: false, listen: SocketAddr::from(([127, 0, 0, 1], 9477)) }
+    }
+}
+
+/// The agent's whole configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// Which runtime's containers to manage.
+    pub runtime: RuntimeKind,
+    /// Time between two sampling rounds. 500 ms: a big reader is demoted within half a second, and a round over
+    /// 1,024 containers costs well under 1 % of a core (README, "Scale").
+    #[serde(with = "qos_core::units::duration")]
+    pub sample_interval: Duration,
+    /// How weights are applied.
+    pub actuator: ActuatorMode,
+    /// Decide and log, write nothing.
+    pub dry_run: bool,
+    /// Where the weights containers had before the agent changed them are kept, so a restarted agent (even after
+    /// SIGKILL) can still restore them.
+    pub state_file: PathBuf,
+    /// Unix socket answering `ddiskqos-agent status`.
+    pub control_socket: PathBuf,
+    /// `[docker]`.
+    pub docker: DockerConfig,
+    /// `[cgroup]`.
+    pub cgroup: CgroupConfig,
+    /// `[devices]`.
+    pub devices: DevicesConfig,
+    /// `[metrics]`.
+    pub metrics: MetricsConfig,
+    /// `[mlfq]`: levels, thresholds, timers (qos-core).
+    pub mlfq: qos_core::Config,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            runtime: RuntimeKind::Docker,
+            sample_interval: Duration::from_millis(500),
+            actuator: ActuatorMode::Auto,
+            dry_run: false,
+            state_file: PathBuf::from("/run/ddiskqos/state.json"),
+            control_socket: PathBuf::from("/run/ddiskqos/agent.sock"),
+            docker: DockerConfig::default(),
+            cgroup: CgroupConfig::default(),
+            devices: DevicesConfig::default(),
+            metrics: MetricsConfig::default(),
+            mlfq: qos_core::Config::default(),
+        }
+    }
+}
+
+/// The config file could not be used. Messages name the file, the field and the value.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigFileError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema (unknown key, wrong type, bad value).
+    #[error("config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// A value breaks a rule.
+    #[error("config file {path}: {source}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The rule broken.
+        source: qos_core::ConfigError,
+    },
+}
+
+fn invalid(field: &str, value: impl ToString, reason: &str) -> qos_core::ConfigError {
+    qos_core::ConfigError::Invalid { field: field.into(), value: value.to_string(), reason: reason.into() }
+}
+
+impl AgentConfig {
+    /// Parses TOML text; `origin` names the file in errors.
+    pub fn from_toml(text: &str, origin: &Path) -> Result<Self, ConfigFileError> {
+        let cfg: AgentConfig = toml::from_str(text)
+            .map_err(|e| ConfigFileError::Parse { path: origin.to_path_buf(), message: e.to_string() })?;
+        cfg.validate().map_err(|source| ConfigFileError::Invalid { path: origin.to_path_buf(), source })?;
+        Ok(cfg)
+    }
+
+    /// Reads and validates a file.
+    pub fn load(path: &Path) -> Result<Self, ConfigFileError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigFileError::Read { path: path.to_path_buf(), source })?;
+        Self::from_toml(&text, path)
+    }
+
+    /// Checks every rule of the agent and of the engine.
+    pub fn validate(&self) -> Result<(), qos_core::ConfigError> {
+        self.mlfq.validate().map_err(|e| match e {
+            qos_core::ConfigError::Invalid { field, value, reason } => {
+                qos_core::ConfigError::Invalid { field: format!("mlfq.{field}"), value, reason }
+            }
+            other => other,
+        })?;
+        let si = self.sample_interval;
+        if si < Duration::from_millis(10) || si > Duration::from_secs(3600) {
+            return Err(invalid("sample_interval", qos_core::units::format_duration(si), "must be 10ms..=1h"));
+        }
+        if self.runtime == RuntimeKind::CgroupDir && self.cgroup.parent.trim_matches('/').is_empty() {
+            return Err(invalid(
+                "cgroup.parent",
+                format!("{:?}", self.cgroup.parent),
+                "runtime = \"cgroup-dir\" needs the cgroup whose children are the containers",
+            ));
+        }
+        if self.runtime == RuntimeKind::CgroupDir && self.actuator == ActuatorMode::Docker {
+            return Err(invalid("actuator", "docker", "runtime = \"cgroup-dir\" has no Docker API"));
+        }
+        if self.cgroup.parent.split('/').any(|c| c == "..") {
+            return Err(invalid("cgroup.parent", &self.cgroup.parent, "must not contain '..'"));
+        }
+        for (i, d) in self.devices.check.iter().chain(&self.devices.switch_to_bfq).enumerate() {
+            if d.is_empty() || d.contains('/') || d.starts_with('.') {
+                return Err(invalid(&format!("devices[{i}]"), d, "must be a block device name such as sda"));
+            }
+        }
+        if self.state_file.as_os_str().is_empty() || !self.state_file.is_absolute() {
+            return Err(invalid("state_file", self.state_file.display(), "must be an absolute path"));
+        }
+        if self.control_socket.as_os_str().is_empty() || !self.control_socket.is_absolute() {
+            return Err(invalid("control_socket", self.control_socket.display(), "must be an absolute path"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,593 @@
+//! The daemon loop: discover → sample → decide → apply → verify, generic over the backend traits.
+//!
+//! One task owns all state. It waits on: discovery events (a started container gets the top weight at once, without
+//! waiting for a tick), the sampling tick, the engine's next deadline, control commands (reload, shutdown, status)
+//! and status-socket requests. Nothing else mutates the state, so there are no locks.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use qos_core::{ContainerId, Engine, IoCounters, Policy, Reason, Weight, WeightChange};
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, error, info, warn};
+
+use crate::backend::{AppliedVia, WeightWriter};
+use crate::backend::{BackendError, ContainerInfo, CounterSource, Discovery, DiscoveryError, DiscoveryEvent};
+use crate::config::AgentConfig;
+use crate::labels::policy_from_labels;
+use crate::metrics::{ContainerLabels, Metrics, ReasonLabels};
+use crate::state::OriginalWeights;
+
+/// What the outside world can ask of a running daemon.
+#[derive(Debug)]
+pub enum Command {
+    /// Apply a new, already validated config (SIGHUP). Fields that need a restart are reported and ignored.
+    Reload(Box<AgentConfig>),
+    /// Send the status table.
+    Status(oneshot::Sender<Status>),
+    /// Restore every original weight and stop (SIGTERM, SIGINT).
+    Shutdown,
+}
+
+/// One row of `ddiskqos-agent status`.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct StatusRow {
+    /// Container id.
+    pub id: String,
+    /// Container name.
+    pub name: String,
+    /// `managed`, `pinned` or `excluded`.
+    pub policy: String,
+    /// Level, 1-based like the paper (empty when not managed).
+    pub level: Option<usize>,
+    /// The weight verified in the cgroup file, if the agent wrote one.
+    pub weight: Option<u32>,
+    /// Bytes counted at the current level.
+    pub bytes_at_level: u64,
+    /// Seconds at the current level.
+    pub seconds_at_level: f64,
+}
+
+/// The status table.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Status {
+    /// How weights are applied now.
+    pub actuator: String,
+    /// Whether writes are suppressed.
+    pub dry_run: bool,
+    /// One row per container.
+    pub containers: Vec<StatusRow>,
+}
+
+/// Why the daemon stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DaemonError {
+    /// Discovery failed permanently.
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+    /// The engine config is invalid.
+    #[error(transparent)]
+    Config(#[from] qos_core::ConfigError),
+}
+
+/// What the daemon knows of one container beyond the engine's view.
+#[derive(Debug)]
+struct Tracked {
+    info: ContainerInfo,
+    labels: ContainerLabels,
+    /// The weight it had before the agent first wrote one (read at discovery, or from the state file).
+    original: Option<Weight>,
+    /// What the engine wants; `None` = leave/restore the original.
+    desired: Option<Weight>,
+    /// What was last verified in the cgroup file.
+    applied: Option<Weight>,
+    /// Last level-change decision not yet applied (kept for the log line once the write succeeds).
+    pending: Option<WeightChange>,
+    sample_error_logged: bool,
+    write_error_logged: bool,
+}
+
+/// Summary returned when the daemon stops.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// Containers whose original weight was restored at shutdown.
+    pub restored: usize,
+    /// Restores that failed (logged).
+    pub restore_failures: usize,
+}
+
+/// The agent's state and backends. Build with [`Daemon::new`], run with [`Daemon::run`].
+#[derive(Debug)]
+pub struct Daemon<D, C, W> {
+    cfg: AgentConfig,
+    discovery: D,
+    counters: C,
+    writer: W,
+    engine: Engine,
+    tracked: HashMap<ContainerId, Tracked>,
+    originals: OriginalWeights,
+    metrics: Arc<Metrics>,
+    samples: Vec<(ContainerId, Result<IoCounters, BackendError>)>,
+    actuator_label: String,
+    notify_systemd: bool,
+}
+
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
+    /// Assembles a daemon. `originals` holds weights a previous agent recorded (crash recovery).
+    pub fn new(
+        cfg: AgentConfig,
+        discovery: D,
+        counters: C,
+        writer: W,
+        originals: OriginalWeights,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, DaemonError> {
+        let engine = Engine::new(cfg.mlfq.clone(), now())?;
+        let actuator_label = format!("{:?}", cfg.actuator).to_lowercase();
+        Ok(Self {
+            cfg,
+            discovery,
+            counters,
+            writer,
+            engine,
+            tracked: HashMap::new(),
+            originals,
+            metrics,
+            samples: Vec::new(),
+            actuator_label,
+            notify_systemd: false,
+        })
+    }
+
+    /// Sends READY/WATCHDOG/STOPPING to systemd (when run as a `Type=notify` service).
+    pub fn with_systemd_notify(mut self, on: bool) -> Self {
+        self.notify_systemd = on;
+        self
+    }
+
+    /// Runs until [`Command::Shutdown`] (or the command channel closes), then restores every original weight.
+    pub async fn run(mut self, mut commands: mpsc::Receiver<Command>) -> Result<Summary, DaemonError> {
+        let initial = self.discovery.start().await?;
+        self.metrics.runtime_up.set(1);
+        info!(containers = initial.len(), "discovered running containers");
+        for c in initial {
+            self.adopt(c).await;
+        }
+        self.apply_changes().await;
+        self.reset_leftovers().await;
+        self.sd_notify(&[sd_notify::NotifyState::Ready]);
+
+        let mut tick = tokio::time::interval(self.cfg.sample_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let deadline = self.engine.poll_timeout().map(tokio::time::Instant::from_std);
+            tokio::select! {
+                biased;
+                cmd = commands.recv() => match cmd {
+                    Some(Command::Shutdown) | None => break,
+                    Some(Command::Reload(cfg)) => {
+                        self.reload(*cfg);
+                        tick = tokio::time::interval(self.cfg.sample_interval);
+                        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    }
+                    Some(Command::Status(reply)) => { let _ = reply.send(self.status()); }
+                },
+                ev = self.discovery.next_event() => self.on_event(ev?).await,
+                _ = tick.tick() => self.round().await,
+                _ = sleep_until_opt(deadline) => {
+                    self.engine.handle_timeout(now());
+                    self.apply_changes().await;
+                }
+            }
+        }
+        self.sd_notify(&[sd_notify::NotifyState::Stopping]);
+        Ok(self.restore_all().await)
+    }
+
+    // ----- discovery -----
+
+    async fn on_event(&mut self, ev: DiscoveryEvent) {
+        match ev {
+            DiscoveryEvent::Started(info) => {
+                let id = info.id.clone();
+                if self.tracked.contains_key(&id) {
+                    self.engine.handle_started(&id, now());
+                } else {
+                    self.track(info, true).await;
+                }
+                self.apply_changes().await;
+            }
+            DiscoveryEvent::Stopped(id) => self.forget(&id),
+            DiscoveryEvent::Updated(id) => self.reverify(&id).await,
+            DiscoveryEvent::Lost(why) => {
+                warn!(reason = %why, "container runtime unreachable; keeping weights, retrying with backoff");
+                self.metrics.runtime_up.set(0);
+                self.metrics.runtime_outages.inc();
+            }
+            DiscoveryEvent::Resync(list) => {
+                info!(containers = list.len(), "container runtime reachable again; resynchronising");
+                self.metrics.runtime_up.set(1);
+                let alive: std::collections::HashSet<ContainerId> = list.iter().map(|c| c.id.clone()).collect();
+                let gone: Vec<ContainerId> = self.tracked.keys().filter(|id| !alive.contains(*id)).cloned().collect();
+                for id in gone {
+                    self.forget(&id);
+                }
+                for c in list {
+                    if self.tracked.contains_key(&c.id) {
+                        self.reverify(&c.id).await;
+                    } else {
+                        self.adopt(c).await;
+                    }
+                }
+                self.apply_changes().await;
+            }
+        }
+    }
+
+    async fn adopt(&mut self, info: ContainerInfo) {
+        self.track(info, false).await;
+    }
+
+    /// Starts tracking a container: fresh ones count their I/O from zero, adopted ones from their first sample.
+    async fn track(&mut self, info: ContainerInfo, fresh: bool) {
+        let id = info.id.clone();
+        let (policy, label_errors) = policy_from_labels(&info.labels);
+        for e in label_errors {
+            warn!(container = %id.short(), name = %info.name, error = %e, "bad policy label");
+        }
+        if let Err(e) = self.counters.attach(&info).await {
+            warn!(container = %id.short(), name = %info.name, error = %e, "cannot sample this container's I/O");
+        }
+        // The state file wins: after a crash the file holds our own stale demotion, not the original.
+        let original = match self.originals.get(&id) {
+            Some(w) => Some(w),
+            None => match self.writer.read(&info).await {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    debug!(container = %id.short(), error = %e, "cannot read current weight");
+                    None
+                }
+            },
+        };
+        let labels = ContainerLabels { id: id.short().to_string(), name: info.name.clone() };
+        self.tracked.insert(
+            id.clone(),
+            Tracked {
+                info,
+                labels,
+                original,
+                desired: None,
+                applied: None,
+                pending: None,
+                sample_error_logged: false,
+                write_error_logged: false,
+            },
+        );
+        self.metrics.containers.set(self.tracked.len() as i64);
+        let t = now();
+        match policy {
+            Policy::Managed if fresh => self.engine.handle_started(&id, t),
+            _ => self.engine.set_policy(&id, policy, t),
+        }
+        if policy == Policy::Excluded && self.originals.get(&id).is_some() {
+            // A previous agent changed it before it was excluded: put the original back.
+            if let Some(t) = self.tracked.get_mut(&id) {
+                t.applied = Some(Weight::MIN); // unknown: force the restore write
+            }
+            self.release(&id).await;
+        }
+    }
+
+    fn forget(&mut self, id: &ContainerId) {
+        self.engine.handle_removed(id, now());
+        self.counters.detach(id);
+        if let Some(t) = self.tracked.remove(id) {
+            self.metrics.forget(&t.labels);
+            debug!(container = %id.short(), name = %t.info.name, "container gone");
+        }
+        if let Err(e) = self.originals.forget(id) {
+            warn!(error = %e, "cannot update state file");
+        }
+        self.metrics.containers.set(self.tracked.len() as i64);
+    }
+
+    /// Someone may have changed the weight behind our back (e.g. `docker update`): check the file.
+    async fn reverify(&mut self, id: &ContainerId) {
+        let Some(t) = self.tracked.get(id) else { return };
+        let Some(want) = t.applied else { return };
+        match self.writer.read(&t.info).await {
+            Ok(have) if have == want => {}
+            Ok(have) => {
+                warn!(container = %id.short(), name = %t.info.name, want = want.get(), have = have.get(),
+                      "weight changed outside the agent; writing it again");
+                if let Some(t) = self.tracked.get_mut(id) {
+                    t.applied = None;
+                }
+                self.retry_pending().await;
+            }
+            Err(e) if e.is_vanished() => self.forget(id),
+            Err(e) => debug!(container = %id.short(), error = %e, "cannot re-verify weight"),
+        }
+    }
+
+    /// After a crash: containers a previous agent recorded but that no longer run are dropped from the state file.
+    async fn reset_leftovers(&mut self) {
+        let stale: Vec<ContainerId> =
+            self.originals.ids().filter(|id| !self.tracked.contains_key(*id)).cloned().collect();
+        for id in stale {
+            let _ = self.originals.forget(&id);
+        }
+    }
+
+    // ----- sampling and deciding -----
+
+    async fn round(&mut self) {
+        let started = Instant::now();
+        let mut samples = std::mem::take(&mut self.samples);
+        samples.clear();
+        self.counters.sample(&mut samples).await;
+        let t = now();
+        let mut vanished = Vec::new();
+        for (id, result) in samples.drain(..) {
+            match result {
+                Ok(counters) => {
+                    if let Some(tr) = self.tracked.get_mut(&id) {
+                        tr.sample_error_logged = false;
+                    }
+                    self.engine.handle_sample(&id, counters, t);
+                }
+                Err(e) if e.is_vanished() => vanished.push(id),
+                Err(e) => {
+                    self.metrics.sample_failures.inc();
+                    if let Some(tr) = self.tracked.get_mut(&id) {
+                        if !tr.sample_error_logged {
+                            tr.sample_error_logged = true;
+                            warn!(container = %id.short(), name = %tr.info.name, error = %e,
+                                  "cannot read I/O counters; skipping this container until they read again");
+                        }
+                    }
+                }
+            }
+        }
+        self.samples = samples;
+        for id in vanished {
+            self.forget(&id);
+        }
+        if self.engine.poll_timeout().is_some_and(|d| d <= t) {
+            self.engine.handle_timeout(t);
+        }
+        self.apply_changes().await;
+        self.retry_pending().await;
+        for (id, tr) in &self.tracked {
+            if let Some(v) = self.engine.container(id, t) {
+                self.metrics.bytes.get_or_create(&tr.labels).set(v.total_bytes.min(i64::MAX as u64) as i64);
+            }
+        }
+        self.metrics.round_seconds.observe(started.elapsed().as_secs_f64());
+        self.sd_notify(&[sd_notify::NotifyState::Watchdog]);
+    }
+
+    // ----- applying -----
+
+    async fn apply_changes(&mut self) {
+        while let Some(change) = self.engine.poll_change() {
+            self.metrics.decisions.get_or_create(&ReasonLabels { reason: change.reason.as_str().into() }).inc();
+            let Some(t) = self.tracked.get_mut(&change.id) else { continue };
+            if let Some(level) = change.new_level {
+                self.metrics.level.get_or_create(&t.labels).set(level as i64);
+            }
+            if change.reason == Reason::Released {
+                t.pending = Some(change.clone());
+                self.release(&change.id).await;
+                continue;
+            }
+            t.desired = change.weight;
+            t.pending = Some(change.clone());
+            self.apply_one(&change.id).await;
+        }
+    }
+
+    async fn release(&mut self, id: &ContainerId) {
+        let Some(t) = self.tracked.get_mut(id) else { return };
+        t.desired = t.original.filter(|_| t.applied.is_some());
+        if t.desired.is_some() {
+            self.apply_one(id).await;
+        }
+        if let Some(t) = self.tracked.get_mut(id) {
+            t.applied = None;
+            t.desired = None;
+        }
+        let _ = self.originals.forget(id);
+    }
+
+    async fn retry_pending(&mut self) {
+        let ids: Vec<ContainerId> = self
+            .tracked
+            .iter()
+            .filter(|(_, t)| t.desired.is_some() && t.desired != t.applied)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            self.apply_one(&id).await;
+        }
+    }
+
+    /// Writes the desired weight if it differs from what is verified in the file; logs the decision once applied.
+    async fn apply_one(&mut self, id: &ContainerId) {
+        let Some(t) = self.tracked.get_mut(id) else { return };
+        let Some(want) = t.desired else { return };
+        if t.applied == Some(want) {
+            log_decision(t, want, None, true);
+            return;
+        }
+        if self.cfg.dry_run {
+            log_decision(t, want, None, false);
+            t.applied = Some(want);
+            return;
+        }
+        // Record the original before the first write, so even a SIGKILL right after leaves it on disk.
+        if let Some(orig) = t.original {
+            if let Err(e) = self.originals.record(id, orig) {
+                warn!(error = %e, "cannot record original weight; it may not be restorable after a crash");
+            }
+        }
+        let info = t.info.clone();
+        match self.writer.write(&info, want).await {
+            Ok(via) => {
+                let t = self.tracked.get_mut(id).expect("still tracked");
+                t.applied = Some(want);
+                t.write_error_logged = false;
+                self.metrics.weight.get_or_create(&t.labels).set(want.get().into());
+                let label = match via {
+                    AppliedVia::RuntimeApi => "docker",
+                    AppliedVia::CgroupFile => "cgroupfs",
+                };
+                if self.actuator_label != label {
+                    self.actuator_label = label.into();
+                }
+                log_decision(t, want, Some(via), false);
+            }
+            Err(e) if e.is_vanished() => self.forget(id),
+            Err(e) => {
+                self.metrics.write_failures.inc();
+                let t = self.tracked.get_mut(id).expect("still tracked");
+                if !t.write_error_logged {
+                    t.write_error_logged = true;
+                    error!(container = %id.short(), name = %t.info.name, weight = want.get(), error = %e,
+                           "cannot apply weight; will retry every round");
+                }
+            }
+        }
+    }
+
+    async fn restore_all(&mut self) -> Summary {
+        let mut summary = Summary::default();
+        let ids: Vec<ContainerId> = self.tracked.keys().cloned().collect();
+        for id in ids {
+            let t = &self.tracked[&id];
+            let (Some(orig), Some(applied)) = (t.original, t.applied) else { continue };
+            if self.cfg.dry_run {
+                continue;
+            }
+            if orig == applied {
+                let _ = self.originals.forget(&id);
+                summary.restored += 1;
+                continue;
+            }
+            match self.writer.write(&t.info, orig).await {
+                Ok(_) => {
+                    info!(container = %id.short(), name = %t.info.name, weight = orig.get(), "original weight restored");
+                    let _ = self.originals.forget(&id);
+                    summary.restored += 1;
+                }
+                Err(e) if e.is_vanished() => {
+                    let _ = self.originals.forget(&id);
+                }
+                Err(e) => {
+                    error!(container = %id.short(), name = %t.info.name, error = %e, "cannot restore original weight");
+                    summary.restore_failures += 1;
+                }
+            }
+        }
+        summary
+    }
+
+    // ----- control -----
+
+    fn reload(&mut self, cfg: AgentConfig) {
+        let restart_needed = cfg.runtime != self.cfg.runtime
+            || cfg.docker != self.cfg.docker
+            || cfg.cgroup != self.cfg.cgroup
+            || cfg.metrics != self.cfg.metrics
+            || cfg.control_socket != self.cfg.control_socket
+            || cfg.state_file != self.cfg.state_file
+            || cfg.actuator != self.cfg.actuator;
+        if restart_needed {
+            warn!(
+                "reload: runtime, docker, cgroup, metrics, actuator, socket and state-file settings need a restart; \
+                   applying only mlfq, sample_interval and dry_run"
+            );
+        }
+        if let Err(e) = self.engine.reconfigure(cfg.mlfq.clone(), now()) {
+            error!(error = %e, "reload rejected; keeping the old configuration");
+            return;
+        }
+        self.cfg.mlfq = cfg.mlfq;
+        self.cfg.sample_interval = cfg.sample_interval;
+        self.cfg.dry_run = cfg.dry_run;
+        info!(sample_interval = ?self.cfg.sample_interval, dry_run = self.cfg.dry_run, "configuration reloaded");
+    }
+
+    fn status(&self) -> Status {
+        let t = now();
+        let mut rows: Vec<StatusRow> = self
+            .tracked
+            .iter()
+            .map(|(id, tr)| {
+                let v = self.engine.container(id, t);
+                let (policy, level) = match v.as_ref().map(|v| (v.policy, v.level)) {
+                    Some((Policy::Managed, l)) => ("managed", Some(l + 1)),
+                    Some((Policy::Pinned(_), _)) => ("pinned", None),
+                    _ => ("excluded", None),
+                };
+                StatusRow {
+                    id: id.short().to_string(),
+                    name: tr.info.name.clone(),
+                    policy: policy.into(),
+                    level,
+                    weight: tr.applied.map(Weight::get),
+                    bytes_at_level: v.as_ref().map_or(0, |v| v.bytes_at_level),
+                    seconds_at_level: v.as_ref().map_or(0.0, |v| v.time_at_level.as_secs_f64()),
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| a.name.cmp(&b.name).then(a.id.cmp(&b.id)));
+        Status { actuator: self.actuator_label.clone(), dry_run: self.cfg.dry_run, containers: rows }
+    }
+
+    fn sd_notify(&self, state: &[sd_notify::NotifyState]) {
+        if self.notify_systemd {
+            let _ = sd_notify::notify(state);
+        }
+    }
+}
+
+fn log_decision(t: &mut Tracked, weight: Weight, via: Option<AppliedVia>, unchanged: bool) {
+    let Some(c) = t.pending.take() else { return };
+    let via = match via {
+        Some(AppliedVia::RuntimeApi) => "docker",
+        Some(AppliedVia::CgroupFile) => "cgroupfs",
+        None if unchanged => "unchanged",
+        None => "dry-run",
+    };
+    info!(
+        container = %c.id.short(),
+        name = %t.info.name,
+        reason = c.reason.as_str(),
+        old_level = c.old_level.map(|l| l + 1),
+        new_level = c.new_level.map(|l| l + 1),
+        weight = weight.get(),
+        bytes = c.bytes_at_old_level,
+        via,
+        "weight decision"
+    );
+}
+
+async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sampling interval as a duration, exposed for the status output.
+pub fn describe_interval(d: Duration) -> String {
+    qos_core::units::format_duration(d)
+}

@@ -1,0 +1,370 @@
+//! Docker backends through `bollard`: discovery (events subscribed before listing, reconnect with backoff),
+//! counters (cgroup files, Docker stats only as a logged fallback) and the weight actuator (`docker update
+//! --blkio-weight`, verified in the cgroup file, falling back to the file where Docker discards the weight).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bollard::models::{ContainerInspectResponse, ContainerUpdateBody, EventMessage};
+use bollard::query_parameters::{EventsOptions, ListContainersOptions, StatsOptions};
+use bollard::Docker;
+use futures_util::{Stream, StreamExt};
+use qos_core::{ContainerId, IoCounters, Weight};
+use tracing::{debug, info, warn};
+
+use crate::backend::{AppliedVia, BackendError, ContainerInfo, CounterSource, Discovery, DiscoveryError};
+use crate::backend::{DiscoveryEvent, WeightWriter};
+use crate::cgroup::{CgroupDriver, CgroupRoot};
+use crate::cgroupfs::{CgroupfsCounters, CgroupfsWriter};
+use crate::config::ActuatorMode;
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<EventMessage, bollard::errors::Error>> + Send>>;
+
+/// Connects to dockerd and agrees on an API version (Docker 20.10 speaks 1.41; bollard defaults newer).
+pub async fn connect(socket: &Path) -> Result<Docker, DiscoveryError> {
+    let what = format!("docker socket {}", socket.display());
+    if !socket.exists() {
+        return Err(DiscoveryError::Runtime {
+            what,
+            detail: "does not exist (is dockerd running? see [docker] socket)".into(),
+        });
+    }
+    let path = socket
+        .to_str()
+        .ok_or_else(|| DiscoveryError::Runtime { what: what.clone(), detail: "path is not UTF-8".into() })?;
+    let docker = Docker::connect_with_unix(path, 30, bollard::API_DEFAULT_VERSION)
+        .map_err(|e| DiscoveryError::Runtime { what: what.clone(), detail: e.to_string() })?;
+    docker.negotiate_version().await.map_err(|e| DiscoveryError::Runtime { what, detail: e.to_string() })
+}
+
+/// Discovers Docker containers.
+pub struct DockerDiscovery {
+    api: Inspector,
+    events: Option<EventStream>,
+    backoff: Duration,
+}
+
+/// The `Sync` half of discovery (API client and cgroup layout), so its futures stay `Send` while the event
+/// stream (not `Sync`) lives beside it.
+#[derive(Clone)]
+struct Inspector {
+    docker: Docker,
+    root: Arc<CgroupRoot>,
+    driver: CgroupDriver,
+}
+
+impl std::fmt::Debug for DockerDiscovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerDiscovery")
+            .field("driver", &self.api.driver)
+            .field("connected", &self.events.is_some())
+            .finish()
+    }
+}
+
+const BACKOFF_MIN: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+impl DockerDiscovery {
+    /// Uses `docker` (already connected) and the cgroup root found at start-up.
+    pub async fn new(docker: Docker, root: Arc<CgroupRoot>) -> Result<Self, DiscoveryError> {
+        let info = docker
+            .info()
+            .await
+            .map_err(|e| DiscoveryError::Runtime { what: "docker info".into(), detail: e.to_string() })?;
+        let driver = match info.cgroup_driver.map(|d| d.to_string()).as_deref() {
+            Some("systemd") => CgroupDriver::Systemd,
+            _ => CgroupDriver::Cgroupfs,
+        };
+        info!(?driver, version = info.server_version.as_deref().unwrap_or("?"), "connected to dockerd");
+        Ok(Self { api: Inspector { docker, root, driver }, events: None, backoff: BACKOFF_MIN })
+    }
+
+    fn subscribe(&mut self) {
+        // `since` makes dockerd replay events from just before the list, so nothing between the two is missed;
+        // a container seen twice (listed and started) is handled idempotently by the daemon.
+        let since = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()).saturating_sub(1);
+        let filters: HashMap<String, Vec<String>> = HashMap::from([
+            ("type".into(), vec!["container".into()]),
+            ("event".into(), ["start", "die", "destroy", "update"].map(String::from).to_vec()),
+        ]);
+        let opts = EventsOptions { since: Some(since.to_string()), until: None, filters: Some(filters) };
+        self.events = Some(Box::pin(self.api.docker.events(Some(opts))));
+    }
+
+    async fn reconnect(&mut self) -> DiscoveryEvent {
+        loop {
+            tokio::time::sleep(self.backoff).await;
+            self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+            if self.api.docker.ping().await.is_err() {
+                continue;
+            }
+            self.subscribe();
+            match self.api.list().await {
+                Ok(list) => {
+                    self.backoff = BACKOFF_MIN;
+                    return DiscoveryEvent::Resync(list);
+                }
+                Err(e) => {
+                    debug!(error = %e, "still cannot list containers");
+                    self.events = None;
+                }
+            }
+        }
+    }
+}
+
+impl Inspector {
+    async fn list(&self) -> Result<Vec<ContainerInfo>, DiscoveryError> {
+        let list = self
+            .docker
+            .list_containers(Some(ListContainersOptions { all: false, ..Default::default() }))
+            .await
+            .map_err(|e| DiscoveryError::Runtime { what: "list containers".into(), detail: e.to_string() })?;
+        let mut out = Vec::with_capacity(list.len());
+        for c in list {
+            let Some(id) = c.id else { continue };
+            if let Some(info) = self.inspect(&id).await {
+                out.push(info);
+            }
+        }
+        Ok(out)
+    }
+
+    /// One API call per container when it appears (never per round).
+    async fn inspect(&self, id: &str) -> Option<ContainerInfo> {
+        match self.docker.inspect_container(id, None).await {
+            Ok(resp) => Some(self.to_info(resp)),
+            Err(e) => {
+                debug!(container = id, error = %e, "inspect failed (container gone?)");
+                None
+            }
+        }
+    }
+
+    fn to_info(&self, resp: ContainerInspectResponse) -> ContainerInfo {
+        let id = ContainerId::from(resp.id.unwrap_or_default());
+        let name = resp.name.unwrap_or_default().trim_start_matches('/').to_string();
+        let labels: BTreeMap<String, String> =
+            resp.config.and_then(|c| c.labels).unwrap_or_default().into_iter().collect();
+        let pid = resp.state.and_then(|s| s.pid).filter(|p| *p > 0).and_then(|p| u32::try_from(p).ok());
+        let parent = resp.host_config.and_then(|h| h.cgroup_parent).filter(|p| !p.is_empty());
+        let by_pid = pid.map(|p| self.root.resolve_pid(p));
+        let cgroup = match by_pid {
+            Some(Ok(dir)) => Some(dir),
+            other => {
+                if let Some(Err(e)) = other {
+                    debug!(container = %id.short(), error = %e, "cgroup from pid failed; trying the driver's layout");
+                }
+                match self.root.resolve_docker(id.as_str(), self.driver, parent.as_deref()) {
+                    Ok(dir) => Some(dir),
+                    Err(e) => {
+                        warn!(container = %id.short(), name = %name, error = %e, "cannot find the container's cgroup");
+                        None
+                    }
+                }
+            }
+        };
+        ContainerInfo { id, name, labels, cgroup }
+    }
+}
+
+impl Discovery for DockerDiscovery {
+    async fn start(&mut self) -> Result<Vec<ContainerInfo>, DiscoveryError> {
+        self.subscribe();
+        self.api.list().await
+    }
+
+    async fn next_event(&mut self) -> Result<DiscoveryEvent, DiscoveryError> {
+        loop {
+            let Some(events) = self.events.as_mut() else {
+                return Ok(self.reconnect().await);
+            };
+            let msg = match events.next().await {
+                Some(Ok(msg)) => msg,
+                Some(Err(e)) => {
+                    self.events = None;
+                    return Ok(DiscoveryEvent::Lost(format!("docker event stream: {e}")));
+                }
+                None => {
+                    self.events = None;
+                    return Ok(DiscoveryEvent::Lost("docker event stream ended".into()));
+                }
+            };
+            let Some(id) = msg.actor.and_then(|a| a.id) else { continue };
+            match msg.action.as_deref() {
+                Some("start") => {
+                    if let Some(info) = self.api.inspect(&id).await {
+                        return Ok(DiscoveryEvent::Started(info));
+                    }
+                }
+                Some("die") | Some("destroy") => return Ok(DiscoveryEvent::Stopped(ContainerId::from(id))),
+                Some("update") => return Ok(DiscoveryEvent::Updated(ContainerId::from(id))),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Counters from cgroup files; for a container whose cgroup files cannot be opened, the Docker stats API (one
+/// call per round for that container, logged when it starts).
+pub struct DockerCounters {
+    docker: Docker,
+    files: CgroupfsCounters,
+    via_stats: HashSet<ContainerId>,
+}
+
+impl std::fmt::Debug for DockerCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerCounters")
+            .field("files", &self.files.len())
+            .field("via_stats", &self.via_stats.len())
+            .finish()
+    }
+}
+
+impl DockerCounters {
+    /// Counters for containers of `docker`.
+    pub fn new(docker: Docker) -> Self {
+        Self { docker, files: CgroupfsCounters::new(), via_stats: HashSet::new() }
+    }
+
+    async fn stats(&self, id: &ContainerId) -> Result<IoCounters, BackendError> {
+        let runtime = |detail: String| BackendError::Runtime { id: id.clone(), what: "docker stats", detail };
+        let opts = StatsOptions { stream: false, one_shot: true };
+        let resp =
+            self.docker.stats(id.as_str(), Some(opts)).next().await.ok_or_else(|| runtime("no answer".into()))?;
+        let resp = resp.map_err(|e| runtime(e.to_string()))?;
+        let mut c = IoCounters::default();
+        for e in resp.blkio_stats.and_then(|b| b.io_service_bytes_recursive).unwrap_or_default() {
+            let v = e.value.unwrap_or(0);
+            match e.op.as_deref().map(str::to_ascii_lowercase).as_deref() {
+                Some("read") => c.read = c.read.saturating_add(v),
+                Some("write") => c.write = c.write.saturating_add(v),
+                _ => {}
+            }
+        }
+        Ok(c)
+    }
+}
+
+impl CounterSource for DockerCounters {
+    async fn attach(&mut self, info: &ContainerInfo) -> Result<(), BackendError> {
+        match self.files.attach_now(info) {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_vanished() => Err(e),
+            Err(e) => {
+                warn!(container = %info.id.short(), name = %info.name, error = %e,
+                      "cgroup counter files unreachable; using the Docker stats API for this container \
+                       (one API call per round)");
+                self.via_stats.insert(info.id.clone());
+                Ok(())
+            }
+        }
+    }
+
+    fn detach(&mut self, id: &ContainerId) {
+        self.files.detach(id);
+        self.via_stats.remove(id);
+    }
+
+    async fn sample(&mut self, out: &mut Vec<(ContainerId, Result<IoCounters, BackendError>)>) {
+        self.files.sample_now(out);
+        for id in &self.via_stats {
+            out.push((id.clone(), self.stats(id).await));
+        }
+    }
+}
+
+/// Applies weights through `docker update --blkio-weight` and/or the cgroup file, per [`ActuatorMode`]; every
+/// write is verified by reading the cgroup file back.
+pub struct DockerWriter {
+    docker: Docker,
+    mode: ActuatorMode,
+    /// `Some(false)` once Docker was seen to discard a weight: `auto` then writes the file directly.
+    docker_delivers: Option<bool>,
+}
+
+impl std::fmt::Debug for DockerWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerWriter")
+            .field("mode", &self.mode)
+            .field("docker_delivers", &self.docker_delivers)
+            .finish()
+    }
+}
+
+impl DockerWriter {
+    /// A writer in the given mode.
+    pub fn new(docker: Docker, mode: ActuatorMode) -> Self {
+        Self { docker, mode, docker_delivers: None }
+    }
+
+    /// Whether the Docker API was found to deliver weights (`None`: not tried yet).
+    pub fn docker_delivers(&self) -> Option<bool> {
+        self.docker_delivers
+    }
+
+    async fn via_docker(&self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
+        if weight.get() < 10 {
+            return Err(BackendError::Runtime {
+                id: info.id.clone(),
+                what: "docker update --blkio-weight",
+                detail: format!("Docker accepts weights 10..=1000 only, not {weight}"),
+            });
+        }
+        let body = ContainerUpdateBody { blkio_weight: Some(weight.to_docker()), ..Default::default() };
+        self.docker.update_container(info.id.as_str(), body).await.map_err(|e| BackendError::Runtime {
+            id: info.id.clone(),
+            what: "docker update --blkio-weight",
+            detail: e.to_string(),
+        })?;
+        // Trust only the kernel's file: Docker 20.10 answers success and discards the weight on BFQ kernels.
+        let have = CgroupfsWriter::read_now(info)?;
+        let want = weight;
+        if have != want {
+            let path = info.cgroup.as_ref().map(|d| d.path().display().to_string()).unwrap_or_default();
+            return Err(BackendError::Runtime {
+                id: info.id.clone(),
+                what: "docker update --blkio-weight",
+                detail: format!("dockerd answered success but {path} reads weight {have}, not {want}"),
+            });
+        }
+        Ok(AppliedVia::RuntimeApi)
+    }
+}
+
+impl WeightWriter for DockerWriter {
+    async fn read(&mut self, info: &ContainerInfo) -> Result<Weight, BackendError> {
+        CgroupfsWriter::read_now(info)
+    }
+
+    async fn write(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
+        match self.mode {
+            ActuatorMode::Cgroupfs => CgroupfsWriter::write_now(info, weight),
+            ActuatorMode::Docker => self.via_docker(info, weight).await,
+            ActuatorMode::Auto => {
+                if self.docker_delivers != Some(false) && weight.get() >= 10 {
+                    match self.via_docker(info, weight).await {
+                        Ok(via) => {
+                            self.docker_delivers = Some(true);
+                            return Ok(via);
+                        }
+                        Err(e) if e.is_vanished() => return Err(e),
+                        Err(e) => {
+                            warn!(container = %info.id.short(), error = %e,
+                                  "actuator auto: the Docker API did not deliver the weight to the kernel \
+                                   (Docker discards --blkio-weight on kernels without blkio.weight, e.g. BFQ-only \
+                                   cgroup v1); writing cgroup weight files directly from now on");
+                            self.docker_delivers = Some(false);
+                        }
+                    }
+                }
+                CgroupfsWriter::write_now(info, weight)
+            }
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Prometheus metrics: per-container level, weight and bytes; decisions; round duration; failures; runtime
+//! outages. Served as text on a loopback address when `[metrics] enabled = true`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// Labels of a per-container series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ContainerLabels {
+    /// Short container id.
+    pub id: String,
+    /// Container name.
+    pub name: String,
+}
+
+/// Labels of the decision counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// Why the weight changed (`demoted`, `boosted`, ...).
+    pub reason: String,
+}
+
+/// Every metric the agent exports.
+#[derive(Debug)]
+pub struct Metrics {
+    /// Level per container (0 = top).
+    pub level: Family<ContainerLabels, Gauge>,
+    /// Weight per container, as verified in the cgroup file.
+    pub weight: Family<ContainerLabels, Gauge>,
+    /// Bytes counted per container since the agent first saw it.
+    pub bytes: Family<ContainerLabels, Gauge>,
+    /// Containers currently known.
+    pub containers: Gauge,
+    /// Decisions taken, by reason.
+    pub decisions: Family<ReasonLabels, Counter>,
+    /// Weight writes that failed or did not verify.
+    pub write_failures: Counter,
+    /// Counter reads that failed.
+    pub sample_failures: Counter,
+    /// 1 while the container runtime answers.
+    pub runtime_up: Gauge,
+    /// Times the runtime became unreachable.
+    pub runtime_outages: Counter,
+    /// Sampling-round duration in seconds.
+    pub round_seconds: Histogram,
+}
+
+impl Metrics {
+    /// Creates the metrics.
+    pub fn new() -> Self {
+        Self {
+            level: Family::default(),
+            weight: Family::default(),
+            bytes: Family::default(),
+            containers: Gauge::default(),
+            decisions: Family::default(),
+            write_failures: Counter::default(),
+            sample_failures: Counter::default(),
+            runtime_up: Gauge::default(),
+            runtime_outages: Counter::default(),
+            round_seconds: Histogram::new(exponential_buckets(1e-5, 2.0, 18)),
+        }
+    }
+
+    fn registry(self: &Arc<Self>) -> Registry {
+        let mut r = Registry::with_prefix("ddiskqos");
+        r.register("container_level", "MLFQ level per container (0 = top)", self.level.clone());
+        r.register("container_weight", "Block-I/O weight per container, as read back", self.weight.clone());
+        r.register("container_bytes", "Bytes counted per container since first seen", self.bytes.clone());
+        r.register("containers", "Containers known", self.containers.clone());
+        r.register("decisions", "Weight decisions, by reason", self.decisions.clone());
+        r.register("write_failures", "Weight writes that failed or did not verify", self.write_failures.clone());
+        r.register("sample_failures", "Counter reads that failed", self.sample_failures.clone());
+        r.register("runtime_up", "1 while the container runtime answers", self.runtime_up.clone());
+        r.register("runtime_outages", "Times the container runtime became unreachable", self.runtime_outages.clone());
+        r.register("round_duration_seconds", "Duration of one sampling round", self.round_seconds.clone());
+        r
+    }
+
+    /// Renders the text exposition format.
+    pub fn render(self: &Arc<Self>) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry()).expect("writing to a String");
+        out
+    }
+
+    /// Drops every series of a removed container, so memory returns to baseline under churn.
+    pub fn forget(&self, labels: &ContainerLabels) {
+        self.level.remove(labels);
+        self.weight.remove(labels);
+        self.bytes.remove(labels);
+    }
+}
+
+/// Binds the metrics listener on the configured address (loopback unless the config names another).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+/// Serves `GET /metrics` (any path, in fact) until the task is dropped.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else { continue };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            // Read the request head; the body (if any) is ignored.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), stream.read(&mut buf)).await;
+            let body = metrics.render();
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(head.as_bytes()).await;
+            let _ = stream.write_all(body.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Prepares a fresh Debian 12 machine (as root) for the real tests and the bench: installs the Debian packages the
+# project needs, starts dockerd if none answers, and builds the local test image (no registry is reachable).
+# Idempotent: does only what is missing.
+set -euo pipefail
+
+log() { printf '[setup-host] %s\n' "$*" >&2; }
+
+if [ "$(id -u)" != 0 ]; then
+  log "must run as root (cgroups, loop devices and dockerd need it)"
+  exit 1
+fi
+
+need=()
+command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+[ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx dd || need+=(busybox-static)
+command -v fio >/dev/null 2>&1 || need+=(fio)
+command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
+command -v losetup >/dev/null 2>&1 || need+=(mount)
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing: ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# Debian's docker CLI may be shadowed by another client on PATH; use the one matching the daemon.
+DOCKER=/usr/bin/docker
+[ -x "$DOCKER" ] || DOCKER=$(command -v docker)
+
+if ! "$DOCKER" version >/dev/null 2>&1; then
+  log "starting dockerd"
+  mkdir -p /var/log
+  nohup /usr/sbin/dockerd --host unix:///var/run/docker.sock >/var/log/ddiskqos-dockerd.log 2>&1 &
+  for _ in $(seq 1 60); do
+    "$DOCKER" version >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  "$DOCKER" version >/dev/null 2>&1 || { log "dockerd did not come up; see /var/log/ddiskqos-dockerd.log"; tail -20 /var/log/ddiskqos-dockerd.log >&2; exit 1; }
+fi
+
+if ! "$DOCKER" image inspect ddiskqos-test:latest >/dev/null 2>&1; then
+  log "building image ddiskqos-test:latest from busybox-static"
+  root=$(mktemp -d)
+  mkdir -p "$root/bin" "$root/tmp" "$root/dev" "$root/proc" "$root/sys"
+  cp /bin/busybox "$root/bin/busybox"
+  for applet in sh dd cat sleep echo seq true ls head; do ln -s busybox "$root/bin/$applet"; done
+  tar -C "$root" -c . | "$DOCKER" import -c 'ENV PATH=/bin' -c 'CMD ["/bin/sh"]' - ddiskqos-test:latest >/dev/null
+  rm -rf "$root"
+fi
+log "ready: dockerd $("$DOCKER" version --format '{{.Server.Version}}'), image ddiskqos-test:latest"
