@@ -1,0 +1,205 @@
+//! The cgroup layer against the real kernel: needs root and a cgroup v1 `blkio` hierarchy (the test machine's
+//! hybrid layout), with BFQ available. Each test makes its own loop device (BFQ, direct I/O) and blkio cgroup and
+//! removes them on drop, also when it fails. Without root or v1 blkio a test prints "SKIPPED …" and passes,
+//! except with `CI=true`, where it fails.
+
+mod fixtures;
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fixtures::{require_root_cgroup_v1, run_in_cgroup, CgroupGuard, ChildGuard, LoopDevice, BLKIO};
+use qos_agent::cgroup::{device, CgroupRoot, CgroupVersion, CounterReader, CounterSource, WeightFile, WeightFileKind};
+use qos_core::{IoCounters, Weight};
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn detect_finds_the_v1_blkio_hierarchy() {
+    if !require_root_cgroup_v1("detect_finds_the_v1_blkio_hierarchy") {
+        return;
+    }
+    let root = CgroupRoot::detect().unwrap();
+    assert_eq!(root.version(), CgroupVersion::V1);
+    assert_eq!(root.path(), Path::new(BLKIO));
+}
+
+#[test]
+fn counters_see_direct_io_and_pread_regenerates() {
+    if !require_root_cgroup_v1("counters_see_direct_io_and_pread_regenerates") {
+        return;
+    }
+    let disk = LoopDevice::with_bfq(512);
+    let cg = CgroupGuard::new("ddiskqos-test");
+    let root = CgroupRoot::detect().unwrap();
+    let dir = root.resolve_relative(&cg.rel).unwrap();
+
+    let mut reader = CounterReader::open(&dir).unwrap();
+    assert_eq!(reader.source(), CounterSource::V1Bfq, "BFQ is loaded, so its counters must be chosen");
+    assert_eq!(reader.read().unwrap(), IoCounters::default());
+    assert_eq!(fs::read_to_string(reader.source_file()).unwrap(), "Total 0\n");
+
+    let dev = disk.dev.display();
+    run_in_cgroup(&cg.path, &format!("dd if={dev} of=/dev/null bs=1M count=64 iflag=direct status=none"));
+    // The same open file, read again at offset 0, shows the new content.
+    let after_read = reader.read().unwrap();
+    assert!(after_read.read >= 64 * MIB, "{after_read:?}");
+    assert!(after_read.write < MIB, "{after_read:?}");
+
+    let raw = fs::read_to_string(reader.source_file()).unwrap();
+    eprintln!("{} after 64 MiB read:\n{raw}", reader.source_file().display());
+    let devnum = &disk.devnum;
+    assert!(raw.contains(&format!("{devnum} Read {}\n", after_read.read)), "{raw}");
+    assert!(raw.contains(&format!("{devnum} Sync ")) && raw.ends_with(&format!("Total {}\n", after_read.read)));
+    let throttle = fs::read_to_string(cg.path.join("blkio.throttle.io_service_bytes_recursive")).unwrap();
+    eprintln!("blkio.throttle.io_service_bytes_recursive (no throttle rule): {throttle:?}");
+
+    run_in_cgroup(&cg.path, &format!("dd if=/dev/zero of={dev} bs=1M count=16 oflag=direct status=none"));
+    let after_write = reader.read().unwrap();
+    assert_eq!(after_write.read, after_read.read, "{after_write:?}");
+    assert!(after_write.write >= 16 * MIB, "{after_write:?}");
+    // A fresh open agrees with the long-lived reader, and repeated preads are stable.
+    let mut fresh = CounterReader::open(&dir).unwrap();
+    assert_eq!(fresh.read().unwrap(), after_write);
+    assert_eq!(reader.read().unwrap(), after_write);
+
+    // Counting is recursive: I/O of a child cgroup shows in the parent.
+    let child = cg.child("child");
+    run_in_cgroup(&child, &format!("dd if={dev} of=/dev/null bs=1M count=8 iflag=direct status=none"));
+    assert!(reader.read().unwrap().read >= after_write.read + 8 * MIB);
+}
+
+#[test]
+fn pid_resolution_finds_the_cgroup() {
+    if !require_root_cgroup_v1("pid_resolution_finds_the_cgroup") {
+        return;
+    }
+    let cg = CgroupGuard::new("ddiskqos-test");
+    let root = CgroupRoot::detect().unwrap();
+    let procs = cg.path.join("cgroup.procs");
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("echo $$ > '{}' && exec sleep 30", procs.display()))
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let child = ChildGuard(child);
+    let pid = child.0.id();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let dir = loop {
+        let dir = root.resolve_pid(pid).unwrap();
+        if dir.path() == cg.path || Instant::now() > deadline {
+            break dir;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(dir.path(), cg.path);
+    assert_eq!(root.resolve_pid(std::process::id()).unwrap().path(), root.path().join(own_blkio_rel()));
+    drop(child);
+    // pid is reaped now (it could in principle be reused, but not within this test's lifetime in practice).
+    assert!(root.resolve_pid(pid).unwrap_err().is_vanished());
+}
+
+/// This process's blkio cgroup relative to the root, from /proc/self/cgroup.
+fn own_blkio_rel() -> String {
+    let text = fs::read_to_string("/proc/self/cgroup").unwrap();
+    let line = text.lines().find(|l| l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == "blkio"))).unwrap();
+    line.splitn(3, ':').nth(2).unwrap().trim_start_matches('/').to_owned()
+}
+
+#[test]
+fn weights_are_written_and_read_back() {
+    if !require_root_cgroup_v1("weights_are_written_and_read_back") {
+        return;
+    }
+    // BFQ must be loaded for blkio.bfq.weight to exist: a loop device on BFQ guarantees that.
+    let _disk = LoopDevice::with_bfq(64);
+    let cg = CgroupGuard::new("ddiskqos-test");
+    let root = CgroupRoot::detect().unwrap();
+    let dir = root.resolve_relative(&cg.rel).unwrap();
+    let wf = WeightFile::open(&dir).unwrap();
+    assert_eq!(wf.kind(), WeightFileKind::V1Bfq);
+    assert_eq!(fs::read_to_string(wf.path()).unwrap(), "100\n", "fresh cgroup: plain number format");
+    assert_eq!(wf.read().unwrap(), Weight::KERNEL_DEFAULT);
+
+    for v in [1000, 10, 1, 500] {
+        let weight = Weight::new(v).unwrap();
+        wf.write_verified(weight).unwrap();
+        assert_eq!(wf.read().unwrap(), weight);
+        assert_eq!(fs::read_to_string(wf.path()).unwrap(), format!("{v}\n"));
+    }
+    // What the kernel accepts here: a plain number only; the "default N" form is EINVAL on v1 blkio.bfq.weight,
+    // which is why WeightFile writes plain numbers to v1 files.
+    let err = fs::write(wf.path(), "default 300").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
+    assert!(fs::write(wf.path(), "0").is_err() && fs::write(wf.path(), "1001").is_err());
+    assert_eq!(wf.read().unwrap(), Weight::new(500).unwrap());
+    // The per-device file shows the same default in the "default N" format.
+    assert_eq!(fs::read_to_string(dir.path().join("blkio.bfq.weight_device")).unwrap(), "default 500\n");
+}
+
+#[test]
+fn removed_cgroup_is_vanished() {
+    if !require_root_cgroup_v1("removed_cgroup_is_vanished") {
+        return;
+    }
+    let _disk = LoopDevice::with_bfq(64);
+    let cg = CgroupGuard::new("ddiskqos-test");
+    let root = CgroupRoot::detect().unwrap();
+    let dir = root.resolve_relative(&cg.rel).unwrap();
+    let mut reader = CounterReader::open(&dir).unwrap();
+    let wf = WeightFile::open(&dir).unwrap();
+    reader.read().unwrap();
+    wf.read().unwrap();
+    fs::remove_dir(&cg.path).unwrap();
+    // The open counter file now fails with ENODEV; the weight file no longer opens (ENOENT, directory gone).
+    let err = reader.read().unwrap_err();
+    assert!(err.is_vanished(), "{err}");
+    assert!(err.to_string().contains("No such device"), "{err}");
+    let err = wf.write_verified(Weight::MAX).unwrap_err();
+    assert!(err.is_vanished(), "{err}");
+    assert!(root.resolve_relative(&cg.rel).unwrap_err().is_vanished());
+    assert!(!cg.path.exists(), "nothing recreated the cgroup");
+}
+
+#[test]
+fn device_scheduler_and_refusals() {
+    if !require_root_cgroup_v1("device_scheduler_and_refusals") {
+        return;
+    }
+    let disk = LoopDevice::with_bfq(64);
+    assert_eq!(device::scheduler(&disk.name).unwrap(), "bfq");
+    assert_eq!(device::name_of(disk.devnum.parse().unwrap()).unwrap(), disk.name);
+    // Already BFQ and allowed: a no-op success. Not allowed: refused, naming the device.
+    device::switch_to_bfq(&disk.name, std::slice::from_ref(&disk.name)).unwrap();
+    let err = device::switch_to_bfq(&disk.name, &[]).unwrap_err();
+    assert!(err.to_string().contains(&disk.name), "{err}");
+
+    // Back to none, then an allowed switch really switches.
+    fs::write(Path::new("/sys/block").join(&disk.name).join("queue/scheduler"), "none").unwrap();
+    assert_eq!(device::scheduler(&disk.name).unwrap(), "none");
+    device::switch_to_bfq(&disk.name, std::slice::from_ref(&disk.name)).unwrap();
+    assert_eq!(device::scheduler(&disk.name).unwrap(), "bfq");
+
+    // The disk backing / is refused even when explicitly allowed, and left as it was.
+    let root_disk = root_disk_name();
+    let before = device::scheduler(&root_disk).unwrap();
+    let err = device::switch_to_bfq(&root_disk, std::slice::from_ref(&root_disk)).unwrap_err();
+    assert!(err.to_string().contains(&format!("device {root_disk}: backs the root filesystem")), "{err}");
+    assert_eq!(device::scheduler(&root_disk).unwrap(), before);
+}
+
+/// The disk under `/`, found independently of the library: `stat -c %d` style via /proc/self/mountinfo is what
+/// the library does, so use the `st_dev` of `/` here instead.
+fn root_disk_name() -> String {
+    use std::os::unix::fs::MetadataExt;
+    let dev = fs::metadata("/").unwrap().dev();
+    let (major, minor) =
+        (((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff), (dev & 0xff) | ((dev >> 12) & 0xffff_ff00));
+    let link = fs::read_link(format!("/sys/dev/block/{major}:{minor}")).unwrap();
+    let part = Path::new(&format!("/sys/dev/block/{major}:{minor}")).join("partition").exists();
+    let disk = if part { link.parent().unwrap().to_path_buf() } else { link };
+    disk.file_name().unwrap().to_str().unwrap().to_owned()
+}
