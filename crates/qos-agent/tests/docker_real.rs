@@ -1,0 +1,165 @@
+//! The agent against a real dockerd, real cgroup v1 blkio files and a BFQ loop device: demotion level by level,
+//! the event path (< 100 ms from start event to top weight), the starvation boost, labels (exclude, pin),
+//! the `auto` actuator falling back to cgroup files on this kernel, and SIGTERM restoring every original weight.
+//! Needs root and Docker (scripts/setup-host.sh); fails instead of skipping in CI.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use support::*;
+
+fn config(dev: &str) -> String {
+    format!(
+        r#"
+sample_interval = "100ms"
+actuator = "auto"
+state_file = "{{dir}}/state.json"
+control_socket = "{{dir}}/agent.sock"
+[devices]
+check = ["{dev}"]
+[mlfq]
+boost_after = "3s"
+idle_promote_after = "off"
+"#
+    )
+}
+
+/// Index of `wanted` as a subsequence of `seen` values, or None.
+fn subsequence(seen: &[(Duration, u32)], wanted: &[u32]) -> bool {
+    let mut it = seen.iter().map(|(_, w)| *w);
+    wanted.iter().all(|w| it.any(|x| x == *w))
+}
+
+#[test]
+fn agent_manages_real_docker_containers() {
+    if !require(
+        "agent_manages_real_docker_containers",
+        &[
+            ("root", is_root()),
+            ("cgroup v1 blkio", has_blkio_v1()),
+            ("dockerd with image ddiskqos-test", docker_ready()),
+        ],
+    ) {
+        return;
+    }
+    let disk = LoopDevice::new(1024);
+    let dev = disk.dev.clone();
+    let mut cs = Containers::default();
+
+    // A container running before the agent, with a weight someone set: adopted at the top, restored at the end.
+    let pre = cs.run(&[IMAGE, "sleep", "120"]);
+    std::fs::write(docker_cgroup(&pre).join("blkio.bfq.weight"), "250").unwrap();
+    assert_eq!(bfq_weight(&docker_cgroup(&pre)), Some(250));
+
+    let mut agent = Agent::start(&config(disk.name()));
+    let pre_top = wait_for(Duration::from_secs(3), Duration::from_millis(10), || {
+        (bfq_weight(&docker_cgroup(&pre)) == Some(1000)).then_some(())
+    });
+    assert!(pre_top.is_some(), "adopted container not at the top; log:\n{}", agent.log_text());
+
+    // Labelled containers: excluded is never touched, pinned stays at its pin, even while reading.
+    let excl = cs.run(&[
+        "--label",
+        "ddiskqos.exclude=true",
+        "--device",
+        &dev,
+        IMAGE,
+        "sh",
+        "-c",
+        &format!("dd if={dev} of=/dev/null bs=1M count=60 iflag=direct; sleep 120"),
+    ]);
+    let pinned = cs.run(&[
+        "--label",
+        "ddiskqos.weight=300",
+        "--device",
+        &dev,
+        IMAGE,
+        "sh",
+        "-c",
+        &format!("dd if={dev} of=/dev/null bs=1M count=60 skip=100 iflag=direct; sleep 120"),
+    ]);
+    let bad_label = cs.run(&["--label", "ddiskqos.weight=5000", IMAGE, "sleep", "120"]);
+
+    // The big reader, throttled to 30 MB/s so every level is visible in the weight file.
+    let reader = cs.run(&[
+        "--device",
+        &dev,
+        "--device-read-bps",
+        &format!("{dev}:30mb"),
+        IMAGE,
+        "sh",
+        "-c",
+        &format!("dd if={dev} of=/dev/null bs=1M count=900 iflag=direct; sleep 120"),
+    ]);
+    let reader_dir = docker_cgroup(&reader);
+    let recorder =
+        std::thread::spawn(move || record_weights(&reader_dir, Duration::from_secs(7), Duration::from_millis(10)));
+
+    // The event path: a container created now and started while the reader runs gets 1000 within 100 ms.
+    std::thread::sleep(Duration::from_millis(1500));
+    let late = sh(DOCKER, &["create", IMAGE, "sleep", "120"]);
+    cs.0.push(late.clone());
+    let mut events = Command::new(DOCKER)
+        .args([
+            "events",
+            "--filter",
+            &format!("container={late}"),
+            "--filter",
+            "event=start",
+            "--format",
+            "{{.TimeNano}}",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300)); // let the events client subscribe
+    let late_dir = docker_cgroup(&late);
+    let watcher = std::thread::spawn(move || {
+        wait_for(Duration::from_secs(10), Duration::from_millis(1), || {
+            (bfq_weight(&late_dir) == Some(1000)).then(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap())
+        })
+    });
+    sh(DOCKER, &["start", &late]);
+    let mut line = String::new();
+    BufReader::new(events.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let _ = events.kill();
+    let _ = events.wait();
+    let event_ns: u128 = line.trim().parse().expect("event time");
+    let seen = watcher.join().unwrap().expect("late container never reached weight 1000");
+    let latency_ms = (seen.as_nanos() as i128 - event_ns as i128) as f64 / 1e6;
+    eprintln!("start event -> weight 1000 in the cgroup file: {latency_ms:.1} ms");
+    assert!(latency_ms < 100.0, "late container got the top weight {latency_ms:.1} ms after its start event");
+
+    let seen = recorder.join().unwrap();
+    eprintln!("reader weight trajectory: {seen:?}");
+    assert!(subsequence(&seen, &[1000, 200, 40, 10]), "not demoted level by level: {seen:?}\n{}", agent.log_text());
+    // Boost: back to 1000 after leaving the top for boost_after (3 s), within a sampling interval plus slack.
+    let left_top = seen.iter().find(|(_, w)| *w != 1000 && *w != 100).map(|(t, _)| *t).expect("left the top");
+    let bottom = seen.iter().position(|(_, w)| *w == 10).expect("reached the bottom");
+    let boosted = seen[bottom..].iter().find(|(_, w)| *w == 1000).map(|(t, _)| *t).expect("boost back to 1000");
+    let after = (boosted - left_top).as_secs_f64();
+    assert!((2.8..=3.6).contains(&after), "boost {after:.2} s after leaving the top (boost_after = 3 s): {seen:?}");
+
+    assert_eq!(bfq_weight(&docker_cgroup(&excl)), Some(100), "excluded container was touched");
+    assert_eq!(bfq_weight(&docker_cgroup(&pinned)), Some(300), "pinned container not at its pin");
+    assert_eq!(bfq_weight(&docker_cgroup(&bad_label)), Some(1000), "bad label must fall back to managed");
+
+    let log = agent.log_text();
+    assert!(log.contains("actuator auto: the Docker API did not deliver the weight"), "no fallback message:\n{log}");
+    assert_eq!(log.matches("actuator auto: the Docker API did not deliver").count(), 1, "fallback must log once");
+    assert!(log.contains("bad policy label") && log.contains("5000"), "bad label not reported:\n{log}");
+    let status = agent.status().expect("status");
+    assert!(status.contains("actuator: cgroupfs"), "{status}");
+    assert!(status.contains(&reader[..12]) && status.contains("pinned") && status.contains("excluded"), "{status}");
+
+    let code = agent.stop();
+    assert!(code.success(), "agent exit status {code:?}\n{}", agent.log_text());
+    for (id, want) in [(&pre, 250), (&reader, 100), (&late, 100), (&pinned, 100), (&excl, 100), (&bad_label, 100)] {
+        assert_eq!(bfq_weight(&docker_cgroup(id)), Some(want), "container {} not restored", &id[..12]);
+    }
+    let state = std::fs::read_to_string(agent.state_file()).unwrap_or_default();
+    assert!(!state.contains(&pre), "state file still lists restored containers: {state}");
+}
