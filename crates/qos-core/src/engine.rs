@@ -239,7 +239,7 @@ impl Engine {
         };
         let delta = match c.last.replace(counters) {
             Some(prev) => counted(self.config.count, prev, counters),
-            // A baseline-less entry never happens today (every entry sets `last`), but stay total.
+            // Entered through `set_policy` without a sample: this one is the baseline.
             None => 0,
         };
         if delta == 0 {
@@ -363,10 +363,15 @@ impl Engine {
     }
 
     /// Replaces the config. On error the old config stays in force. Containers keep their level (clamped to the
-    /// new bottom); those whose weight changes get a [`Reason::Reconfigured`] change.
+    /// new bottom); those whose weight changes get a [`Reason::Reconfigured`] change. Running timers keep their
+    /// start (a shorter `boost_after` can make a boost due at once); a periodic boost that was off starts now.
     pub fn reconfigure(&mut self, config: Config, now: Instant) -> Result<(), ConfigError> {
         config.validate()?;
         let old = std::mem::replace(&mut self.config, config);
+        if old.boost_all_every.is_none() {
+            // Periodic boost switched on: the first one comes a period from now, not from when the engine started.
+            self.last_periodic_boost = now;
+        }
         let bottom = self.config.bottom();
         let mut moves = Vec::new();
         for (id, c) in self.containers.iter_mut() {
@@ -374,12 +379,18 @@ impl Engine {
                 continue;
             }
             let old_level = c.level;
+            let used = c.bytes_at_level;
             if c.level > bottom {
+                // Moved up to the new bottom: like any level change, it starts that level with nothing counted.
                 c.level = bottom;
                 c.entered_level = now;
+                c.bytes_at_level = 0;
+                if c.level == 0 {
+                    c.left_top = None;
+                }
             }
             if old.levels[old_level].weight != self.config.levels[c.level].weight || old_level != c.level {
-                moves.push((id.clone(), old_level, c.level, c.bytes_at_level));
+                moves.push((id.clone(), old_level, c.level, used));
             }
         }
         for (id, old_level, new_level, used) in moves {

@@ -15,7 +15,7 @@
 //! - [`config`]: [`Config`] with the paper's defaults, and validation.
 //! - [`weight`]: [`Weight`] (BFQ scale 1..=1000) and conversions to every kernel file and Docker.
 //! - [`units`]: byte sizes, counters, durations as written in config files.
-//! - [`id`]: [`ContainerId`].
+//! - [`id`]: the container identifier, [`ContainerId`].
 //!
 //! ## Driving it
 //! ```

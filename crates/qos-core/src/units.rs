@@ -23,7 +23,13 @@ impl ByteSize {
         let t = text.trim();
         let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
-        let n: u64 = num.parse().map_err(|_| format!("byte size {text:?} does not start with a number"))?;
+        let n: u64 = num.parse().map_err(|_| {
+            if num.is_empty() {
+                format!("byte size {text:?} does not start with a number")
+            } else {
+                format!("byte size {text:?} overflows 64 bits")
+            }
+        })?;
         let mult: u64 = match unit.trim() {
             "" | "B" => 1,
             "K" | "KiB" | "k" => 1 << 10,
@@ -91,32 +97,67 @@ impl IoCounters {
     }
 }
 
-/// Parses `"500ms"`, `"5s"`, `"2m"`, `"1h"`, `"1.5s"`; the error text names the value.
+/// Parses `"500ms"`, `"5s"`, `"2m"`, `"1h"`, `"1.5s"` (also `"us"`, `"µs"` and `"ns"`); the error text names the
+/// value. Integers are converted exactly, so every value [`format_duration`] writes reads back unchanged.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("duration {text:?} does not start with a number"))?;
-    let secs = match unit.trim() {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" | "min" => n * 60.0,
-        "h" => n * 3600.0,
-        "" => return Err(format!("duration {text:?} needs a unit (ms, s, m, h)")),
+    let out_of_range = || format!("duration {text:?} is out of range");
+    // Integers are converted exactly: `"1000000001ns"` must not lose its last nanosecond to f64 rounding.
+    let integral = !num.is_empty() && num.bytes().all(|b| b.is_ascii_digit());
+    let fractional = if integral {
+        None
+    } else {
+        Some(num.parse::<f64>().map_err(|_| format!("duration {text:?} does not start with a number"))?)
+    };
+    let unit_nanos: u64 = match unit.trim() {
+        "ns" => 1,
+        "us" | "µs" => 1_000,
+        "ms" => 1_000_000,
+        "s" => NANOS_PER_SEC,
+        "m" | "min" => 60 * NANOS_PER_SEC,
+        "h" => 3600 * NANOS_PER_SEC,
+        "" => return Err(format!("duration {text:?} needs a unit (ns, us, ms, s, m, h)")),
         other => return Err(format!("duration {text:?} has unknown unit {other:?}")),
     };
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("duration {text:?} is out of range"))
+    let nanos: u128 = match fractional {
+        None => {
+            let n: u128 = num.parse().map_err(|_| out_of_range())?;
+            n.checked_mul(u128::from(unit_nanos)).ok_or_else(out_of_range)?
+        }
+        Some(n) => {
+            let nanos = (n * unit_nanos as f64).round();
+            if !nanos.is_finite() || nanos >= MAX_DURATION_NANOS as f64 {
+                return Err(out_of_range());
+            }
+            nanos as u128
+        }
+    };
+    if nanos > MAX_DURATION_NANOS {
+        return Err(out_of_range());
+    }
+    let secs = u64::try_from(nanos / u128::from(NANOS_PER_SEC)).map_err(|_| out_of_range())?;
+    Ok(Duration::new(secs, (nanos % u128::from(NANOS_PER_SEC)) as u32))
 }
 
-/// Formats a duration the way [`parse_duration`] reads it.
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+/// Nanoseconds in `Duration::MAX`.
+const MAX_DURATION_NANOS: u128 = Duration::MAX.as_nanos();
+
+/// Formats a duration the way [`parse_duration`] reads it, in the largest unit that keeps it exact.
 pub fn format_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms % 1000 == 0 && ms > 0 {
-        format!("{}s", ms / 1000)
-    } else if d.subsec_nanos() % 1_000_000 == 0 {
-        format!("{ms}ms")
+    let nanos = d.as_nanos();
+    if nanos == 0 {
+        "0ms".to_owned()
+    } else if nanos % u128::from(NANOS_PER_SEC) == 0 {
+        format!("{}s", d.as_secs())
+    } else if nanos % 1_000_000 == 0 {
+        format!("{}ms", nanos / 1_000_000)
+    } else if nanos % 1_000 == 0 {
+        format!("{}us", nanos / 1_000)
     } else {
-        format!("{}s", d.as_secs_f64())
+        format!("{nanos}ns")
     }
 }
 

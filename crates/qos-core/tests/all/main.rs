@@ -1,0 +1,18 @@
+//! qos-core's tests, one binary with a module per area (one link instead of six).
+//!
+//! - `rules`: one test (or a few) per rule of the engine, on a hand-stepped clock.
+//! - `config`: validation (every error names field and value) and TOML parsing.
+//! - `units`: byte sizes and durations as written in config files.
+//! - `weight`: the weight scale and its conversions, exhaustively over the whole range.
+//! - `ops`: generated operation sequences and the driver that applies them and checks invariants.
+//! - `model`: a plain reimplementation of the rules, compared with the engine after every step of random runs.
+//! - `props`: invariants over random runs (weights, no-I/O-no-demotion, starvation bound, determinism, no panic).
+
+mod common;
+mod config;
+mod model;
+mod ops;
+mod props;
+mod rules;
+mod units;
+mod weight;

@@ -1,0 +1,299 @@
+//! A plain reimplementation of the rules as written in the docs: a `Vec` of entries, linear search, one rule per
+//! block, no deadline bookkeeping (deadlines are recomputed from scratch). `ops::Run` feeds it the same inputs as
+//! the engine and compares changes, views and deadlines after every step.
+
+use std::time::Instant;
+
+use qos_core::{Config, ContainerId, ContainerView, CountMode, IoCounters, Policy, Reason, Weight, WeightChange};
+
+#[derive(Debug, Clone)]
+struct Entry {
+    id: ContainerId,
+    policy: Policy,
+    level: usize,
+    entered: Instant,
+    left_top: Option<Instant>,
+    last_io: Instant,
+    bytes: u64,
+    total: u64,
+    /// Counters of the previous sample; `None`: the next sample is only a baseline.
+    baseline: Option<IoCounters>,
+}
+
+impl Entry {
+    fn fresh(id: &ContainerId, policy: Policy, now: Instant, baseline: Option<IoCounters>) -> Self {
+        Self {
+            id: id.clone(),
+            policy,
+            level: 0,
+            entered: now,
+            left_top: None,
+            last_io: now,
+            bytes: 0,
+            total: 0,
+            baseline,
+        }
+    }
+}
+
+/// The model. Its state is exactly what the docs describe, nothing more.
+#[derive(Debug, Clone)]
+pub struct Model {
+    pub config: Config,
+    entries: Vec<Entry>,
+    out: Vec<WeightChange>,
+    last_periodic: Instant,
+}
+
+impl Model {
+    pub fn new(config: Config, now: Instant) -> Self {
+        Self { config, entries: Vec::new(), out: Vec::new(), last_periodic: now }
+    }
+
+    fn find(&self, id: &ContainerId) -> Option<usize> {
+        self.entries.iter().position(|e| &e.id == id)
+    }
+
+    fn sort(&mut self) {
+        self.entries.sort_by(|a, b| a.id.cmp(&b.id));
+    }
+
+    fn emit(
+        &mut self,
+        id: &ContainerId,
+        weight: Option<Weight>,
+        levels: (Option<usize>, Option<usize>),
+        reason: Reason,
+        used: u64,
+    ) {
+        self.out.push(WeightChange {
+            id: id.clone(),
+            weight,
+            old_level: levels.0,
+            new_level: levels.1,
+            reason,
+            bytes_at_old_level: used,
+        });
+    }
+
+    /// A container enters: managed ones at the top, pinned ones at their pin, excluded ones silently.
+    fn announce(&mut self, id: &ContainerId, old_managed: Option<(usize, u64)>, policy: Policy) {
+        match policy {
+            Policy::Managed => {
+                let top = self.config.levels[0].weight;
+                let (old_level, used) = old_managed.map_or((None, 0), |(l, b)| (Some(l), b));
+                self.emit(id, Some(top), (old_level, Some(0)), Reason::New, used);
+            }
+            Policy::Pinned(w) => self.emit(id, Some(w), (None, None), Reason::Pinned, 0),
+            Policy::Excluded => {}
+        }
+    }
+
+    pub fn started(&mut self, id: &ContainerId, now: Instant) {
+        let old = self.find(id).map(|i| self.entries.remove(i));
+        let policy = old.as_ref().map_or(Policy::Managed, |o| o.policy);
+        self.entries.push(Entry::fresh(id, policy, now, Some(IoCounters::default())));
+        let old_managed = old.filter(|o| o.policy == Policy::Managed).map(|o| (o.level, o.bytes));
+        self.announce(id, old_managed, policy);
+    }
+
+    pub fn sample(&mut self, id: &ContainerId, counters: IoCounters, now: Instant) {
+        let Some(i) = self.find(id) else {
+            self.entries.push(Entry::fresh(id, Policy::Managed, now, Some(counters)));
+            self.announce(id, None, Policy::Managed);
+            return;
+        };
+        let mode = self.config.count;
+        let e = &mut self.entries[i];
+        let delta = match e.baseline {
+            None => 0,
+            Some(prev) => counted(mode, prev, counters),
+        };
+        e.baseline = Some(counters);
+        if delta == 0 {
+            return;
+        }
+        e.total = e.total.saturating_add(delta);
+        e.bytes = e.bytes.saturating_add(delta);
+        e.last_io = now;
+        if e.policy != Policy::Managed {
+            return;
+        }
+        let (from, used) = (e.level, e.bytes);
+        // Walk down one allotment at a time; the bottom keeps everything.
+        loop {
+            if e.level + 1 == self.config.levels.len() {
+                break;
+            }
+            let allotment = self.config.levels[e.level].threshold.0;
+            if e.bytes <= allotment {
+                break;
+            }
+            e.bytes -= allotment;
+            e.level += 1;
+        }
+        if e.level != from {
+            e.entered = now;
+            if from == 0 {
+                e.left_top = Some(now);
+            }
+            let (to, id) = (e.level, e.id.clone());
+            let weight = self.config.levels[to].weight;
+            self.emit(&id, Some(weight), (Some(from), Some(to)), Reason::Demoted, used);
+        }
+    }
+
+    pub fn removed(&mut self, id: &ContainerId) {
+        self.entries.retain(|e| &e.id != id);
+    }
+
+    pub fn set_policy(&mut self, id: &ContainerId, policy: Policy, now: Instant) {
+        let Some(i) = self.find(id) else {
+            self.entries.push(Entry::fresh(id, policy, now, None));
+            self.announce(id, None, policy);
+            return;
+        };
+        if self.entries[i].policy == policy {
+            return;
+        }
+        let top = self.config.levels[0].weight;
+        let e = &mut self.entries[i];
+        let old_level = (e.policy == Policy::Managed).then_some(e.level);
+        let used = e.bytes;
+        e.policy = policy;
+        match policy {
+            Policy::Pinned(w) => self.emit(id, Some(w), (old_level, None), Reason::Pinned, used),
+            Policy::Excluded => self.emit(id, None, (old_level, None), Reason::Released, used),
+            Policy::Managed => {
+                let last_io = e.last_io.max(now);
+                *e = Entry::fresh(id, Policy::Managed, now, e.baseline);
+                e.last_io = last_io;
+                self.emit(id, Some(top), (old_level, Some(0)), Reason::Managed, used);
+            }
+        }
+    }
+
+    pub fn timeout(&mut self, now: Instant) {
+        let periodic = match self.config.boost_all_every {
+            Some(p) if now >= self.last_periodic + p => {
+                self.last_periodic = now;
+                true
+            }
+            _ => false,
+        };
+        self.sort();
+        let config = self.config.clone();
+        let mut moves = Vec::new();
+        for e in &mut self.entries {
+            if e.policy != Policy::Managed || e.level == 0 {
+                continue;
+            }
+            let starving = e.left_top.is_some_and(|t| now >= t + config.boost_after);
+            let idle = config.idle_promote_after.is_some_and(|d| now >= e.last_io.max(e.entered) + d);
+            let (to, reason) = if periodic {
+                (0, Reason::PeriodicBoost)
+            } else if starving {
+                (0, Reason::Boosted)
+            } else if idle {
+                (e.level - 1, Reason::IdlePromoted)
+            } else {
+                continue;
+            };
+            moves.push((e.id.clone(), e.level, to, reason, e.bytes));
+            e.level = to;
+            e.entered = now;
+            e.bytes = 0;
+            if to == 0 {
+                e.left_top = None;
+            }
+        }
+        for (id, from, to, reason, used) in moves {
+            let weight = self.config.levels[to].weight;
+            self.emit(&id, Some(weight), (Some(from), Some(to)), reason, used);
+        }
+    }
+
+    /// `Err` (and nothing changed) for an invalid config.
+    pub fn reconfigure(&mut self, config: Config, now: Instant) -> Result<(), ()> {
+        config.validate().map_err(|_| ())?;
+        let old = std::mem::replace(&mut self.config, config);
+        if old.boost_all_every.is_none() {
+            self.last_periodic = now;
+        }
+        let bottom = self.config.levels.len() - 1;
+        self.sort();
+        let mut moves = Vec::new();
+        for e in &mut self.entries {
+            if e.policy != Policy::Managed {
+                continue;
+            }
+            let (from, used) = (e.level, e.bytes);
+            if e.level > bottom {
+                e.level = bottom;
+                e.entered = now;
+                e.bytes = 0;
+                if bottom == 0 {
+                    e.left_top = None;
+                }
+            }
+            if old.levels[from].weight != self.config.levels[e.level].weight || from != e.level {
+                moves.push((e.id.clone(), from, e.level, used));
+            }
+        }
+        for (id, from, to, used) in moves {
+            let weight = self.config.levels[to].weight;
+            self.emit(&id, Some(weight), (Some(from), Some(to)), Reason::Reconfigured, used);
+        }
+        Ok(())
+    }
+
+    pub fn drain(&mut self) -> Vec<WeightChange> {
+        std::mem::take(&mut self.out)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn views(&mut self, now: Instant) -> Vec<ContainerView> {
+        self.sort();
+        self.entries
+            .iter()
+            .map(|e| ContainerView {
+                id: e.id.clone(),
+                policy: e.policy,
+                level: e.level,
+                weight: match e.policy {
+                    Policy::Managed => Some(self.config.levels[e.level].weight),
+                    Policy::Pinned(w) => Some(w),
+                    Policy::Excluded => None,
+                },
+                bytes_at_level: e.bytes,
+                total_bytes: e.total,
+                time_at_level: now.saturating_duration_since(e.entered),
+            })
+            .collect()
+    }
+
+    /// The earliest instant at which some timer is due, recomputed from scratch.
+    pub fn deadline(&self) -> Option<Instant> {
+        let periodic = self.config.boost_all_every.map(|p| self.last_periodic + p);
+        let containers = self.entries.iter().filter(|e| e.policy == Policy::Managed && e.level > 0).flat_map(|e| {
+            let boost = e.left_top.map(|t| t + self.config.boost_after);
+            let idle = self.config.idle_promote_after.map(|d| e.last_io.max(e.entered) + d);
+            [boost, idle]
+        });
+        containers.chain([periodic]).flatten().min()
+    }
+}
+
+fn counted(mode: CountMode, prev: IoCounters, now: IoCounters) -> u64 {
+    // A counter below its previous value restarted from zero: all of it is new.
+    let read = if now.read >= prev.read { now.read - prev.read } else { now.read };
+    let write = if now.write >= prev.write { now.write - prev.write } else { now.write };
+    match mode {
+        CountMode::Read => read,
+        CountMode::Write => write,
+        CountMode::Both => read.saturating_add(write),
+    }
+}
