@@ -423,12 +423,13 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     async fn apply_one(&mut self, id: &ContainerId) {
         let Some(t) = self.tracked.get_mut(id) else { return };
         let Some(want) = t.desired else { return };
+        let old = t.applied;
         if t.applied == Some(want) {
-            log_decision(t, want, None, true);
+            log_decision(t, old, want, None, true);
             return;
         }
         if self.cfg.dry_run {
-            log_decision(t, want, None, false);
+            log_decision(t, old, want, None, false);
             t.applied = Some(want);
             return;
         }
@@ -452,7 +453,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 if self.actuator_label != label {
                     self.actuator_label = label.into();
                 }
-                log_decision(t, want, Some(via), false);
+                log_decision(t, old, want, Some(via), false);
             }
             Err(e) if e.is_vanished() => self.forget(id),
             Err(e) => {
@@ -559,7 +560,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     }
 }
 
-fn log_decision(t: &mut Tracked, weight: Weight, via: Option<AppliedVia>, unchanged: bool) {
+fn log_decision(t: &mut Tracked, old: Option<Weight>, weight: Weight, via: Option<AppliedVia>, unchanged: bool) {
     let Some(c) = t.pending.take() else { return };
     let via = match via {
         Some(AppliedVia::RuntimeApi) => "docker",
@@ -573,6 +574,7 @@ fn log_decision(t: &mut Tracked, weight: Weight, via: Option<AppliedVia>, unchan
         reason = c.reason.as_str(),
         old_level = c.old_level.map(|l| l + 1),
         new_level = c.new_level.map(|l| l + 1),
+        old_weight = old.or(t.original).map(Weight::get),
         weight = weight.get(),
         bytes = c.bytes_at_old_level,
         via,
