@@ -173,7 +173,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 cmd = commands.recv() => match cmd {
                     Some(Command::Shutdown) | None => break,
                     Some(Command::Reload(cfg)) => {
-                        self.reload(*cfg);
+                        self.reload(*cfg).await;
                         tick = tokio::time::interval(self.cfg.sample_interval);
                         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                     }
@@ -401,6 +401,11 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             self.apply_one(id).await;
         }
         if let Some(t) = self.tracked.get_mut(id) {
+            if t.desired.is_some() && t.desired != t.applied {
+                // The original did not go back: keep wanting it (retried every round) and keep it on file.
+                t.applied = None;
+                return;
+            }
             t.applied = None;
             t.desired = None;
         }
@@ -502,7 +507,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
 
     // ----- control -----
 
-    fn reload(&mut self, cfg: AgentConfig) {
+    async fn reload(&mut self, cfg: AgentConfig) {
         let restart_needed = cfg.runtime != self.cfg.runtime
             || cfg.docker != self.cfg.docker
             || cfg.cgroup != self.cfg.cgroup
@@ -519,6 +524,18 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         if let Err(e) = self.engine.reconfigure(cfg.mlfq.clone(), now()) {
             error!(error = %e, "reload rejected; keeping the old configuration");
             return;
+        }
+        let was_dry_run = self.cfg.dry_run;
+        if cfg.dry_run && !was_dry_run {
+            // Nothing is written from now on, so nothing could be restored at shutdown: put the originals back now.
+            self.restore_all().await;
+        }
+        if cfg.dry_run != was_dry_run {
+            // Dry-run "applied" weights were never written, and restored ones are no longer in force: forget both
+            // so the next round writes (or, in dry run, decides) every container's weight afresh.
+            for t in self.tracked.values_mut() {
+                t.applied = None;
+            }
         }
         self.cfg.mlfq = cfg.mlfq;
         self.cfg.sample_interval = cfg.sample_interval;

@@ -1,0 +1,1117 @@
+//! The daemon loop against in-memory fake backends, on tokio's paused clock: every test runs in milliseconds and
+//! repeats exactly. The fakes imitate what matters of a real runtime: a "cgroup file" weight per container that
+//! writes change and reads return, scripted cumulative counters, and failures (a fault, or a vanished cgroup)
+//! injected per container and per operation.
+//!
+//! Timing: the default sampling interval is 500 ms and the first tick fires at start, so rounds run at 0, 500,
+//! 1000, ... ms. Tests step in whole intervals from 1 ms past a round ([`Harness::settle`]), so a step never lands
+//! on the same instant as a round.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use qos_agent::backend::{
+    AppliedVia, BackendError, ContainerInfo, CounterSource, Discovery, DiscoveryError, DiscoveryEvent, WeightWriter,
+};
+use qos_agent::cgroup::CgroupError;
+use qos_agent::config::AgentConfig;
+use qos_agent::daemon::{Command, Daemon, DaemonError, Status, StatusRow, Summary};
+use qos_agent::labels::{EXCLUDE_LABEL, WEIGHT_LABEL};
+use qos_agent::metrics::{Metrics, ReasonLabels};
+use qos_agent::state::OriginalWeights;
+use qos_core::{ByteSize, ContainerId, IoCounters, LevelConfig, Weight};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+const MIB: u64 = 1 << 20;
+const TICK: Duration = Duration::from_millis(500);
+/// What a fresh BFQ cgroup holds.
+const KERNEL_DEFAULT: u32 = 100;
+
+// ----- the fake world -----
+
+/// How an injected failure looks to the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// A real fault (EIO, a runtime API error): retried, logged once.
+    Broken,
+    /// The cgroup is gone: the container is treated as removed.
+    Vanished,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// The weight "in the cgroup file", by container id.
+    weights: HashMap<String, u32>,
+    /// Cumulative counters, by container id.
+    counters: HashMap<String, IoCounters>,
+    /// Every successful write, in order.
+    writes: Vec<(String, u32)>,
+    /// Every write attempted (successful or not), by container.
+    write_attempts: HashMap<String, usize>,
+    /// Samples taken, by container.
+    samples: HashMap<String, usize>,
+    attached: BTreeSet<String>,
+    write_fault: HashMap<String, Fault>,
+    sample_fault: HashMap<String, Fault>,
+}
+
+/// The shared state behind the three fake backends.
+#[derive(Debug, Clone, Default)]
+struct World(Arc<Mutex<Inner>>);
+
+impl World {
+    fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
+        f(&mut self.0.lock().unwrap())
+    }
+
+    /// A container whose cgroup file holds `weight`.
+    fn add(&self, id: &str, weight: u32) {
+        self.with(|w| w.weights.insert(id.into(), weight));
+    }
+
+    fn weight(&self, id: &str) -> u32 {
+        self.with(|w| w.weights[id])
+    }
+
+    /// Sets a container's cumulative read counter.
+    fn set_read(&self, id: &str, bytes: u64) {
+        self.with(|w| w.counters.insert(id.into(), IoCounters::new(bytes, 0)));
+    }
+
+    /// Adds to a container's read counter.
+    fn read_more(&self, id: &str, bytes: u64) {
+        self.with(|w| w.counters.entry(id.into()).or_default().read += bytes);
+    }
+
+    fn writes_to(&self, id: &str) -> Vec<u32> {
+        self.with(|w| w.writes.iter().filter(|(i, _)| i == id).map(|(_, v)| *v).collect())
+    }
+
+    fn attempts(&self, id: &str) -> usize {
+        self.with(|w| w.write_attempts.get(id).copied().unwrap_or(0))
+    }
+
+    fn samples_of(&self, id: &str) -> usize {
+        self.with(|w| w.samples.get(id).copied().unwrap_or(0))
+    }
+
+    fn attached(&self) -> BTreeSet<String> {
+        self.with(|w| w.attached.clone())
+    }
+
+    fn fail_writes(&self, id: &str, fault: Option<Fault>) {
+        self.with(|w| match fault {
+            Some(f) => w.write_fault.insert(id.into(), f),
+            None => w.write_fault.remove(id),
+        });
+    }
+
+    fn fail_samples(&self, id: &str, fault: Option<Fault>) {
+        self.with(|w| match fault {
+            Some(f) => w.sample_fault.insert(id.into(), f),
+            None => w.sample_fault.remove(id),
+        });
+    }
+}
+
+fn error(id: &ContainerId, fault: Fault, what: &'static str) -> BackendError {
+    match fault {
+        Fault::Broken => BackendError::Runtime { id: id.clone(), what, detail: "injected fault".into() },
+        Fault::Vanished => BackendError::Cgroup(CgroupError::Vanished {
+            path: PathBuf::from(format!("/fake/{id}")),
+            source: io::Error::from(io::ErrorKind::NotFound),
+        }),
+    }
+}
+
+/// Discovery fed from a channel; `start` returns a fixed initial list.
+#[derive(Debug)]
+struct FakeDiscovery {
+    initial: Vec<ContainerInfo>,
+    events: mpsc::UnboundedReceiver<DiscoveryEvent>,
+}
+
+impl Discovery for FakeDiscovery {
+    async fn start(&mut self) -> Result<Vec<ContainerInfo>, DiscoveryError> {
+        Ok(std::mem::take(&mut self.initial))
+    }
+
+    async fn next_event(&mut self) -> Result<DiscoveryEvent, DiscoveryError> {
+        match self.events.recv().await {
+            Some(ev) => Ok(ev),
+            None => std::future::pending().await,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct FakeCounters(World);
+
+impl CounterSource for FakeCounters {
+    async fn attach(&mut self, info: &ContainerInfo) -> Result<(), BackendError> {
+        self.0.with(|w| w.attached.insert(info.id.to_string()));
+        Ok(())
+    }
+
+    fn detach(&mut self, id: &ContainerId) {
+        self.0.with(|w| w.attached.remove(id.as_str()));
+    }
+
+    async fn sample(&mut self, out: &mut Vec<(ContainerId, Result<IoCounters, BackendError>)>) {
+        self.0.with(|w| {
+            for id in w.attached.clone() {
+                let cid = ContainerId::new(&id);
+                *w.samples.entry(id.clone()).or_default() += 1;
+                let result = match w.sample_fault.get(&id) {
+                    Some(f) => Err(error(&cid, *f, "sample")),
+                    None => Ok(w.counters.get(&id).copied().unwrap_or_default()),
+                };
+                out.push((cid, result));
+            }
+        });
+    }
+}
+
+#[derive(Debug)]
+struct FakeWriter(World);
+
+impl WeightWriter for FakeWriter {
+    async fn read(&mut self, info: &ContainerInfo) -> Result<Weight, BackendError> {
+        self.0.with(|w| {
+            if w.write_fault.get(info.id.as_str()) == Some(&Fault::Vanished) {
+                return Err(error(&info.id, Fault::Vanished, "read"));
+            }
+            let v = w.weights.get(info.id.as_str()).copied().unwrap_or(KERNEL_DEFAULT);
+            Ok(Weight::new(v.into()).unwrap())
+        })
+    }
+
+    async fn write(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
+        self.0.with(|w| {
+            let id = info.id.to_string();
+            *w.write_attempts.entry(id.clone()).or_default() += 1;
+            if let Some(f) = w.write_fault.get(&id) {
+                return Err(error(&info.id, *f, "write"));
+            }
+            w.weights.insert(id.clone(), weight.get());
+            w.writes.push((id, weight.get()));
+            Ok(AppliedVia::CgroupFile)
+        })
+    }
+}
+
+// ----- the harness -----
+
+fn info(id: &str, labels: &[(&str, &str)]) -> ContainerInfo {
+    ContainerInfo {
+        id: ContainerId::new(id),
+        name: format!("{id}-name"),
+        labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
+        cgroup: None,
+    }
+}
+
+fn w(v: u64) -> Weight {
+    Weight::new(v).unwrap()
+}
+
+/// The paper's levels and boost, without idle promotion, so a level only changes when a test makes it.
+fn cfg() -> AgentConfig {
+    let mut cfg = AgentConfig::default();
+    cfg.mlfq.idle_promote_after = None;
+    cfg
+}
+
+struct Harness {
+    world: World,
+    events: mpsc::UnboundedSender<DiscoveryEvent>,
+    commands: mpsc::Sender<Command>,
+    metrics: Arc<Metrics>,
+    daemon: JoinHandle<Result<Summary, DaemonError>>,
+}
+
+impl Harness {
+    fn start(cfg: AgentConfig, world: &World, initial: Vec<ContainerInfo>) -> Self {
+        Self::start_with(cfg, world, initial, OriginalWeights::load(None).unwrap())
+    }
+
+    fn start_with(cfg: AgentConfig, world: &World, initial: Vec<ContainerInfo>, originals: OriginalWeights) -> Self {
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let (commands, rx) = mpsc::channel(16);
+        let metrics = Arc::new(Metrics::new());
+        let discovery = FakeDiscovery { initial, events };
+        let daemon = Daemon::new(
+            cfg,
+            discovery,
+            FakeCounters(world.clone()),
+            FakeWriter(world.clone()),
+            originals,
+            metrics.clone(),
+        )
+        .expect("valid config");
+        Self { world: world.clone(), events: events_tx, commands, metrics, daemon: tokio::spawn(daemon.run(rx)) }
+    }
+
+    /// Lets the daemon handle everything pending: with the clock paused, time only moves once it is idle.
+    async fn settle(&self) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+
+    async fn send(&self, ev: DiscoveryEvent) {
+        self.events.send(ev).unwrap();
+        self.settle().await;
+    }
+
+    /// Advances by `n` sampling intervals (`n` rounds run).
+    async fn rounds(&self, n: u32) {
+        tokio::time::sleep(TICK * n).await;
+    }
+
+    async fn status(&self) -> Status {
+        let (tx, rx) = oneshot::channel();
+        self.commands.send(Command::Status(tx)).await.unwrap();
+        rx.await.unwrap()
+    }
+
+    async fn row(&self, id: &str) -> Option<StatusRow> {
+        self.status().await.containers.into_iter().find(|r| r.id == id)
+    }
+
+    async fn ids(&self) -> Vec<String> {
+        self.status().await.containers.into_iter().map(|r| r.id).collect()
+    }
+
+    async fn reload(&self, cfg: AgentConfig) {
+        self.commands.send(Command::Reload(Box::new(cfg))).await.unwrap();
+        self.settle().await;
+    }
+
+    async fn shutdown(self) -> Summary {
+        self.commands.send(Command::Shutdown).await.unwrap();
+        self.daemon.await.unwrap().unwrap()
+    }
+
+    fn decisions(&self, reason: &str) -> u64 {
+        self.metrics.decisions.get_or_create(&ReasonLabels { reason: reason.into() }).get()
+    }
+}
+
+/// Captures the daemon's log lines (text, no colours) for the current thread; the tests' runtime is
+/// single-threaded, so that includes the daemon task.
+#[derive(Clone, Default)]
+struct LogBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl io::Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogBuffer {
+    fn install(&self) -> tracing::subscriber::DefaultGuard {
+        let me = self.clone();
+        let sub = tracing_subscriber::fmt().with_ansi(false).with_writer(move || me.clone()).finish();
+        tracing::subscriber::set_default(sub)
+    }
+
+    fn count(&self, needle: &str) -> usize {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).matches(needle).count()
+    }
+}
+
+// ----- discovery and levels -----
+
+#[tokio::test(start_paused = true)]
+async fn started_container_gets_the_top_weight_before_any_sampling_round() {
+    let world = World::default();
+    world.add("a", KERNEL_DEFAULT);
+    let h = Harness::start(cfg(), &world, vec![]);
+    h.settle().await; // the first round (t = 0) ran with no container
+    let t0 = tokio::time::Instant::now();
+    h.send(DiscoveryEvent::Started(info("a", &[]))).await;
+
+    assert_eq!(world.writes_to("a"), vec![1000]);
+    assert_eq!(world.samples_of("a"), 0, "the weight must not wait for a sampling round");
+    assert!(t0.elapsed() < TICK);
+    let row = h.row("a").await.unwrap();
+    assert_eq!((row.policy.as_str(), row.level, row.weight), ("managed", Some(1), Some(1000)));
+    assert_eq!(h.decisions("new"), 1);
+    assert_eq!(h.metrics.containers.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn heavy_container_is_demoted_through_every_level_then_boosted() {
+    let world = World::default();
+    world.add("heavy", KERNEL_DEFAULT);
+    world.add("light", KERNEL_DEFAULT);
+    let t0 = tokio::time::Instant::now();
+    let h = Harness::start(cfg(), &world, vec![]);
+    h.settle().await;
+    h.send(DiscoveryEvent::Started(info("heavy", &[]))).await;
+    h.send(DiscoveryEvent::Started(info("light", &[]))).await;
+
+    // Thresholds 2, 8, 32 MiB; each step overshoots by 1 MiB, which is carried into the next level.
+    let mut total = 0;
+    for (step, weight, level) in [(3 * MIB, 200, 2), (8 * MIB, 40, 3), (32 * MIB, 10, 4)] {
+        total += step;
+        world.set_read("heavy", total);
+        world.read_more("light", 64 << 10);
+        h.rounds(1).await;
+        assert_eq!(world.weight("heavy"), weight);
+        let row = h.row("heavy").await.unwrap();
+        assert_eq!((row.level, row.weight, row.bytes_at_level), (Some(level), Some(weight), MIB));
+    }
+    assert_eq!(world.writes_to("heavy"), vec![1000, 200, 40, 10]);
+    assert_eq!(h.decisions("demoted"), 3);
+    assert_eq!(world.writes_to("light"), vec![1000], "a light reader stays at the top");
+
+    // More I/O at the bottom changes nothing; boost_after (10 s) after it left the top, it is back on top.
+    world.read_more("heavy", 500 * MIB);
+    let left_top = t0 + TICK; // the first demotion, in the round at 500 ms
+    tokio::time::sleep_until(left_top + Duration::from_millis(9_900)).await;
+    assert_eq!(world.weight("heavy"), 10, "boosted early");
+    tokio::time::sleep_until(left_top + Duration::from_millis(10_100)).await;
+    assert_eq!(world.weight("heavy"), 1000, "not boosted after boost_after");
+    assert_eq!(h.decisions("boosted"), 1);
+    let row = h.row("heavy").await.unwrap();
+    assert_eq!((row.level, row.weight, row.bytes_at_level), (Some(1), Some(1000), 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn stopped_container_is_dropped() {
+    let world = World::default();
+    for id in ["a", "b"] {
+        world.add(id, KERNEL_DEFAULT);
+    }
+    let h = Harness::start(cfg(), &world, vec![info("a", &[]), info("b", &[])]);
+    h.settle().await;
+    assert_eq!(h.ids().await, vec!["a", "b"]);
+    assert_eq!(h.metrics.containers.get(), 2);
+
+    h.send(DiscoveryEvent::Stopped(ContainerId::new("a"))).await;
+    assert_eq!(h.ids().await, vec!["b"]);
+    assert_eq!(h.metrics.containers.get(), 1);
+    assert_eq!(world.attached(), BTreeSet::from(["b".to_string()]), "counters detached");
+    let before = world.samples_of("a");
+    h.rounds(2).await;
+    assert_eq!(world.samples_of("a"), before, "a removed container is not sampled");
+    // Nothing to restore for a container that is gone.
+    assert_eq!(h.shutdown().await.restored, 1);
+    assert_eq!(world.writes_to("a"), vec![1000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn vanished_cgroup_on_sample_is_a_removal() {
+    let world = World::default();
+    for id in ["a", "b"] {
+        world.add(id, KERNEL_DEFAULT);
+    }
+    let logs = LogBuffer::default();
+    let _guard = logs.install();
+    let h = Harness::start(cfg(), &world, vec![info("a", &[]), info("b", &[])]);
+    h.settle().await;
+    world.fail_samples("a", Some(Fault::Vanished));
+    world.set_read("b", 3 * MIB);
+    h.rounds(1).await;
+
+    assert_eq!(h.ids().await, vec!["b"]);
+    assert!(!world.attached().contains("a"));
+    assert_eq!(h.metrics.sample_failures.get(), 0, "a vanished cgroup is not a failure");
+    assert_eq!(logs.count("cannot read I/O counters"), 0);
+    assert_eq!(world.weight("b"), 200, "the other container is still managed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn vanished_cgroup_on_write_is_a_removal() {
+    let world = World::default();
+    for id in ["a", "b"] {
+        world.add(id, KERNEL_DEFAULT);
+    }
+    let h = Harness::start(cfg(), &world, vec![info("a", &[]), info("b", &[])]);
+    h.settle().await;
+    world.fail_writes("a", Some(Fault::Vanished));
+    world.set_read("a", 3 * MIB);
+    world.set_read("b", 3 * MIB);
+    h.rounds(1).await;
+
+    assert_eq!(world.attempts("a"), 2, "the top weight, then the demotion that found the cgroup gone");
+    assert_eq!(h.ids().await, vec!["b"]);
+    assert_eq!(h.metrics.write_failures.get(), 0);
+    assert_eq!(world.weight("b"), 200);
+    h.rounds(3).await;
+    assert_eq!(world.attempts("a"), 2, "no retries for a removed container");
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_write_is_retried_every_round_logged_once_and_others_go_on() {
+    let world = World::default();
+    for id in ["bad", "good"] {
+        world.add(id, KERNEL_DEFAULT);
+    }
+    let logs = LogBuffer::default();
+    let _guard = logs.install();
+    let h = Harness::start(cfg(), &world, vec![]);
+    h.settle().await;
+    world.fail_writes("bad", Some(Fault::Broken));
+    h.send(DiscoveryEvent::Started(info("bad", &[]))).await;
+    h.send(DiscoveryEvent::Started(info("good", &[]))).await;
+    assert_eq!(world.attempts("bad"), 1);
+
+    world.set_read("good", 3 * MIB);
+    h.rounds(4).await;
+    assert_eq!(world.attempts("bad"), 5, "one retry per round");
+    assert_eq!(h.metrics.write_failures.get(), 5);
+    assert_eq!(logs.count("cannot apply weight"), 1, "logged once, not every round");
+    assert_eq!(world.weight("bad"), KERNEL_DEFAULT);
+    assert_eq!(world.weight("good"), 200, "the other container is unaffected");
+    let row = h.row("bad").await.unwrap();
+    assert_eq!((row.level, row.weight), (Some(1), None), "status shows no verified weight");
+
+    // It heals: the next round applies the weight still wanted.
+    world.fail_writes("bad", None);
+    h.rounds(1).await;
+    assert_eq!(world.writes_to("bad"), vec![1000]);
+    assert_eq!(h.row("bad").await.unwrap().weight, Some(1000));
+    h.rounds(2).await;
+    assert_eq!(world.attempts("bad"), 6, "no writes once applied");
+
+    // A new failure after a success is logged again.
+    world.fail_writes("bad", Some(Fault::Broken));
+    world.set_read("bad", 3 * MIB);
+    h.rounds(2).await;
+    assert_eq!(logs.count("cannot apply weight"), 2);
+    assert_eq!(h.row("bad").await.unwrap().weight, Some(1000), "status keeps the verified weight");
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_sample_is_logged_once_and_does_not_remove() {
+    let world = World::default();
+    world.add("a", KERNEL_DEFAULT);
+    let logs = LogBuffer::default();
+    let _guard = logs.install();
+    let h = Harness::start(cfg(), &world, vec![info("a", &[])]);
+    h.settle().await;
+    world.fail_samples("a", Some(Fault::Broken));
+    h.rounds(3).await;
+    assert_eq!(h.metrics.sample_failures.get(), 3);
+    assert_eq!(logs.count("cannot read I/O counters"), 1);
+    assert_eq!(h.ids().await, vec!["a"]);
+    world.fail_samples("a", None);
+    world.set_read("a", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!(world.weight("a"), 200);
+}
+
+// ----- labels -----
+
+#[tokio::test(start_paused = true)]
+async fn pinned_and_excluded_labels() {
+    let world = World::default();
+    for id in ["pinned", "excluded", "plain"] {
+        world.add(id, 700);
+    }
+    let h = Harness::start(cfg(), &world, vec![]);
+    h.settle().await;
+    h.send(DiscoveryEvent::Started(info("pinned", &[(WEIGHT_LABEL, "300")]))).await;
+    h.send(DiscoveryEvent::Started(info("excluded", &[(EXCLUDE_LABEL, "true"), (WEIGHT_LABEL, "300")]))).await;
+    h.send(DiscoveryEvent::Started(info("plain", &[]))).await;
+    for id in ["pinned", "excluded", "plain"] {
+        world.set_read(id, 100 * MIB);
+    }
+    h.rounds(2).await;
+
+    assert_eq!(world.writes_to("pinned"), vec![300], "pinned: its weight, never demoted");
+    assert_eq!(world.writes_to("excluded"), Vec::<u32>::new(), "excluded: never written");
+    assert_eq!(world.weight("excluded"), 700);
+    assert_eq!(world.writes_to("plain"), vec![1000, 10]);
+    let st = h.status().await;
+    let policy = |id: &str| st.containers.iter().find(|r| r.id == id).map(|r| (r.policy.clone(), r.level, r.weight));
+    assert_eq!(policy("pinned"), Some(("pinned".into(), None, Some(300))));
+    assert_eq!(policy("excluded"), Some(("excluded".into(), None, None)));
+    assert_eq!(policy("plain"), Some(("managed".into(), Some(4), Some(10))));
+
+    let summary = h.shutdown().await;
+    assert_eq!(summary, Summary { restored: 2, restore_failures: 0 });
+    assert_eq!((world.weight("pinned"), world.weight("plain"), world.weight("excluded")), (700, 700, 700));
+    assert_eq!(world.writes_to("excluded"), Vec::<u32>::new(), "excluded: untouched at shutdown too");
+}
+
+#[tokio::test(start_paused = true)]
+async fn malformed_labels_are_ignored_and_the_container_is_managed() {
+    let world = World::default();
+    let logs = LogBuffer::default();
+    let _guard = logs.install();
+    let cases: [(&str, &[(&str, &str)]); 4] = [
+        ("zero", &[(WEIGHT_LABEL, "0")]),
+        ("big", &[(WEIGHT_LABEL, "1001")]),
+        ("text", &[(WEIGHT_LABEL, "abc")]),
+        ("maybe", &[(EXCLUDE_LABEL, "maybe")]),
+    ];
+    for (id, _) in cases {
+        world.add(id, KERNEL_DEFAULT);
+    }
+    let h = Harness::start(cfg(), &world, vec![]);
+    h.settle().await;
+    for (id, labels) in cases {
+        h.send(DiscoveryEvent::Started(info(id, labels))).await;
+        world.set_read(id, 3 * MIB);
+    }
+    h.rounds(1).await;
+    for (id, labels) in cases {
+        assert_eq!(world.writes_to(id), vec![1000, 200], "{id}: managed like any other container");
+        assert_eq!(h.row(id).await.unwrap().policy, "managed", "{id}");
+        let named = format!("{}={:?}", labels[0].0, labels[0].1);
+        assert_eq!(logs.count(&named), 1, "{id}: the label and its value are named in one warning");
+    }
+    assert_eq!(logs.count("bad policy label"), 4);
+}
+
+// ----- dry run, shutdown, crash recovery -----
+
+#[tokio::test(start_paused = true)]
+async fn dry_run_decides_but_writes_nothing() {
+    let world = World::default();
+    world.add("a", KERNEL_DEFAULT);
+    let mut c = cfg();
+    c.dry_run = true;
+    let h = Harness::start(c, &world, vec![]);
+    h.settle().await;
+    h.send(DiscoveryEvent::Started(info("a", &[]))).await;
+    world.set_read("a", 3 * MIB);
+    h.rounds(1).await;
+
+    let st = h.status().await;
+    assert!(st.dry_run);
+    assert_eq!((st.containers[0].level, st.containers[0].weight), (Some(2), Some(200)), "decided");
+    assert_eq!(h.decisions("demoted"), 1);
+    let summary = h.shutdown().await;
+    assert_eq!(world.attempts("a"), 0, "not one write, not even a restore");
+    assert_eq!(world.weight("a"), KERNEL_DEFAULT);
+    assert_eq!(summary.restored, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_restores_originals_of_changed_containers_only() {
+    let world = World::default();
+    world.add("demoted", 500);
+    world.add("top", 1000); // already at the top weight: nothing to put back
+    world.add("never", 250); // every write failed: the agent never changed it
+    world.add("excluded", 640);
+    world.fail_writes("never", Some(Fault::Broken));
+    let initial =
+        vec![info("demoted", &[]), info("top", &[]), info("never", &[]), info("excluded", &[(EXCLUDE_LABEL, "true")])];
+    let h = Harness::start(cfg(), &world, initial);
+    h.settle().await;
+    world.set_read("demoted", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!(world.weight("demoted"), 200);
+
+    let attempts_never = world.attempts("never");
+    let summary = h.shutdown().await;
+    assert_eq!(summary, Summary { restored: 2, restore_failures: 0 });
+    assert_eq!(world.writes_to("demoted"), vec![1000, 200, 500]);
+    assert_eq!(world.writes_to("top"), vec![1000], "no restore write when the original is already there");
+    assert_eq!(world.attempts("never"), attempts_never, "no restore of a weight the agent never changed");
+    assert_eq!(world.weight("never"), 250);
+    assert_eq!(world.attempts("excluded"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn restore_failure_is_counted_in_the_summary() {
+    let world = World::default();
+    world.add("a", 500);
+    world.add("b", 300);
+    let h = Harness::start(cfg(), &world, vec![info("a", &[]), info("b", &[])]);
+    h.settle().await;
+    world.fail_writes("a", Some(Fault::Broken));
+    world.fail_writes("b", Some(Fault::Vanished));
+    let summary = h.shutdown().await;
+    assert_eq!(summary, Summary { restored: 0, restore_failures: 1 }, "a vanished container is not a failure");
+    assert_eq!(world.weight("a"), 1000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn state_file_originals_win_after_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    // A previous agent demoted "a" (original 100) to 10 and "gone" (no longer running), then was SIGKILLed.
+    std::fs::write(&path, r#"{"version":1,"originals":{"a":100,"gone":300}}"#).unwrap();
+    let world = World::default();
+    world.add("a", 10);
+    world.add("b", 600);
+    world.set_read("a", 900 * MIB); // I/O before the restart is not held against it
+    let originals = OriginalWeights::load(Some(&path)).unwrap();
+    let h = Harness::start_with(cfg(), &world, vec![info("a", &[]), info("b", &[])], originals);
+    h.settle().await;
+
+    assert_eq!(world.writes_to("a"), vec![1000], "adopted containers go to the top");
+    assert_eq!(world.writes_to("b"), vec![1000]);
+    // Leftovers of containers that are gone are dropped.
+    assert_eq!(on_file(&path), serde_json::json!({"a": 100, "b": 600}));
+    h.rounds(2).await;
+    assert_eq!(world.weight("a"), 1000, "the first sample after adoption is a baseline");
+
+    assert_eq!(h.shutdown().await.restored, 2);
+    assert_eq!(world.weight("a"), 100, "the state file's original, not the stale 10");
+    assert_eq!(world.weight("b"), 600);
+    assert_eq!(on_file(&path), serde_json::json!({}), "restored containers are forgotten");
+}
+
+#[tokio::test(start_paused = true)]
+async fn excluded_container_a_previous_agent_changed_gets_its_original_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    std::fs::write(&path, r#"{"version":1,"originals":{"x":400}}"#).unwrap();
+    let world = World::default();
+    world.add("x", 40);
+    let originals = OriginalWeights::load(Some(&path)).unwrap();
+    let h = Harness::start_with(cfg(), &world, vec![info("x", &[(EXCLUDE_LABEL, "true")])], originals);
+    h.settle().await;
+    assert_eq!(world.writes_to("x"), vec![400]);
+    assert_eq!(h.row("x").await.unwrap().policy, "excluded");
+    assert_eq!(on_file(&path), serde_json::json!({}));
+    h.shutdown().await;
+    assert_eq!(world.writes_to("x"), vec![400], "then left alone");
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_restore_of_an_excluded_container_is_retried_and_kept_on_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    std::fs::write(&path, r#"{"version":1,"originals":{"x":400}}"#).unwrap();
+    let world = World::default();
+    world.add("x", 40);
+    world.fail_writes("x", Some(Fault::Broken));
+    let originals = OriginalWeights::load(Some(&path)).unwrap();
+    let h = Harness::start_with(cfg(), &world, vec![info("x", &[(EXCLUDE_LABEL, "true")])], originals);
+    h.settle().await;
+    assert_eq!(world.attempts("x"), 2, "at adoption, and again in the first round");
+    assert_eq!(on_file(&path), serde_json::json!({"x": 400}), "kept on file until it is back in the cgroup");
+    h.rounds(2).await;
+    assert_eq!(world.attempts("x"), 4, "retried every round, as the log line promises");
+    world.fail_writes("x", None);
+    h.rounds(1).await;
+    assert_eq!(world.weight("x"), 400);
+    h.rounds(2).await;
+    assert_eq!(world.attempts("x"), 5, "then left alone");
+    h.shutdown().await;
+    assert_eq!(world.weight("x"), 400);
+    assert_eq!(on_file(&path), serde_json::json!({}));
+}
+
+/// The originals recorded in a state file.
+fn on_file(path: &std::path::Path) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["originals"].clone()
+}
+
+// ----- reload -----
+
+fn levels(weights: &[u64], thresholds_mib: &[u64]) -> Vec<LevelConfig> {
+    weights
+        .iter()
+        .zip(thresholds_mib)
+        .map(|(wt, t)| LevelConfig { weight: w(*wt), threshold: ByteSize::mib(*t) })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn reload_with_new_levels_changes_weights() {
+    let world = World::default();
+    world.add("a", KERNEL_DEFAULT);
+    world.add("b", KERNEL_DEFAULT);
+    let h = Harness::start(cfg(), &world, vec![info("a", &[]), info("b", &[])]);
+    h.settle().await;
+    world.set_read("a", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!((world.weight("a"), world.weight("b")), (200, 1000));
+
+    let mut new = cfg();
+    new.mlfq.levels = levels(&[900, 300, 40, 10], &[2, 8, 32, 128]);
+    h.reload(new).await;
+    assert_eq!((world.weight("a"), world.weight("b")), (300, 900));
+    assert_eq!(h.decisions("reconfigured"), 2);
+    assert_eq!(h.row("a").await.unwrap().level, Some(2), "levels are kept");
+
+    // Fewer levels: a container below the new bottom moves up to it.
+    let mut fewer = cfg();
+    fewer.mlfq.levels = levels(&[800], &[2]);
+    world.set_read("a", 3 * MIB + 9 * MIB);
+    h.rounds(1).await;
+    assert_eq!(world.weight("a"), 40);
+    h.reload(fewer).await;
+    assert_eq!((world.weight("a"), world.weight("b")), (800, 800));
+    assert_eq!(h.row("a").await.unwrap().level, Some(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn reload_the_engine_rejects_keeps_the_old_config() {
+    let world = World::default();
+    world.add("a", KERNEL_DEFAULT);
+    let logs = LogBuffer::default();
+    let _guard = logs.install();
+    let h = Harness::start(cfg(), &world, vec![info("a", &[])]);
+    h.settle().await;
+
+    let mut bad = cfg();
+    bad.mlfq.levels = levels(&[1000, 200], &[8, 2]); // thresholds must increase
+    bad.sample_interval = Duration::from_millis(100);
+    h.reload(bad).await;
+    assert_eq!(logs.count("reload rejected"), 1);
+    assert_eq!(world.writes_to("a"), vec![1000]);
+
+    // The old thresholds still apply (2 MiB demotes; under the bad config 8 MiB would be needed) ...
+    world.set_read("a", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!(world.weight("a"), 200);
+    // ... and the old sampling interval: 4 rounds in 2 s, not 20.
+    let before = world.samples_of("a");
+    h.rounds(4).await;
+    assert_eq!(world.samples_of("a") - before, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reload_applies_a_new_sampling_interval_and_dry_run() {
+    let world = World::default();
+    world.add("a", KERNEL_DEFAULT);
+    let h = Harness::start(cfg(), &world, vec![info("a", &[])]);
+    h.settle().await;
+    let mut new = cfg();
+    new.sample_interval = Duration::from_millis(100);
+    new.dry_run = true;
+    h.reload(new).await;
+    let before = world.samples_of("a");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!((10..=11).contains(&(world.samples_of("a") - before)), "{}", world.samples_of("a") - before);
+    assert!(h.status().await.dry_run);
+    world.set_read("a", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!(world.writes_to("a"), vec![1000, 100], "the original put back at the reload, then dry run");
+}
+
+#[tokio::test(start_paused = true)]
+async fn reload_into_dry_run_still_restores_what_was_written() {
+    let world = World::default();
+    world.add("a", 500);
+    let h = Harness::start(cfg(), &world, vec![info("a", &[])]);
+    h.settle().await;
+    world.set_read("a", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!(world.weight("a"), 200);
+
+    let mut dry = cfg();
+    dry.dry_run = true;
+    h.reload(dry).await;
+    world.read_more("a", 9 * MIB);
+    h.rounds(1).await;
+    assert_eq!(h.row("a").await.unwrap().level, Some(3), "still deciding");
+    assert_eq!(world.writes_to("a").iter().filter(|w| **w == 40).count(), 0, "but not writing decisions");
+    h.shutdown().await;
+    assert_eq!(world.weight("a"), 500, "a weight the agent wrote is put back, dry run or not");
+}
+
+#[tokio::test(start_paused = true)]
+async fn reload_out_of_dry_run_writes_the_decided_weights() {
+    let world = World::default();
+    world.add("a", KERNEL_DEFAULT);
+    let mut dry = cfg();
+    dry.dry_run = true;
+    let h = Harness::start(dry, &world, vec![info("a", &[])]);
+    h.settle().await;
+    world.set_read("a", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!(world.attempts("a"), 0);
+
+    h.reload(cfg()).await;
+    h.rounds(1).await;
+    assert_eq!(world.weight("a"), 200, "the decision taken in dry run reaches the file");
+    assert_eq!(h.row("a").await.unwrap().weight, Some(200));
+    h.shutdown().await;
+    assert_eq!(world.weight("a"), KERNEL_DEFAULT, "and is undone at shutdown");
+}
+
+// ----- runtime outages -----
+
+#[tokio::test(start_paused = true)]
+async fn resync_drops_containers_not_listed_and_adopts_new_ones() {
+    let world = World::default();
+    for id in ["a", "b", "c"] {
+        world.add(id, KERNEL_DEFAULT);
+    }
+    let h = Harness::start(cfg(), &world, vec![info("a", &[]), info("b", &[])]);
+    h.settle().await;
+    world.set_read("b", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!(world.weight("b"), 200);
+
+    h.send(DiscoveryEvent::Lost("dockerd restarting".into())).await;
+    h.send(DiscoveryEvent::Resync(vec![info("b", &[]), info("c", &[])])).await;
+    assert_eq!(h.ids().await, vec!["b", "c"]);
+    assert_eq!(world.attached(), BTreeSet::from(["b".to_string(), "c".to_string()]));
+    assert_eq!(world.weight("c"), 1000, "adopted at the top");
+    assert_eq!(world.weight("b"), 200, "a container that stayed keeps its level");
+    assert_eq!(h.row("b").await.unwrap().level, Some(2));
+    assert_eq!(h.metrics.runtime_up.get(), 1);
+    assert_eq!(h.metrics.containers.get(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn lost_runtime_is_reported_and_weights_stay() {
+    let world = World::default();
+    world.add("a", KERNEL_DEFAULT);
+    let h = Harness::start(cfg(), &world, vec![info("a", &[])]);
+    h.settle().await;
+    assert_eq!(h.metrics.runtime_up.get(), 1);
+    assert_eq!(h.metrics.runtime_outages.get(), 0);
+
+    h.send(DiscoveryEvent::Lost("connection refused".into())).await;
+    assert_eq!(h.metrics.runtime_up.get(), 0);
+    assert_eq!(h.metrics.runtime_outages.get(), 1);
+    // Sampling goes on from the cgroup files while the runtime is away.
+    world.set_read("a", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!(world.weight("a"), 200);
+    h.send(DiscoveryEvent::Lost("connection refused".into())).await;
+    assert_eq!(h.metrics.runtime_outages.get(), 2);
+    h.send(DiscoveryEvent::Resync(vec![info("a", &[])])).await;
+    assert_eq!(h.metrics.runtime_up.get(), 1);
+    assert_eq!(world.weight("a"), 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn weight_changed_behind_the_agents_back_is_rewritten_on_update() {
+    let world = World::default();
+    world.add("a", KERNEL_DEFAULT);
+    let h = Harness::start(cfg(), &world, vec![info("a", &[])]);
+    h.settle().await;
+    world.add("a", 555); // `docker update --blkio-weight 555`
+    h.send(DiscoveryEvent::Updated(ContainerId::new("a"))).await;
+    assert_eq!(world.weight("a"), 1000);
+    assert_eq!(world.writes_to("a"), vec![1000, 1000]);
+    h.send(DiscoveryEvent::Updated(ContainerId::new("a"))).await;
+    assert_eq!(world.writes_to("a"), vec![1000, 1000], "no write when the file is right");
+}
+
+#[tokio::test(start_paused = true)]
+async fn status_table_shows_level_weight_and_bytes_at_level() {
+    let world = World::default();
+    for id in ["a", "b", "p"] {
+        world.add(id, KERNEL_DEFAULT);
+    }
+    let initial = vec![info("b", &[]), info("a", &[]), info("p", &[(WEIGHT_LABEL, "250")])];
+    // Adopted containers count from their first sample (the round at start): earlier I/O is not held against them.
+    world.set_read("a", 5 * MIB);
+    world.set_read("b", MIB);
+    let h = Harness::start(cfg(), &world, initial);
+    h.settle().await;
+    world.set_read("a", 5 * MIB + 2 * MIB + 512 * 1024);
+    world.set_read("b", MIB + 4096);
+    h.rounds(2).await; // demoted in the round at 500 ms; now 1001 ms
+
+    let st = h.status().await;
+    assert_eq!(st.actuator, "cgroupfs");
+    assert!(!st.dry_run);
+    let rows: Vec<_> = st.containers.iter().map(|r| (r.id.as_str(), r.level, r.weight, r.bytes_at_level)).collect();
+    assert_eq!(
+        rows,
+        vec![("a", Some(2), Some(200), 512 * 1024), ("b", Some(1), Some(1000), 4096), ("p", None, Some(250), 0)]
+    );
+    let a = &st.containers[0];
+    assert_eq!(a.name, "a-name");
+    assert!((0.45..=0.55).contains(&a.seconds_at_level), "{}", a.seconds_at_level);
+    let text = qos_agent::control::render(&st);
+    assert!(text.contains("a-name") && text.contains("524288"), "{text}");
+}
+
+// ----- model-based: arbitrary action sequences against a model of what the files must hold -----
+
+#[derive(Debug, Clone)]
+enum Action {
+    Start(u8, Option<&'static str>),
+    Stop(u8),
+    Io(u8, u64),
+    BreakWrites(u8, bool),
+    Vanish(u8),
+    Rounds(u8),
+    Update(u8),
+    Resync(Vec<u8>),
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    let id = 0u8..5;
+    prop_oneof![
+        3 => (id.clone(), prop_oneof![Just(None), Just(Some("pin")), Just(Some("exclude")), Just(Some("junk"))])
+            .prop_map(|(i, l)| Action::Start(i, l)),
+        1 => id.clone().prop_map(Action::Stop),
+        4 => (id.clone(), 0u64..(40 * MIB)).prop_map(|(i, b)| Action::Io(i, b)),
+        1 => (id.clone(), any::<bool>()).prop_map(|(i, b)| Action::BreakWrites(i, b)),
+        1 => id.clone().prop_map(Action::Vanish),
+        3 => (1u8..30).prop_map(Action::Rounds),
+        1 => id.clone().prop_map(Action::Update),
+        1 => proptest::collection::vec(id, 0..5).prop_map(Action::Resync),
+    ]
+}
+
+/// What the model knows of one running container.
+#[derive(Debug, Clone)]
+struct Model {
+    original: u32,
+    excluded: bool,
+    pinned: Option<u32>,
+    broken: bool,
+}
+
+fn labels_for(kind: Option<&str>) -> Vec<(&'static str, &'static str)> {
+    match kind {
+        Some("pin") => vec![(WEIGHT_LABEL, "321")],
+        Some("exclude") => vec![(EXCLUDE_LABEL, "true")],
+        Some("junk") => vec![(WEIGHT_LABEL, "lots")],
+        _ => vec![],
+    }
+}
+
+async fn check_model(h: &Harness, model: &BTreeMap<String, Model>) -> Result<(), TestCaseError> {
+    let st = h.status().await;
+    let ids: Vec<&str> = st.containers.iter().map(|r| r.id.as_str()).collect();
+    let want: Vec<&str> = model.keys().map(String::as_str).collect();
+    prop_assert_eq!(ids, want, "the table lists exactly the running containers");
+    for r in &st.containers {
+        let m = &model[&r.id];
+        let file = h.world.weight(&r.id);
+        if m.excluded {
+            prop_assert_eq!(file, m.original, "{} excluded: untouched", r.id);
+            prop_assert_eq!(&r.policy, "excluded");
+        } else if let Some(p) = m.pinned {
+            prop_assert_eq!(&r.policy, "pinned");
+            if !m.broken {
+                prop_assert_eq!((r.weight, file), (Some(p), p), "{} pinned", r.id);
+            }
+        } else if !m.broken {
+            // Managed and writable: the file holds the weight of its level, as the table says.
+            let level = r.level.expect("managed has a level");
+            let expected = [1000, 200, 40, 10][level - 1];
+            prop_assert_eq!(r.weight, Some(expected), "{} table", r.id);
+            prop_assert_eq!(file, expected, "{} file", r.id);
+        }
+    }
+    Ok(())
+}
+
+async fn run_model(actions: Vec<Action>) -> Result<(), TestCaseError> {
+    let world = World::default();
+    let h = Harness::start(AgentConfig::default(), &world, vec![]);
+    h.settle().await;
+    let mut model: BTreeMap<String, Model> = BTreeMap::new();
+    let mut next_original = 1u32;
+    let mut gone: HashSet<String> = HashSet::new();
+    let start = |id: String, kind: Option<&str>, model: &mut BTreeMap<String, Model>, original: u32| {
+        world.add(&id, original);
+        world.set_read(&id, 0);
+        world.fail_writes(&id, None);
+        world.fail_samples(&id, None);
+        model.insert(
+            id,
+            Model {
+                original,
+                excluded: kind == Some("exclude"),
+                pinned: (kind == Some("pin")).then_some(321),
+                broken: false,
+            },
+        );
+    };
+    for a in actions {
+        match a {
+            Action::Start(i, kind) => {
+                let id = format!("c{i}");
+                if model.contains_key(&id) {
+                    continue; // a running container does not start again without stopping
+                }
+                next_original = next_original % 997 + 3;
+                start(id.clone(), kind, &mut model, next_original);
+                gone.remove(&id);
+                h.send(DiscoveryEvent::Started(info(&id, &labels_for(kind)))).await;
+            }
+            Action::Stop(i) => {
+                let id = format!("c{i}");
+                if model.remove(&id).is_some() {
+                    h.send(DiscoveryEvent::Stopped(ContainerId::new(&id))).await;
+                }
+            }
+            Action::Io(i, bytes) => world.read_more(&format!("c{i}"), bytes),
+            Action::BreakWrites(i, on) => {
+                let id = format!("c{i}");
+                if let Some(m) = model.get_mut(&id) {
+                    let healed = m.broken && !on;
+                    m.broken = on;
+                    world.fail_writes(&id, on.then_some(Fault::Broken));
+                    if healed {
+                        h.rounds(1).await; // failed writes are retried on the next round
+                    }
+                }
+            }
+            Action::Vanish(i) => {
+                // The cgroup goes away under the agent; the next round notices and drops it.
+                let id = format!("c{i}");
+                if model.remove(&id).is_some() {
+                    world.fail_samples(&id, Some(Fault::Vanished));
+                    world.fail_writes(&id, Some(Fault::Vanished));
+                    gone.insert(id);
+                    h.rounds(1).await;
+                }
+            }
+            Action::Rounds(n) => h.rounds(n.into()).await,
+            Action::Update(i) => h.send(DiscoveryEvent::Updated(ContainerId::new(format!("c{i}")))).await,
+            Action::Resync(list) => {
+                let list: BTreeSet<String> = list.into_iter().map(|i| format!("c{i}")).collect();
+                let mut infos = Vec::new();
+                model.retain(|id, _| list.contains(id));
+                for id in &list {
+                    if !model.contains_key(id) {
+                        next_original = next_original % 997 + 3;
+                        start(id.clone(), None, &mut model, next_original);
+                        gone.remove(id);
+                    }
+                    let kind = match &model[id] {
+                        m if m.excluded => Some("exclude"),
+                        m if m.pinned.is_some() => Some("pin"),
+                        _ => None,
+                    };
+                    infos.push(info(id, &labels_for(kind)));
+                }
+                h.send(DiscoveryEvent::Lost("test".into())).await;
+                h.send(DiscoveryEvent::Resync(infos)).await;
+            }
+        }
+        check_model(&h, &model).await?;
+    }
+    // Shutdown with every fault healed: every running container has its original weight back.
+    for id in model.keys() {
+        world.fail_writes(id, None);
+    }
+    let summary = h.shutdown().await;
+    prop_assert_eq!(summary.restore_failures, 0);
+    for (id, m) in &model {
+        prop_assert_eq!(world.weight(id), m.original, "{} restored at shutdown", id);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn daemon_matches_the_model(actions in proptest::collection::vec(action(), 1..40)) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        rt.block_on(run_model(actions))?;
+    }
+}
