@@ -62,10 +62,27 @@ fn main() -> ExitCode {
     match real_main(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("ddiskqos-agent: error: {e:#}");
+            eprintln!("ddiskqos-agent: error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, `: `-separated. A cause the message before it already ends with is skipped: several
+/// errors (config file, state file) show their source in their own message, and `{e:#}` would print it twice.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn load(cli: &Cli) -> anyhow::Result<AgentConfig> {
@@ -126,7 +143,9 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
 fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("DDISKQOS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // No colour codes in the journal or a log file, only on a terminal.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     if json {
         builder.json().init();
     } else {

@@ -1,0 +1,341 @@
+//! The `ddiskqos-agent` binary from the outside (no root, no Docker): `check-config` on good and bad files,
+//! `--help`, `status` and `run` failing clearly, the example config in `deploy/`, and the systemd notify protocol
+//! (READY, WATCHDOG, STOPPING) of a real agent run in cgroup-dir mode on a fixture cgroup tree.
+
+use std::io::Read;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use qos_agent::config::AgentConfig;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ddiskqos-agent");
+
+fn agent(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).env_remove("DDISKQOS_CONFIG").env_remove("NOTIFY_SOCKET").output().unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Writes `text` to `<dir>/<name>` and returns the path as a string.
+fn file(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+// ----- check-config -----
+
+#[test]
+fn check_config_accepts_a_good_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = file(
+        dir.path(),
+        "good.toml",
+        "sample_interval = \"250ms\"\n[mlfq]\nboost_after = \"5s\"\nlevels = [ { weight = 1000, threshold = \
+         \"4MiB\" }, { weight = 100, threshold = \"64MiB\" } ]\n",
+    );
+    let out = agent(&["check-config", &path]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{path}: ok\n"));
+    // The same file through --config.
+    let out = agent(&["-c", &path, "check-config"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn check_config_rejects_bad_files_naming_the_field_and_the_value() {
+    let dir = tempfile::tempdir().unwrap();
+    // (file name, content, what stderr must name)
+    let cases: &[(&str, &str, &[&str])] = &[
+        ("unknown-key.toml", "sample_intervall = \"1s\"\n", &["unknown field", "sample_intervall"]),
+        ("unknown-nested.toml", "[mlfq]\nboost = \"1s\"\n", &["unknown field", "boost"]),
+        ("malformed.toml", "runtime = \"docker\n", &["TOML parse error", "line 1"]),
+        (
+            "decreasing.toml",
+            "[mlfq]\nlevels = [ { weight = 1000, threshold = \"8MiB\" }, { weight = 200, threshold = \"2MiB\" } ]\n",
+            &["mlfq.levels[1].threshold", "2MiB", "8MiB"],
+        ),
+        ("weight0.toml", "[mlfq]\nlevels = [ { weight = 0, threshold = \"8MiB\" } ]\n", &["weight", "0", "1..=1000"]),
+        (
+            "weight1001.toml",
+            "[mlfq]\nlevels = [ { weight = 1001, threshold = \"8MiB\" } ]\n",
+            &["weight", "1001", "1..=1000"],
+        ),
+        ("zero-duration.toml", "[mlfq]\nboost_after = \"0s\"\n", &["mlfq.boost_after", "0", "greater than zero"]),
+        ("bad-interval.toml", "sample_interval = \"fast\"\n", &["sample_interval", "\"fast\""]),
+        ("tiny-interval.toml", "sample_interval = \"1ms\"\n", &["sample_interval", "1ms", "10ms"]),
+        ("cgroup-dir.toml", "runtime = \"cgroup-dir\"\n", &["cgroup.parent", "\"\"", "cgroup-dir"]),
+        ("relative-state.toml", "state_file = \"state.json\"\n", &["state_file", "state.json", "absolute"]),
+        ("bad-actuator.toml", "actuator = \"magic\"\n", &["actuator", "magic"]),
+    ];
+    for (name, text, needles) in cases {
+        let path = file(dir.path(), name, text);
+        let out = agent(&["check-config", &path]);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{name} accepted");
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        assert!(out.stdout.is_empty(), "{name}: nothing on stdout");
+        assert!(err.contains(&path), "{name}: the file is named: {err}");
+        for n in *needles {
+            assert!(err.contains(n), "{name}: {n:?} not in: {err}");
+        }
+        // Said once: an error that shows its cause in its message must not get the cause appended again.
+        assert!(err.matches("invalid config").count() <= 1, "{name}: repeated: {err}");
+        assert!(err.matches("TOML parse error").count() <= 1, "{name}: repeated: {err}");
+    }
+}
+
+#[test]
+fn check_config_on_a_missing_file_names_it_once() {
+    let out = agent(&["check-config", "/nonexistent/agent.toml"]);
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(err.contains("/nonexistent/agent.toml"), "{err}");
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
+}
+
+#[test]
+fn check_config_needs_a_file() {
+    let out = agent(&["check-config"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("needs a file"), "{}", stderr(&out));
+}
+
+#[test]
+fn command_line_overrides_are_validated_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = run_config(dir.path(), "", "");
+    let out = agent(&["-c", &cfg, "--sample-interval", "1ms", "run"]);
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(err.contains("sample_interval") && err.contains("1ms"), "{err}");
+    let out = agent(&["--sample-interval", "soon"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("soon"), "{}", stderr(&out));
+}
+
+// ----- help, status -----
+
+#[test]
+fn help_lists_the_commands_and_options() {
+    let out = agent(&["--help"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in ["run", "check-config", "status", "--config", "--dry-run", "--actuator", "--sample-interval"] {
+        assert!(text.contains(needle), "{needle} missing from --help:\n{text}");
+    }
+    let out = agent(&["status", "--help"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--socket"));
+}
+
+#[test]
+fn status_without_an_agent_names_the_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("agent.sock");
+    let out = agent(&["status", "--socket", sock.to_str().unwrap()]);
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(err.contains(sock.to_str().unwrap()) && err.contains("is the agent running"), "{err}");
+    // The socket of the config file is used when --socket is not given.
+    let cfg = run_config(dir.path(), "", "");
+    let out = agent(&["-c", &cfg, "status"]);
+    assert!(stderr(&out).contains(&format!("{}/agent.sock", dir.path().display())), "{}", stderr(&out));
+}
+
+// ----- run -----
+
+/// A config whose state file, control socket and cgroup root (a fixture directory) are in `dir`; `top` and
+/// `cgroup` are added to the top level and to `[cgroup]`.
+fn run_config(dir: &Path, top: &str, cgroup: &str) -> String {
+    let root = dir.join("cgroup");
+    std::fs::create_dir_all(root.join("pods")).unwrap();
+    let text = format!(
+        "state_file = \"{d}/state.json\"\ncontrol_socket = \"{d}/agent.sock\"\n{top}\n\
+         [cgroup]\nroot = \"{r}\"\n{cgroup}\n",
+        d = dir.display(),
+        r = root.display()
+    );
+    file(dir, "agent.toml", &text)
+}
+
+fn wait_with_timeout(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("the agent did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn run_with_a_missing_docker_socket_fails_fast_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = run_config(dir.path(), "", "");
+    let start = Instant::now();
+    let mut child = Command::new(BIN)
+        .args(["-c", &cfg, "--docker-socket", "/nonexistent.sock", "run"])
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait_with_timeout(&mut child, Duration::from_secs(10));
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(!status.success());
+    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    assert!(err.contains("/nonexistent.sock"), "{err}");
+    assert!(!err.contains('\u{1b}'), "no terminal colour codes when stderr is not a terminal: {err:?}");
+}
+
+// ----- deploy/ -----
+
+#[test]
+fn example_config_is_valid_and_equals_the_defaults() {
+    let path = workspace_root().join("deploy/agent.toml");
+    let cfg = AgentConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cfg, AgentConfig::default(), "deploy/agent.toml must show the defaults");
+    let out = agent(&["check-config", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Every line is either a comment, blank, or a key of the schema (no key left out by a typo).
+    let text = std::fs::read_to_string(&path).unwrap();
+    for key in ["runtime", "sample_interval", "actuator", "dry_run", "state_file", "control_socket", "[docker]"] {
+        assert!(text.contains(key), "{key} not documented in deploy/agent.toml");
+    }
+    for key in ["[cgroup]", "[devices]", "[metrics]", "[mlfq]", "boost_after", "idle_promote_after", "levels"] {
+        assert!(text.contains(key), "{key} not documented in deploy/agent.toml");
+    }
+}
+
+#[test]
+fn example_unit_runs_the_paths_it_installs() {
+    let unit = std::fs::read_to_string(workspace_root().join("deploy/ddiskqos-agent.service")).unwrap();
+    for line in [
+        "Type=notify",
+        "NotifyAccess=main",
+        "ExecStartPre=/usr/local/bin/ddiskqos-agent check-config /etc/ddiskqos/agent.toml",
+        "ExecStart=/usr/local/bin/ddiskqos-agent -c /etc/ddiskqos/agent.toml",
+        "ExecReload=/bin/kill -HUP $MAINPID",
+        "Restart=on-failure",
+        "RuntimeDirectory=ddiskqos",
+        "ProtectSystem=strict",
+        "After=docker.service",
+    ] {
+        assert!(unit.lines().any(|l| l.trim() == line), "missing {line:?}");
+    }
+    let rw = unit.lines().find(|l| l.starts_with("ReadWritePaths=")).expect("ReadWritePaths");
+    assert!(rw.contains("/sys/fs/cgroup") && rw.contains("/run/ddiskqos"), "{rw}");
+    // ProtectControlGroups makes /sys/fs/cgroup read-only: the agent could not write a single weight.
+    assert!(
+        !unit.lines().any(|l| l.trim().starts_with("ProtectControlGroups")),
+        "ProtectControlGroups must not be set"
+    );
+    // The watchdog must allow a few sampling rounds (default 500 ms), or systemd kills a healthy agent.
+    let wd = unit.lines().find_map(|l| l.strip_prefix("WatchdogSec=")).expect("WatchdogSec");
+    let wd = qos_core::units::parse_duration(wd.trim()).unwrap();
+    assert!(wd >= Duration::from_secs(2) * 3, "{wd:?}");
+}
+
+// ----- systemd notify protocol -----
+
+/// A v1-style fixture cgroup with BFQ files, `read` bytes read so far.
+fn fixture_cgroup(dir: &Path, read: u64) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("blkio.bfq.weight"), "100\n").unwrap();
+    let stat = format!("7:0 Read {read}\n7:0 Write 0\n7:0 Total {read}\nTotal {read}\n");
+    std::fs::write(dir.join("blkio.bfq.io_service_bytes_recursive"), stat).unwrap();
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Receives datagrams until one contains `what`; returns everything received.
+fn expect_message(sock: &UnixDatagram, what: &str, limit: Duration) -> Vec<String> {
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < limit {
+        match sock.recv(&mut buf) {
+            Ok(n) => {
+                let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let done = msg.lines().any(|l| l == what);
+                seen.push(msg);
+                if done {
+                    return seen;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(e) => panic!("recv: {e}"),
+        }
+    }
+    panic!("no {what} within {limit:?}; received {seen:?}");
+}
+
+#[test]
+fn systemd_notify_ready_watchdog_and_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let notify = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&notify).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let cg = dir.path().join("cgroup/pods");
+    fixture_cgroup(&cg.join("web"), 0);
+    let cfg = run_config(dir.path(), "runtime = \"cgroup-dir\"\nsample_interval = \"50ms\"", "parent = \"pods\"");
+    let check = agent(&["check-config", &cfg]);
+    assert!(check.status.success(), "{}", stderr(&check));
+
+    let child = Command::new(BIN)
+        .args(["-c", &cfg])
+        .env("NOTIFY_SOCKET", &notify)
+        .env("DDISKQOS_LOG", "debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    let before_ready = expect_message(&sock, "READY=1", Duration::from_secs(20));
+    assert_eq!(before_ready.len(), 1, "READY=1 is the first message: {before_ready:?}");
+    // After READY the first discovery is done: the container already has the top weight.
+    assert_eq!(std::fs::read_to_string(cg.join("web/blkio.bfq.weight")).unwrap().trim(), "1000");
+    expect_message(&sock, "WATCHDOG=1", Duration::from_secs(5));
+    expect_message(&sock, "WATCHDOG=1", Duration::from_secs(5)); // every round, not once
+
+    // SIGHUP (the unit's ExecReload) re-reads the file; the agent keeps running and sampling.
+    let pid = nix::unistd::Pid::from_raw(child.0.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    expect_message(&sock, "WATCHDOG=1", Duration::from_secs(5));
+    expect_message(&sock, "WATCHDOG=1", Duration::from_secs(5));
+
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    expect_message(&sock, "STOPPING=1", Duration::from_secs(10));
+    let status = wait_with_timeout(&mut child.0, Duration::from_secs(10));
+    let mut err = String::new();
+    child.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(status.success(), "exit {status:?}: {err}");
+    assert!(err.contains("configuration reloaded"), "SIGHUP reloads: {err}");
+    assert_eq!(
+        std::fs::read_to_string(cg.join("web/blkio.bfq.weight")).unwrap().trim(),
+        "100",
+        "the original weight is back after SIGTERM: {err}"
+    );
+    assert!(!dir.path().join("agent.sock").exists(), "control socket removed at exit");
+}
