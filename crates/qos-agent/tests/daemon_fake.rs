@@ -1115,3 +1115,23 @@ proptest! {
         rt.block_on(run_model(actions))?;
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn metrics_export_the_names_the_readme_lists() {
+    let world = World::default();
+    world.add("a", KERNEL_DEFAULT);
+    let h = Harness::start(cfg(), &world, vec![info("a", &[])]);
+    h.settle().await;
+    world.set_read("a", 3 * MIB);
+    h.rounds(1).await;
+    let text = h.metrics.render();
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let types: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).collect();
+    assert_eq!(types.len(), 10, "{text}");
+    for t in types {
+        let name = t.split_whitespace().next().unwrap();
+        assert!(readme.contains(&format!("`{name}")), "README.md does not list {name}");
+    }
+    assert!(text.contains("ddiskqos_container_weight{id=\"a\",name=\"a-name\"} 200"), "{text}");
+    assert!(text.contains("ddiskqos_decisions_total{reason=\"demoted\"} 1"), "{text}");
+}
