@@ -438,13 +438,32 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             t.applied = Some(want);
             return;
         }
+        let info = t.info.clone();
+        if t.original.is_none() {
+            // The read at discovery failed. A weight changed now could never be put back: read it first, and
+            // write nothing until that works (retried every round, like a failed write).
+            match self.writer.read(&info).await {
+                Ok(w) => self.tracked.get_mut(id).expect("still tracked").original = Some(w),
+                Err(e) if e.is_vanished() => return self.forget(id),
+                Err(e) => {
+                    self.metrics.write_failures.inc();
+                    let t = self.tracked.get_mut(id).expect("still tracked");
+                    if !t.write_error_logged {
+                        t.write_error_logged = true;
+                        error!(container = %id.short(), name = %t.info.name, error = %e,
+                               "cannot read the current weight, so it could not be restored: not changing it; \
+                                will retry every round");
+                    }
+                    return;
+                }
+            }
+        }
         // Record the original before the first write, so even a SIGKILL right after leaves it on disk.
-        if let Some(orig) = t.original {
+        if let Some(orig) = self.tracked.get(id).and_then(|t| t.original) {
             if let Err(e) = self.originals.record(id, orig) {
                 warn!(error = %e, "cannot record original weight; it may not be restorable after a crash");
             }
         }
-        let info = t.info.clone();
         match self.writer.write(&info, want).await {
             Ok(via) => {
                 let t = self.tracked.get_mut(id).expect("still tracked");

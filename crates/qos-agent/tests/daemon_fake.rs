@@ -58,6 +58,8 @@ struct Inner {
     attached: BTreeSet<String>,
     write_fault: HashMap<String, Fault>,
     sample_fault: HashMap<String, Fault>,
+    /// Containers whose weight cannot be read (EIO, EACCES) although the cgroup exists.
+    read_broken: HashSet<String>,
 }
 
 /// The shared state behind the three fake backends.
@@ -109,6 +111,10 @@ impl World {
             Some(f) => w.write_fault.insert(id.into(), f),
             None => w.write_fault.remove(id),
         });
+    }
+
+    fn break_reads(&self, id: &str, on: bool) {
+        self.with(|w| if on { w.read_broken.insert(id.into()) } else { w.read_broken.remove(id) });
     }
 
     fn fail_samples(&self, id: &str, fault: Option<Fault>) {
@@ -185,6 +191,9 @@ impl WeightWriter for FakeWriter {
         self.0.with(|w| {
             if w.write_fault.get(info.id.as_str()) == Some(&Fault::Vanished) {
                 return Err(error(&info.id, Fault::Vanished, "read"));
+            }
+            if w.read_broken.contains(info.id.as_str()) {
+                return Err(error(&info.id, Fault::Broken, "read"));
             }
             let v = w.weights.get(info.id.as_str()).copied().unwrap_or(KERNEL_DEFAULT);
             Ok(Weight::new(v.into()).unwrap())
@@ -713,6 +722,29 @@ async fn failed_restore_of_an_excluded_container_is_retried_and_kept_on_file() {
 fn on_file(path: &std::path::Path) -> serde_json::Value {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     v["originals"].clone()
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_weight_is_written_before_the_original_is_known() {
+    let world = World::default();
+    world.add("a", 700);
+    world.add("b", 300);
+    world.break_reads("a", true);
+    let h = Harness::start(cfg(), &world, vec![info("a", &[]), info("b", &[])]);
+    h.settle().await;
+    h.rounds(2).await;
+    assert_eq!(world.attempts("a"), 0, "a weight written now could never be put back");
+    assert_eq!(world.writes_to("b"), vec![1000], "the other container is unaffected");
+    assert_eq!(h.row("a").await.unwrap().weight, None);
+
+    world.break_reads("a", false);
+    h.rounds(1).await;
+    assert_eq!(world.writes_to("a"), vec![1000], "written once the original could be read");
+    world.set_read("a", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!(world.weight("a"), 200);
+    assert_eq!(h.shutdown().await.restored, 2);
+    assert_eq!((world.weight("a"), world.weight("b")), (700, 300));
 }
 
 // ----- reload -----
