@@ -206,7 +206,7 @@ mod tests {
 
     const PURE_V2: &str = "\
 24 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
-30 25 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
+30 25 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate
 ";
 
     const COMOUNTED: &str = "\

@@ -1,0 +1,118 @@
+//! One sampling round: read the counters of every container's cgroup through its [`CounterReader`].
+//!
+//! Two sets of N cgroups (N = 64, 256, 1024):
+//! - `fixture`: directories in a temp dir holding regular files with the content of a real
+//!   `blkio.bfq.io_service_bytes_recursive` (one device);
+//! - `real_v1`: real blkio cgroups under a dedicated parent, each of which has done one 4 KiB O_DIRECT read on a
+//!   BFQ loop device (so its file shows a device, like a busy container's). Only when running as root on a
+//!   cgroup v1 host; removed afterwards.
+//!
+//! Criterion reports time per round and, through `Throughput::Elements(N)`, containers per second; the
+//! per-container cost is time / N (also printed at the end).
+
+#[path = "../tests/fixtures/mod.rs"]
+mod fixtures;
+
+use std::hint::black_box;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use fixtures::{is_root, make_cgroup, run_in_cgroup, CgroupGuard, Layout, LoopDevice, BLKIO};
+use qos_agent::cgroup::{CgroupRoot, CgroupVersion, CounterReader, CounterSource};
+
+const SIZES: [usize; 3] = [64, 256, 1024];
+const MAX: usize = 1024;
+
+/// Real cgroups, with the loop device they did their I/O on; dropped (cgroups first) after the benchmark.
+struct RealSet {
+    cgroup: CgroupGuard,
+    _disk: LoopDevice,
+}
+
+impl RealSet {
+    fn new() -> Option<Self> {
+        if !is_root() || !Path::new(BLKIO).join("cgroup.procs").exists() {
+            eprintln!("sampling_round: real_v1 skipped (needs root and cgroup v1 blkio at {BLKIO})");
+            return None;
+        }
+        let disk = LoopDevice::with_bfq(64);
+        let cgroup = CgroupGuard::new("ddiskqos-bench");
+        let t = Instant::now();
+        for i in 0..MAX {
+            let child = cgroup.child(&format!("c{i}"));
+            let script = format!("dd if={} of=/dev/null bs=4k count=1 iflag=direct status=none", disk.dev.display());
+            run_in_cgroup(&child, &script);
+        }
+        eprintln!("sampling_round: {MAX} real cgroups with one read each, set up in {:?}", t.elapsed());
+        Some(Self { cgroup, _disk: disk })
+    }
+}
+
+fn open_readers(root: &CgroupRoot, parent_rel: &str, n: usize) -> Vec<CounterReader> {
+    (0..n)
+        .map(|i| {
+            let dir = root.resolve_relative(&format!("{parent_rel}/c{i}")).unwrap();
+            let reader = CounterReader::open(&dir).unwrap();
+            assert_eq!(reader.source(), CounterSource::V1Bfq);
+            reader
+        })
+        .collect()
+}
+
+fn round(readers: &mut [CounterReader]) -> u64 {
+    let mut total = 0u64;
+    for r in readers.iter_mut() {
+        total = total.wrapping_add(r.read().unwrap().read);
+    }
+    total
+}
+
+fn sampling_round(c: &mut Criterion) {
+    let tmp = tempfile::tempdir().unwrap();
+    for i in 0..MAX {
+        make_cgroup(&tmp.path().join("parent").join(format!("c{i}")), Layout::V1Bfq);
+    }
+    let fixture_root = CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap();
+    let real = RealSet::new();
+    let real_root = real.as_ref().map(|_| CgroupRoot::detect().unwrap());
+
+    let mut summary = Vec::new();
+    let mut group = c.benchmark_group("sampling_round");
+    for n in SIZES {
+        group.throughput(Throughput::Elements(n as u64));
+        let mut readers = open_readers(&fixture_root, "parent", n);
+        assert_eq!(round(&mut readers), n as u64 * (64 << 20));
+        group.bench_with_input(BenchmarkId::new("fixture", n), &n, |b, _| b.iter(|| black_box(round(&mut readers))));
+        summary.push(("fixture", n, per_container(&mut readers)));
+
+        if let (Some(real), Some(root)) = (&real, &real_root) {
+            let mut readers = open_readers(root, &real.cgroup.rel, n);
+            assert_eq!(round(&mut readers), n as u64 * 4096, "every real cgroup read 4 KiB");
+            group
+                .bench_with_input(BenchmarkId::new("real_v1", n), &n, |b, _| b.iter(|| black_box(round(&mut readers))));
+            summary.push(("real_v1", n, per_container(&mut readers)));
+        }
+    }
+    group.finish();
+    for (set, n, ns) in summary {
+        eprintln!("sampling_round summary: {set:8} N={n:5}: {ns:8.0} ns per container per round (median of 50 rounds)");
+    }
+    drop(real);
+}
+
+/// A plain cross-check of criterion's figure: median of 50 timed rounds, divided by N.
+fn per_container(readers: &mut [CounterReader]) -> f64 {
+    let mut samples: Vec<Duration> = (0..50)
+        .map(|_| {
+            let t = Instant::now();
+            black_box(round(readers));
+            t.elapsed()
+        })
+        .collect();
+    samples.sort();
+    samples[samples.len() / 2].as_nanos() as f64 / readers.len() as f64
+}
+
+criterion_group!(benches, sampling_round);
+criterion_main!(benches);
