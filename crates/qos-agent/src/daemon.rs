@@ -103,7 +103,8 @@ pub struct Summary {
 #[derive(Debug)]
 pub struct Daemon<D, C, W> {
     cfg: AgentConfig,
-    discovery: D,
+    /// Taken by [`Daemon::run`], which keeps it inside a stream (see there).
+    discovery: Option<D>,
     counters: C,
     writer: W,
     engine: Engine,
@@ -133,7 +134,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         let actuator_label = format!("{:?}", cfg.actuator).to_lowercase();
         Ok(Self {
             cfg,
-            discovery,
+            discovery: Some(discovery),
             counters,
             writer,
             engine,
@@ -154,7 +155,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
 
     /// Runs until [`Command::Shutdown`] (or the command channel closes), then restores every original weight.
     pub async fn run(mut self, mut commands: mpsc::Receiver<Command>) -> Result<Summary, DaemonError> {
-        let initial = self.discovery.start().await?;
+        let mut discovery = self.discovery.take().expect("run consumes the daemon");
+        let initial = discovery.start().await?;
         self.metrics.runtime_up.set(1);
         info!(containers = initial.len(), "discovered running containers");
         for c in initial {
@@ -163,6 +165,16 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         self.apply_changes().await;
         self.reset_leftovers().await;
         self.sd_notify(&[sd_notify::NotifyState::Ready]);
+
+        // `next_event` runs inside this stream, which keeps a half-done call across loop iterations: when the tick
+        // or a command wins the select below, an `inspect` of a just-started container or a reconnect backoff is
+        // resumed later, not dropped and started again (a dropped start event left that container unmanaged; a
+        // backoff longer than the sampling interval never completed, so the agent never reconnected).
+        let events = futures_util::stream::unfold(discovery, |mut d| async move {
+            let ev = d.next_event().await;
+            Some((ev, d))
+        });
+        let mut events = std::pin::pin!(events);
 
         let mut tick = tokio::time::interval(self.cfg.sample_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -179,7 +191,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                     }
                     Some(Command::Status(reply)) => { let _ = reply.send(self.status()); }
                 },
-                ev = self.discovery.next_event() => self.on_event(ev?).await,
+                Some(ev) = futures_util::StreamExt::next(&mut events) => self.on_event(ev?).await,
                 _ = tick.tick() => self.round().await,
                 _ = sleep_until_opt(deadline) => {
                     self.engine.handle_timeout(now());
@@ -242,8 +254,16 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         for e in label_errors {
             warn!(container = %id.short(), name = %info.name, error = %e, "bad policy label");
         }
-        if let Err(e) = self.counters.attach(&info).await {
-            warn!(container = %id.short(), name = %info.name, error = %e, "cannot sample this container's I/O");
+        match self.counters.attach(&info).await {
+            Ok(()) => {}
+            Err(e) if e.is_vanished() => {
+                // Exited between discovery and now (churn): its removal event follows; nothing to track.
+                debug!(container = %id.short(), name = %info.name, error = %e, "container gone before it was tracked");
+                return;
+            }
+            Err(e) => {
+                warn!(container = %id.short(), name = %info.name, error = %e, "cannot sample this container's I/O")
+            }
         }
         // The state file wins: after a crash the file holds our own stale demotion, not the original.
         let original = match self.originals.get(&id) {

@@ -99,7 +99,8 @@ impl DockerDiscovery {
         loop {
             tokio::time::sleep(self.backoff).await;
             self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
-            if self.api.docker.ping().await.is_err() {
+            if let Err(e) = self.api.docker.ping().await {
+                debug!(error = %e, retry_in = ?self.backoff, "docker still unreachable");
                 continue;
             }
             self.subscribe();
@@ -134,10 +135,16 @@ impl Inspector {
         Ok(out)
     }
 
-    /// One API call per container when it appears (never per round).
+    /// One API call per container when it appears (never per round). `None` for a container that is already gone
+    /// (removed, exited, or its cgroup removed): under churn many exit before they are inspected, and their `die`
+    /// event follows, so this is not worth a warning.
     async fn inspect(&self, id: &str) -> Option<ContainerInfo> {
         match self.docker.inspect_container(id, None).await {
-            Ok(resp) => Some(self.to_info(resp)),
+            Ok(resp) if resp.state.as_ref().and_then(|s| s.running) != Some(true) => {
+                debug!(container = id, "container no longer running when inspected; ignoring it");
+                None
+            }
+            Ok(resp) => self.to_info(resp),
             Err(e) => {
                 debug!(container = id, error = %e, "inspect failed (container gone?)");
                 None
@@ -145,7 +152,7 @@ impl Inspector {
         }
     }
 
-    fn to_info(&self, resp: ContainerInspectResponse) -> ContainerInfo {
+    fn to_info(&self, resp: ContainerInspectResponse) -> Option<ContainerInfo> {
         let id = ContainerId::from(resp.id.unwrap_or_default());
         let name = resp.name.unwrap_or_default().trim_start_matches('/').to_string();
         let labels: BTreeMap<String, String> =
@@ -154,7 +161,17 @@ impl Inspector {
         let parent = resp.host_config.and_then(|h| h.cgroup_parent).filter(|p| !p.is_empty());
         let by_pid = pid.map(|p| self.root.resolve_pid(p));
         let cgroup = match by_pid {
+            // On cgroup v1 an exited, not yet reaped process (a zombie) reads as being in the hierarchy's root
+            // cgroup: that is not the container's cgroup (whose counters would then be the whole machine's).
+            Some(Ok(dir)) if dir.path() == self.root.path() => {
+                debug!(container = %id.short(), "container's process has exited (its cgroup reads as the root); ignoring it");
+                return None;
+            }
             Some(Ok(dir)) => Some(dir),
+            Some(Err(e)) if e.is_vanished() => {
+                debug!(container = %id.short(), error = %e, "container exited while being inspected; ignoring it");
+                return None;
+            }
             other => {
                 if let Some(Err(e)) = other {
                     debug!(container = %id.short(), error = %e, "cgroup from pid failed; trying the driver's layout");
@@ -168,7 +185,7 @@ impl Inspector {
                 }
             }
         };
-        ContainerInfo { id, name, labels, cgroup }
+        Some(ContainerInfo { id, name, labels, cgroup })
     }
 }
 
