@@ -1,1 +1,81 @@
-fn main() {}
+//! # ddiskqos-bench
+//!
+//! Replays the dDiskQoS paper's experiments (Tables 3-5) on this machine: a loop device with BFQ, a background
+//! stream, foreground readers as new cgroups or containers, and three variants per case (Alone, Original,
+//! dDiskQoS with the engine live). See the crate README.
+//!
+//! ## Layout
+//! - `cli`: flags; `app`: the `run` command end to end; `sweep`: the knob sweep.
+//! - `disk`, `files`, `cleanup`: the device, the test files, the undo stack (also on Ctrl-C).
+//! - `workload`: the experiments as data; `runner`: one BFQ mode; `runtime/`: cgroup and Docker readers.
+//! - `live`: qos-core's engine on real counters and weights; `cgroups`: counter/weight files.
+//! - `reader`: the reader processes (hidden subcommands); `stats`, `model`, `report/`: results and output.
+
+mod app;
+mod cgroups;
+mod cleanup;
+mod cli;
+mod disk;
+mod files;
+mod live;
+mod model;
+mod reader;
+mod report;
+mod runner;
+mod runtime;
+mod stats;
+mod sweep;
+mod sys;
+mod workload;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Parser;
+
+use crate::cli::{Cli, Cmd};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    match dispatch(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(cmd: Cmd) -> Result<()> {
+    match cmd {
+        Cmd::Run(args) => {
+            let _guard = cleanup::Guard::install();
+            app::run(&args, cleanup::Cleanup::global()).map(|_| ())
+        }
+        Cmd::Sweep(args) => {
+            let _guard = cleanup::Guard::install();
+            sweep::run(&args, cleanup::Cleanup::global())
+        }
+        Cmd::Report { json, out } => {
+            let run = report::json::read(&json)?;
+            report::json::check_consistency(&run)?;
+            let dir = out.unwrap_or_else(|| json.parent().map(|p| p.to_path_buf()).unwrap_or_default());
+            print!("{}", report::table::render(&run));
+            let (svg, png) = (dir.join("chart.svg"), dir.join("chart.png"));
+            report::chart::write(&run, &svg, &png)?;
+            println!("chart: {} and {}", svg.display(), png.display());
+            Ok(())
+        }
+        Cmd::ReadFile { cgroup, wait_for, path } => {
+            let r = reader::read_file(&path, cgroup.as_deref(), wait_for.as_deref(), reader::BLOCK)?;
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(())
+        }
+        Cmd::Stream { cgroup, threads, path } => reader::stream(&path, cgroup.as_deref(), threads, reader::BLOCK),
+        Cmd::ExecIn { cgroup, argv } => reader::exec_in(&cgroup, &argv),
+    }
+}

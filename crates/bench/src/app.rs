@@ -1,0 +1,246 @@
+//! The `run` command end to end: work directory, disk, files, runtime, every BFQ mode, report. Also the set-up
+//! shared with `sweep`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::cgroups::{self, CgroupBackend};
+use crate::cleanup::Cleanup;
+use crate::cli::{Common, RunArgs};
+use crate::disk::{self, Disk, DiskSource};
+use crate::files::{self, FileSpec};
+use crate::live::LiveOptions;
+use crate::model::{Meta, ModeReport, RunReport};
+use crate::runner::{self, Env, RunConfig};
+use crate::runtime::cgroup::CgroupRuntime;
+use crate::runtime::docker::{self, DockerRuntime};
+use crate::runtime::{BackgroundKind, Runtime, RuntimeChoice};
+use crate::workload::{self, Plan};
+use crate::{report, sys};
+
+/// Everything set up for measuring.
+#[derive(Debug)]
+pub struct Setup {
+    /// The disk.
+    pub disk: Disk,
+    /// The runtime.
+    pub runtime: Box<dyn Runtime>,
+    /// Why this runtime.
+    pub runtime_reason: String,
+    /// Counter/weight access.
+    pub backend: Arc<dyn CgroupBackend>,
+    /// Test files by name.
+    pub files: BTreeMap<String, PathBuf>,
+}
+
+impl Setup {
+    /// The environment a mode runs in.
+    pub fn env(&self) -> Env<'_> {
+        Env { disk: &self.disk, runtime: &*self.runtime, backend: self.backend.clone(), files: self.files.clone() }
+    }
+}
+
+/// Fails unless the process can do what the bench needs.
+pub fn preflight() -> Result<()> {
+    if !sys::is_root() {
+        bail!("ddiskqos-bench needs root (loop devices, mounts, cgroups, scheduler settings)");
+    }
+    if !Path::new(cgroups::V1_BLKIO).join("cgroup.procs").exists() {
+        bail!("no cgroup v1 blkio hierarchy at {} (this bench drives v1 blkio + BFQ)", cgroups::V1_BLKIO);
+    }
+    Ok(())
+}
+
+/// Creates the work directory, the disk, the files and the runtime.
+pub fn set_up(common: &Common, plan: &Plan, cleanup: &'static Cleanup) -> Result<Setup> {
+    let base = common.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let work = base.join(format!("ddiskqos-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
+    let w = work.clone();
+    cleanup.push(format!("remove {}", work.display()), move || {
+        std::fs::remove_dir_all(&w).with_context(|| format!("cannot remove {}", w.display()))
+    });
+    let mut specs: Vec<FileSpec> =
+        plan.files().into_iter().map(|(name, size_mib)| FileSpec { name, size_mib }).collect();
+    specs.push(FileSpec { name: workload::BACKGROUND_FILE.into(), size_mib: common.bg_size_mib });
+    let total_mib: u64 = specs.iter().map(|s| s.size_mib).sum();
+    let source = if let Some(dev) = &common.device {
+        DiskSource::Device { path: dev.clone(), format: common.format }
+    } else if let Some(dir) = &common.dir {
+        DiskSource::Dir(dir.clone())
+    } else {
+        DiskSource::Loop { dir: work.clone(), size: loop_size(total_mib) }
+    };
+    let disk = disk::prepare(&source, &work, cleanup)?;
+    for assignment in &common.bfq_set {
+        disk.set_tunable(assignment, cleanup)?;
+    }
+    eprintln!(
+        "disk: {} {} ({}), scheduler bfq, files in {}",
+        disk.kind,
+        disk.dev.display(),
+        disk.backing.as_ref().map(|b| format!("sparse file {}", b.display())).unwrap_or_default(),
+        disk.files_dir.display()
+    );
+    let bar = ProgressBar::new(total_mib).with_style(
+        ProgressStyle::with_template("creating files {bar:40} {pos}/{len} MiB {elapsed}").expect("valid template"),
+    );
+    let started = std::time::Instant::now();
+    let paths = files::create_all(&disk.files_dir, &specs, common.seed, |n| bar.set_position(n))?;
+    bar.finish_and_clear();
+    eprintln!("files: {total_mib} MiB written in {:.1} s", started.elapsed().as_secs_f64());
+    let files = specs.iter().zip(paths).map(|(s, p)| (s.name.clone(), p)).collect();
+    cgroups::v1_blkio_with_bfq()?;
+    let backend = cgroups::default_backend();
+    let exe = std::env::current_exe().context("cannot find this executable")?;
+    let (runtime, runtime_reason): (Box<dyn Runtime>, String) = match common.runtime {
+        RuntimeChoice::Cgroup => (
+            Box::new(CgroupRuntime::new(exe, common.cgroup_layout, backend.clone(), cleanup, &work)?),
+            "runtime cgroup (asked for)".into(),
+        ),
+        RuntimeChoice::Docker => {
+            (Box::new(DockerRuntime::new(&exe, &disk.files_dir, &work, cleanup)?), "runtime docker (asked for)".into())
+        }
+        RuntimeChoice::Auto if docker::daemon_answers() => (
+            Box::new(DockerRuntime::new(&exe, &disk.files_dir, &work, cleanup)?),
+            "runtime docker (a daemon answers)".into(),
+        ),
+        RuntimeChoice::Auto => (
+            Box::new(CgroupRuntime::new(exe, common.cgroup_layout, backend.clone(), cleanup, &work)?),
+            "runtime cgroup (no Docker daemon answers)".into(),
+        ),
+    };
+    Ok(Setup { disk, runtime, runtime_reason, backend, files })
+}
+
+/// Size of the loop device for `total_mib` of files: 25 % and 512 MiB spare, whole GiB, at least 1 GiB.
+pub fn loop_size(total_mib: u64) -> u64 {
+    let mib = total_mib + total_mib / 4 + 512;
+    mib.div_ceil(1024).max(1) * (1 << 30)
+}
+
+/// The run configuration from the flags.
+pub fn run_config(common: &Common, plan: Plan, exp1: bool, exp2: bool) -> Result<RunConfig> {
+    Ok(RunConfig {
+        plan,
+        engine: common.engine_config()?,
+        live: LiveOptions { sample_interval: common.sample_interval },
+        gap: common.gap,
+        settle: Duration::from_millis(50),
+        warmup: Duration::from_millis(500),
+        background: common.background,
+        exp1,
+        exp2,
+    })
+}
+
+/// A progress bar over `total` reads.
+pub fn progress(total: u64) -> ProgressBar {
+    ProgressBar::new(total).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} reads {elapsed_precise} eta {eta} {msg}")
+            .expect("valid template"),
+    )
+}
+
+/// `run`.
+pub fn run(args: &RunArgs, cleanup: &'static Cleanup) -> Result<RunReport> {
+    preflight()?;
+    let plan = args.plan()?;
+    let common = &args.common;
+    let cfg = run_config(common, plan.clone(), !args.no_exp1, !args.no_exp2)?;
+    let date = sys::utc_now();
+    let setup = set_up(common, &plan, cleanup)?;
+    let env = setup.env();
+    let counted = Plan {
+        exp1: if cfg.exp1 { plan.exp1.clone() } else { Vec::new() },
+        exp2_reps: if cfg.exp2 { plan.exp2_reps } else { 0 },
+        ..plan.clone()
+    };
+    let per_variant = counted.reads_per_variant();
+    let bar = progress(per_variant * 3 * common.modes.len() as u64);
+    let mut modes: Vec<ModeReport> = Vec::new();
+    let mut background = String::new();
+    for &mode in &common.modes {
+        let report = runner::run_mode(&env, &cfg, mode, &bar)?;
+        modes.push(report);
+        background = background_label(common.background);
+    }
+    bar.finish_and_clear();
+    let meta = meta(common, &setup, &cfg, plan, !args.full, date, background)?;
+    let run = RunReport { meta, modes };
+    finish(&run, &common.out)?;
+    Ok(run)
+}
+
+fn background_label(kind: BackgroundKind) -> String {
+    match kind.resolve() {
+        BackgroundKind::Fio => "fio seq read 1 MiB libaio QD32 O_DIRECT".into(),
+        _ => format!("internal streamer, {} threads x 1 MiB O_DIRECT", crate::runtime::INTERNAL_THREADS),
+    }
+}
+
+/// The run's metadata.
+pub fn meta(
+    common: &Common,
+    setup: &Setup,
+    cfg: &RunConfig,
+    plan: Plan,
+    quick: bool,
+    date: String,
+    background: String,
+) -> Result<Meta> {
+    let mut notes = vec![
+        "sizes in MiB (the paper's MB); read time = the reader's own, first read to last, O_DIRECT 1 MiB reads".into(),
+        "Experiment 2: the paper gives no start time for the 64 MB reader; it starts at 2 s with the first two".into(),
+    ];
+    if plan.exp2.iter().zip(workload::exp2_schedule()).any(|(a, b)| a.start != b.start) {
+        notes.push("Experiment 2 start times are scaled (--exp2-time-scale)".into());
+    }
+    Ok(Meta {
+        tool: format!("ddiskqos-bench {}", env!("CARGO_PKG_VERSION")),
+        date_utc: date,
+        kernel: sys::kernel_release(),
+        cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        runtime: setup.runtime.name().into(),
+        runtime_reason: setup.runtime_reason.clone(),
+        background: if background.is_empty() { background_label(common.background) } else { background },
+        disk: serde_json::to_value(&setup.disk)?,
+        engine: serde_json::to_value(&cfg.engine)?,
+        sample_interval_ms: cfg.live.sample_interval.as_secs_f64() * 1e3,
+        plan,
+        quick,
+        gap_ms: cfg.gap.as_secs_f64() * 1e3,
+        seed: common.seed,
+        notes,
+    })
+}
+
+/// Writes the outputs and prints the tables.
+pub fn finish(run: &RunReport, out: &Path) -> Result<()> {
+    print!("{}", report::table::render(run));
+    let written = report::write_all(run, out)?;
+    println!("\nwrote {} and {}", written.json.display(), written.text.display());
+    if let Some((svg, png)) = written.charts {
+        println!("chart: {} and {}", svg.display(), png.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loop_size_holds_the_files_with_room() {
+        assert_eq!(loop_size(0), 1 << 30);
+        let quick = Plan::quick().files().iter().map(|(_, s)| s).sum::<u64>() + 2048;
+        let size = loop_size(quick);
+        assert!(size >= (quick + quick / 4) << 20, "{size}");
+        assert_eq!(size % (1 << 30), 0);
+    }
+}

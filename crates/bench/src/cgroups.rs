@@ -1,0 +1,208 @@
+//! The bench's narrow view of cgroups: read a cgroup's I/O byte counters, write its BFQ weight and read it back,
+//! list, signal and remove its processes.
+//!
+//! [`CgroupBackend`] is the seam to `qos_agent::cgroup` (`CounterReader`, `WeightFile::write_verified`): the bench
+//! only needs these two operations, so swapping the private v1 implementation below for the agent's library is a
+//! one-type change in [`default_backend`].
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use qos_core::{IoCounters, Weight};
+
+use crate::sys;
+
+/// The v1 blkio hierarchy.
+pub const V1_BLKIO: &str = "/sys/fs/cgroup/blkio";
+/// Per-cgroup bytes served by BFQ (the only v1 counter that counts I/O to a BFQ device without a throttle rule).
+pub const V1_BFQ_BYTES: &str = "blkio.bfq.io_service_bytes_recursive";
+/// Per-cgroup BFQ weight (1..=1000, default 100).
+pub const V1_BFQ_WEIGHT: &str = "blkio.bfq.weight";
+/// BFQ's default weight, what every cgroup has unless someone writes another.
+pub const DEFAULT_WEIGHT: u64 = 100;
+
+/// Reads counters and writes weights of cgroup directories.
+pub trait CgroupBackend: Send + Sync + std::fmt::Debug {
+    /// Cumulative bytes read and written by the cgroup (all devices).
+    fn read_counters(&self, dir: &Path) -> Result<IoCounters>;
+    /// The cgroup's weight as the kernel reports it.
+    fn read_weight(&self, dir: &Path) -> Result<u64>;
+    /// Writes the weight and reads it back; a mismatch is an error.
+    fn write_weight_verified(&self, dir: &Path, weight: Weight) -> Result<()> {
+        self.write_weight(dir, weight)?;
+        let back = self.read_weight(dir)?;
+        if back != u64::from(weight.to_bfq()) {
+            bail!("{}: wrote weight {} but it reads {back}", dir.display(), weight.to_bfq());
+        }
+        Ok(())
+    }
+    /// Writes the weight without checking.
+    fn write_weight(&self, dir: &Path, weight: Weight) -> Result<()>;
+}
+
+/// cgroup v1 `blkio` with BFQ: `blkio.bfq.io_service_bytes_recursive` and `blkio.bfq.weight`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct V1Bfq;
+
+impl CgroupBackend for V1Bfq {
+    fn read_counters(&self, dir: &Path) -> Result<IoCounters> {
+        let path = dir.join(V1_BFQ_BYTES);
+        let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        parse_v1_rwstat(&text).with_context(|| format!("cannot parse {}", path.display()))
+    }
+
+    fn read_weight(&self, dir: &Path) -> Result<u64> {
+        let path = dir.join(V1_BFQ_WEIGHT);
+        parse_weight(&sys::read_trim(&path)?).with_context(|| format!("cannot parse {}", path.display()))
+    }
+
+    fn write_weight(&self, dir: &Path, weight: Weight) -> Result<()> {
+        sys::write_existing(&dir.join(V1_BFQ_WEIGHT), &weight.to_bfq().to_string())
+    }
+}
+
+/// The backend the bench uses.
+pub fn default_backend() -> std::sync::Arc<dyn CgroupBackend> {
+    std::sync::Arc::new(V1Bfq)
+}
+
+/// Sums the `Read` and `Write` lines of every device in a v1 rwstat file (`7:0 Read 123`).
+pub fn parse_v1_rwstat(text: &str) -> Result<IoCounters> {
+    let mut c = IoCounters::default();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(_dev), Some(op), Some(value)) = (words.next(), words.next(), words.next()) else {
+            continue; // the trailing "Total N" line has two words
+        };
+        let value: u64 = value.parse().with_context(|| format!("bad number in {line:?}"))?;
+        match op {
+            "Read" => c.read = c.read.saturating_add(value),
+            "Write" => c.write = c.write.saturating_add(value),
+            _ => {}
+        }
+    }
+    Ok(c)
+}
+
+/// Parses a weight file: `100` (v1) or `default 100` (v2 `io.bfq.weight`).
+pub fn parse_weight(text: &str) -> Result<u64> {
+    let first = text.lines().next().unwrap_or("").trim();
+    let value = first.strip_prefix("default").map(str::trim).unwrap_or(first);
+    value.parse().with_context(|| format!("bad weight {first:?}"))
+}
+
+/// Pids in a cgroup (empty if it is gone).
+pub fn pids(dir: &Path) -> Vec<Pid> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse::<i32>().ok())
+        .map(Pid::from_raw)
+        .collect()
+}
+
+/// Sends `signal` to every process of the cgroup; returns how many got it.
+pub fn signal_all(dir: &Path, signal: Signal) -> usize {
+    pids(dir).into_iter().filter(|p| nix::sys::signal::kill(*p, signal).is_ok()).count()
+}
+
+/// Creates a cgroup directory (its parent must exist).
+pub fn create(dir: &Path) -> Result<()> {
+    std::fs::create_dir(dir).with_context(|| format!("cannot create cgroup {}", dir.display()))
+}
+
+/// Kills what is left in the cgroup and removes it (retrying while the kernel finishes the exits).
+pub fn kill_and_remove(dir: &Path) -> Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    for attempt in 0..100 {
+        if !pids(dir).is_empty() {
+            signal_all(dir, Signal::SIGCONT);
+            signal_all(dir, Signal::SIGKILL);
+        }
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if attempt == 99 => {
+                return Err(e).with_context(|| format!("cannot remove cgroup {}", dir.display()))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    Ok(())
+}
+
+/// Whether the v1 blkio hierarchy with BFQ files is usable here.
+pub fn v1_blkio_with_bfq() -> Result<PathBuf> {
+    let root = PathBuf::from(V1_BLKIO);
+    if !root.join("cgroup.procs").exists() {
+        bail!("no cgroup v1 blkio hierarchy at {V1_BLKIO} (the cgroup runtime needs it)");
+    }
+    if !root.join(V1_BFQ_BYTES).exists() {
+        bail!("{V1_BLKIO} has no {V1_BFQ_BYTES}: BFQ is not active on any device");
+    }
+    Ok(root)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "7:0 Read 1048576\n7:0 Write 4096\n7:0 Sync 1052672\n7:0 Async 0\n7:0 Discard 0\n\
+                          7:0 Total 1052672\n254:0 Read 10\n254:0 Write 0\nTotal 1052682\n";
+
+    #[test]
+    fn rwstat_sums_devices() {
+        let c = parse_v1_rwstat(SAMPLE).unwrap();
+        assert_eq!(c, IoCounters::new(1_048_586, 4096));
+        assert_eq!(parse_v1_rwstat("Total 0\n").unwrap(), IoCounters::default());
+        assert!(parse_v1_rwstat("7:0 Read lots\n").is_err());
+    }
+
+    #[test]
+    fn weight_formats() {
+        assert_eq!(parse_weight("100\n").unwrap(), 100);
+        assert_eq!(parse_weight("default 250\n8:0 500\n").unwrap(), 250);
+        assert!(parse_weight("").is_err());
+    }
+
+    /// A fake cgroup directory: the backend's verified write must catch a file that does not keep the value.
+    #[test]
+    fn verified_write_on_fixture() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(V1_BFQ_WEIGHT), "100\n").unwrap();
+        std::fs::write(dir.path().join(V1_BFQ_BYTES), SAMPLE).unwrap();
+        let b = V1Bfq;
+        b.write_weight_verified(dir.path(), Weight::new(1000).unwrap()).unwrap();
+        assert_eq!(b.read_weight(dir.path()).unwrap(), 1000);
+        assert_eq!(b.read_counters(dir.path()).unwrap().read, 1_048_586);
+        // A missing file is an error, never created.
+        let empty = tempfile::tempdir().unwrap();
+        assert!(b.write_weight(empty.path(), Weight::new(10).unwrap()).is_err());
+        assert!(!empty.path().join(V1_BFQ_WEIGHT).exists());
+    }
+
+    #[derive(Debug)]
+    struct Liar;
+    impl CgroupBackend for Liar {
+        fn read_counters(&self, _: &Path) -> Result<IoCounters> {
+            Ok(IoCounters::default())
+        }
+        fn read_weight(&self, _: &Path) -> Result<u64> {
+            Ok(0) // like Docker 20.10 on this kernel: the write is discarded
+        }
+        fn write_weight(&self, _: &Path, _: Weight) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn verification_catches_discarded_writes() {
+        let err = Liar.write_weight_verified(Path::new("/x"), Weight::new(500).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("reads 0"), "{err}");
+    }
+}

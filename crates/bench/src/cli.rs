@@ -1,0 +1,319 @@
+//! Command line.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::{Args, Parser, Subcommand};
+use qos_core::units::parse_duration;
+use qos_core::{ByteSize, Config, LevelConfig, Weight};
+
+use crate::runtime::cgroup::CgroupLayout;
+use crate::runtime::{BackgroundKind, RuntimeChoice};
+use crate::workload::{BfqMode, Exp1Case, Plan};
+
+/// Replays the dDiskQoS paper's experiments (Tables 3-5) on a real BFQ device, with real cgroups or containers
+/// and the engine live.
+#[derive(Debug, Parser)]
+#[command(name = "ddiskqos-bench", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Prepare a disk, run Alone/Original/dDiskQoS in both BFQ modes, print the tables, write JSON and charts,
+    /// clean up. Without flags: quick mode, a few minutes.
+    Run(RunArgs),
+    /// Try engine settings (bottom weight, sampling interval, boost period) in both BFQ modes on 1 and 10 MiB reads
+    /// and report the best small-read latency whose background keeps >= 90 % of Original's throughput.
+    Sweep(SweepArgs),
+    /// Render the tables and charts of a results.json again.
+    Report {
+        /// The results.json of a run.
+        json: PathBuf,
+        /// Where to write the chart (default: next to the JSON).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// (internal) Join a cgroup, read a whole file with O_DIRECT, print the read time as JSON.
+    #[command(hide = true)]
+    ReadFile {
+        /// Cgroup directory to join first.
+        #[arg(long)]
+        cgroup: Option<PathBuf>,
+        /// Wait until this file exists before reading.
+        #[arg(long)]
+        wait_for: Option<PathBuf>,
+        /// The file.
+        path: PathBuf,
+    },
+    /// (internal) Join a cgroup and stream a file with O_DIRECT until killed.
+    #[command(hide = true)]
+    Stream {
+        /// Cgroup directory to join first.
+        #[arg(long)]
+        cgroup: Option<PathBuf>,
+        /// Reader threads.
+        #[arg(long, default_value_t = 4)]
+        threads: usize,
+        /// The file.
+        path: PathBuf,
+    },
+    /// (internal) Join a cgroup, then exec a command.
+    #[command(hide = true)]
+    ExecIn {
+        /// Cgroup directory to join.
+        #[arg(long)]
+        cgroup: PathBuf,
+        /// The command.
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    parse_duration(s)
+}
+
+fn opt_duration(s: &str) -> Result<Option<Duration>, String> {
+    if s == "off" {
+        Ok(None)
+    } else {
+        parse_duration(s).map(Some)
+    }
+}
+
+/// Settings shared by `run` and `sweep`.
+#[derive(Debug, Clone, Args)]
+pub struct Common {
+    /// Where readers run: docker when a daemon answers, else cgroup.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub runtime: RuntimeChoice,
+    /// cgroup runtime: the bench's cgroups directly under the blkio root (flat) or under one parent (nested,
+    /// Docker's layout).
+    #[arg(long, value_enum, default_value = "flat")]
+    pub cgroup_layout: CgroupLayout,
+    /// BFQ modes to run, in order.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "default,strict")]
+    pub modes: Vec<BfqMode>,
+    /// Use this (unmounted) block device instead of a loop device; needs --format.
+    #[arg(long, conflicts_with = "dir")]
+    pub device: Option<PathBuf>,
+    /// Allow creating an ext4 file system on --device (destroys its data).
+    #[arg(long)]
+    pub format: bool,
+    /// Use this directory (on a disk other than the root disk) instead of a loop device.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Where the work directory (and the loop device's sparse backing file) goes.
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+    /// Set a BFQ tunable of the test device for the whole run (repeatable), e.g. `low_latency=0`.
+    #[arg(long = "bfq-set", value_name = "KEY=VALUE")]
+    pub bfq_set: Vec<String>,
+    /// The background reader.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub background: BackgroundKind,
+    /// Size of the background's file (MiB); it is read in a loop.
+    #[arg(long, default_value_t = 2048)]
+    pub bg_size_mib: u64,
+    /// Live engine: counter sampling interval.
+    #[arg(long, value_parser = duration, default_value = "100ms")]
+    pub sample_interval: Duration,
+    /// Engine: weight of each level, top first (paper: new containers at 1000).
+    #[arg(long, value_delimiter = ',', default_value = "1000,200,40,10")]
+    pub weights: Vec<u64>,
+    /// Engine: allotment of each level (paper's Table 1).
+    #[arg(long, value_delimiter = ',', default_value = "2MiB,8MiB,32MiB,128MiB")]
+    pub thresholds: Vec<String>,
+    /// Engine: starvation boost of a container below the top for this long.
+    #[arg(long, value_parser = duration, default_value = "10s")]
+    pub boost_after: Duration,
+    /// Engine: idle promotion period, or `off`.
+    #[arg(long, value_parser = opt_duration, default_value = "2s")]
+    pub idle_promote_after: ::std::option::Option<Duration>, // qualified: clap must not treat it as optional
+    /// Pause after each foreground read.
+    #[arg(long, value_parser = duration, default_value = "100ms")]
+    pub gap: Duration,
+    /// Seed of the file contents.
+    #[arg(long, default_value_t = 2026)]
+    pub seed: u64,
+    /// Output directory.
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+}
+
+impl Common {
+    /// The engine configuration from the flags (validated).
+    pub fn engine_config(&self) -> Result<Config> {
+        if self.weights.len() != self.thresholds.len() {
+            bail!("--weights has {} values but --thresholds has {}", self.weights.len(), self.thresholds.len());
+        }
+        let mut levels = Vec::new();
+        for (i, (w, t)) in self.weights.iter().zip(&self.thresholds).enumerate() {
+            let weight = Weight::new(*w).map_err(|e| anyhow::anyhow!("--weights[{i}] = {w}: {e}"))?;
+            let threshold = ByteSize::parse(t).map_err(|e| anyhow::anyhow!("--thresholds[{i}] = {t}: {e}"))?;
+            levels.push(LevelConfig { weight, threshold });
+        }
+        let cfg = Config {
+            levels,
+            boost_after: self.boost_after,
+            idle_promote_after: self.idle_promote_after,
+            ..Config::default()
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// `run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Common settings.
+    #[command(flatten)]
+    pub common: Common,
+    /// The paper's 50 repetitions of everything (instead of quick mode).
+    #[arg(long)]
+    pub full: bool,
+    /// Experiment 1 sizes in MiB (default 1,10,100,1000).
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Option<Vec<u64>>,
+    /// Repetitions of every Experiment 1 size (overrides quick/full).
+    #[arg(long)]
+    pub reps: Option<u32>,
+    /// Repetitions of Experiment 2.
+    #[arg(long)]
+    pub exp2_reps: Option<u32>,
+    /// Multiply Experiment 2's start times by this (1 = the paper's seconds).
+    #[arg(long, default_value_t = 1.0)]
+    pub exp2_time_scale: f64,
+    /// Skip Experiment 1.
+    #[arg(long)]
+    pub no_exp1: bool,
+    /// Skip Experiment 2.
+    #[arg(long)]
+    pub no_exp2: bool,
+}
+
+impl RunArgs {
+    /// The plan from quick/full and the overrides.
+    pub fn plan(&self) -> Result<Plan> {
+        let mut plan = if self.full { Plan::full() } else { Plan::quick() };
+        if let Some(sizes) = &self.sizes {
+            if sizes.is_empty() || sizes.contains(&0) {
+                bail!("--sizes must list sizes of at least 1 MiB");
+            }
+            let default_reps = |size: u64| plan.exp1.iter().find(|c| c.size_mib == size).map_or(10, |c| c.reps);
+            plan.exp1 = sizes.iter().map(|&size_mib| Exp1Case { size_mib, reps: default_reps(size_mib) }).collect();
+        }
+        if let Some(reps) = self.reps {
+            plan.exp1.iter_mut().for_each(|c| c.reps = reps);
+        }
+        if let Some(reps) = self.exp2_reps {
+            plan.exp2_reps = reps;
+        }
+        if !(self.exp2_time_scale > 0.0 && self.exp2_time_scale <= 100.0) {
+            bail!("--exp2-time-scale must be in (0, 100], got {}", self.exp2_time_scale);
+        }
+        plan.exp2 = crate::workload::scale_schedule(&plan.exp2, self.exp2_time_scale);
+        Ok(plan)
+    }
+}
+
+/// `sweep`.
+#[derive(Debug, Clone, Args)]
+pub struct SweepArgs {
+    /// Common settings (the baseline the sweep varies one knob at a time from).
+    #[command(flatten)]
+    pub common: Common,
+    /// Repetitions of 1 and 10 MiB per setting and variant.
+    #[arg(long, default_value_t = 8)]
+    pub reps: u32,
+    /// Smallest acceptable background throughput, as a fraction of Original's.
+    #[arg(long, default_value_t = 0.9)]
+    pub min_background: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("ddiskqos-bench").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn run_without_flags_is_quick_both_modes_with_the_papers_engine() {
+        let Cmd::Run(run) = parse(&["run"]).command else { panic!() };
+        assert_eq!(run.common.modes, vec![BfqMode::Default, BfqMode::Strict]);
+        assert_eq!(run.plan().unwrap(), Plan::quick());
+        assert_eq!(run.common.engine_config().unwrap(), Config::default());
+        assert_eq!(run.common.out, PathBuf::from("bench-out"));
+        assert_eq!(run.common.runtime, RuntimeChoice::Auto);
+    }
+
+    #[test]
+    fn overrides() {
+        let Cmd::Run(run) = parse(&[
+            "run",
+            "--sizes",
+            "1,2",
+            "--reps",
+            "3",
+            "--exp2-reps",
+            "1",
+            "--exp2-time-scale",
+            "0.1",
+            "--modes",
+            "strict",
+            "--weights",
+            "1000,1",
+            "--thresholds",
+            "2MiB,8MiB",
+            "--idle-promote-after",
+            "off",
+        ])
+        .command
+        else {
+            panic!()
+        };
+        let plan = run.plan().unwrap();
+        assert_eq!(plan.exp1, vec![Exp1Case { size_mib: 1, reps: 3 }, Exp1Case { size_mib: 2, reps: 3 }]);
+        assert_eq!(plan.exp2_reps, 1);
+        assert_eq!(plan.exp2[2].start, Duration::from_millis(300));
+        let cfg = run.common.engine_config().unwrap();
+        assert_eq!(cfg.levels.len(), 2);
+        assert_eq!(cfg.idle_promote_after, None);
+        assert!(parse(&["run", "--full"]).command.is_run_full());
+    }
+
+    #[test]
+    fn bad_engine_flags_name_the_field() {
+        let Cmd::Run(run) = parse(&["run", "--weights", "1000,2000", "--thresholds", "2MiB,8MiB"]).command else {
+            panic!()
+        };
+        assert!(run.common.engine_config().unwrap_err().to_string().contains("--weights[1]"));
+        let Cmd::Run(run) = parse(&["run", "--weights", "10,1000", "--thresholds", "2MiB,8MiB"]).command else {
+            panic!()
+        };
+        assert!(run.common.engine_config().unwrap_err().to_string().contains("levels[1].weight"));
+    }
+
+    #[test]
+    fn internal_subcommands_parse() {
+        let Cmd::ExecIn { argv, .. } = parse(&["exec-in", "--cgroup", "/x", "--", "fio", "--name=a"]).command else {
+            panic!()
+        };
+        assert_eq!(argv, vec!["fio", "--name=a"]);
+    }
+
+    impl Cmd {
+        fn is_run_full(&self) -> bool {
+            matches!(self, Cmd::Run(r) if r.full && r.plan().unwrap() == Plan::full())
+        }
+    }
+}

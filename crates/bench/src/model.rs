@@ -1,0 +1,243 @@
+//! The results of a run as data: what the JSON holds and what the table, chart and sweep read. Everything a
+//! report shows can be recomputed from here (histograms included), so `ddiskqos-bench report FILE.json` renders
+//! an old run again.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::stats::{mib_per_s, Latency, Ratios, Summary};
+use crate::workload::{BfqMode, PaperRow, Plan, Variant};
+
+/// A whole run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunReport {
+    /// Configuration, machine, device.
+    pub meta: Meta,
+    /// One entry per BFQ mode, in the order run.
+    pub modes: Vec<ModeReport>,
+}
+
+/// Configuration and environment.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Meta {
+    /// `ddiskqos-bench <version>`.
+    pub tool: String,
+    /// When the run started (UTC).
+    pub date_utc: String,
+    /// `uname -r`.
+    pub kernel: String,
+    /// Online CPUs.
+    pub cpus: usize,
+    /// `cgroup` or `docker`.
+    pub runtime: String,
+    /// Why that runtime.
+    pub runtime_reason: String,
+    /// The background reader's command.
+    pub background: String,
+    /// The device (see `disk::Disk`).
+    pub disk: serde_json::Value,
+    /// The engine's configuration (qos-core `Config`).
+    pub engine: serde_json::Value,
+    /// Counter sampling interval of the live engine, ms.
+    pub sample_interval_ms: f64,
+    /// Repetitions and schedule.
+    pub plan: Plan,
+    /// Quick (default) or full (`--full`).
+    pub quick: bool,
+    /// Pause between foreground reads, ms.
+    pub gap_ms: f64,
+    /// Seed of the file contents.
+    pub seed: u64,
+    /// Free-form remarks (e.g. what was scaled).
+    pub notes: Vec<String>,
+}
+
+/// Results of one BFQ mode.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModeReport {
+    /// The mode.
+    pub mode: BfqMode,
+    /// Scheduler and BFQ tunables as read during the mode.
+    pub iosched: BTreeMap<String, String>,
+    /// Wall time of the mode, seconds.
+    pub duration_s: f64,
+    /// Experiment 1 cases (Table 3), by size.
+    pub exp1: Vec<CaseReport>,
+    /// Experiment 2 readers (Table 5).
+    pub exp2: Vec<CaseReport>,
+    /// The background's throughput over whole variant blocks (reads and pauses between them).
+    pub background_blocks: BTreeMap<Variant, Throughput>,
+    /// What the live engine did (samples, verified writes, every weight decision).
+    pub live: serde_json::Value,
+}
+
+/// Bytes over time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Throughput {
+    /// Bytes.
+    pub bytes: u64,
+    /// Seconds.
+    pub secs: f64,
+    /// MiB/s.
+    pub mib_per_s: f64,
+}
+
+impl Throughput {
+    /// Adds a window.
+    pub fn add(&mut self, bytes: u64, secs: f64) {
+        self.bytes += bytes;
+        self.secs += secs;
+        self.mib_per_s = mib_per_s(self.bytes, self.secs);
+    }
+}
+
+/// One foreground read.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sample {
+    /// Round (repetition) number.
+    pub round: usize,
+    /// The reader's own read time, ms.
+    pub read_ms: f64,
+    /// Cgroup/container creation to exit, ms.
+    pub wall_ms: f64,
+    /// Bytes read.
+    pub bytes: u64,
+    /// Bytes the kernel charged to the reader's cgroup, when known.
+    pub charged_bytes: Option<u64>,
+    /// Background bytes during the read's window.
+    pub bg_bytes: u64,
+    /// The container/cgroup id.
+    pub id: String,
+}
+
+/// One variant of one case.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VariantCase {
+    /// Alone, Original or dDiskQoS.
+    pub variant: Variant,
+    /// From the histogram.
+    pub summary: Summary,
+    /// The histogram (µs), hdrhistogram V2 + DEFLATE, base64.
+    pub histogram_v2_base64: String,
+    /// The histogram as (µs, count) pairs.
+    pub histogram_us: Vec<(u64, u64)>,
+    /// The background's throughput during this case's read windows.
+    pub background_during: Throughput,
+    /// Every read, in order.
+    pub samples: Vec<Sample>,
+}
+
+/// One row of a table: a size (Experiment 1) or a reader (Experiment 2).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CaseReport {
+    /// Row label (`1MiB`, `4MiB@2s`).
+    pub label: String,
+    /// File size.
+    pub size_mib: u64,
+    /// Start time in the schedule (Experiment 2).
+    pub start_ms: Option<u64>,
+    /// The paper's numbers for this row.
+    pub paper: Option<PaperRow>,
+    /// Alone, Original, dDiskQoS (those that ran).
+    pub variants: Vec<VariantCase>,
+    /// dDiskQoS / Original, from the histograms.
+    pub ddiskqos_over_original: Ratios,
+    /// dDiskQoS / Alone, from the histograms.
+    pub ddiskqos_over_alone: Ratios,
+}
+
+impl CaseReport {
+    /// Builds a row from per-variant histograms and samples; the ratios come from the histograms' summaries.
+    pub fn build(
+        label: String,
+        size_mib: u64,
+        start_ms: Option<u64>,
+        paper: Option<PaperRow>,
+        parts: Vec<(Variant, Latency, Throughput, Vec<Sample>)>,
+    ) -> Self {
+        let variants: Vec<VariantCase> = parts
+            .into_iter()
+            .map(|(variant, lat, bg, samples)| VariantCase {
+                variant,
+                summary: lat.summary(),
+                histogram_v2_base64: lat.to_base64(),
+                histogram_us: lat.value_counts(),
+                background_during: bg,
+                samples,
+            })
+            .collect();
+        let mut row = Self {
+            label,
+            size_mib,
+            start_ms,
+            paper,
+            variants,
+            ddiskqos_over_original: Ratios::of(&Summary::empty(), &Summary::empty()),
+            ddiskqos_over_alone: Ratios::of(&Summary::empty(), &Summary::empty()),
+        };
+        row.recompute_ratios();
+        row
+    }
+
+    /// Recomputes the ratios from the summaries.
+    pub fn recompute_ratios(&mut self) {
+        let get = |v| self.variant(v).map(|c| c.summary).unwrap_or_else(Summary::empty);
+        let (alone, orig, ddq) = (get(Variant::Alone), get(Variant::Original), get(Variant::DDiskQos));
+        self.ddiskqos_over_original = Ratios::of(&ddq, &orig);
+        self.ddiskqos_over_alone = Ratios::of(&ddq, &alone);
+    }
+
+    /// One variant's results.
+    pub fn variant(&self, v: Variant) -> Option<&VariantCase> {
+        self.variants.iter().find(|c| c.variant == v)
+    }
+}
+
+impl Summary {
+    /// The summary of no samples.
+    pub fn empty() -> Self {
+        Latency::new().summary()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn lat(ms: &[u64]) -> Latency {
+        let mut l = Latency::new();
+        ms.iter().for_each(|m| l.record(Duration::from_millis(*m)));
+        l
+    }
+
+    #[test]
+    fn row_ratios_come_from_histograms() {
+        let tp = Throughput::default();
+        let row = CaseReport::build(
+            "1MiB".into(),
+            1,
+            None,
+            None,
+            vec![
+                (Variant::Alone, lat(&[1, 1]), tp, vec![]),
+                (Variant::Original, lat(&[100, 100]), tp, vec![]),
+                (Variant::DDiskQos, lat(&[2, 2]), tp, vec![]),
+            ],
+        );
+        assert!((row.ddiskqos_over_original.mean.unwrap() - 0.02).abs() < 1e-3);
+        assert!((row.ddiskqos_over_alone.p99.unwrap() - 2.0).abs() < 1e-2);
+        let back = Latency::from_base64(&row.variant(Variant::DDiskQos).unwrap().histogram_v2_base64).unwrap();
+        assert_eq!(back.summary(), row.variant(Variant::DDiskQos).unwrap().summary);
+    }
+
+    #[test]
+    fn throughput_accumulates() {
+        let mut t = Throughput::default();
+        t.add(1 << 20, 0.5);
+        t.add(1 << 20, 0.5);
+        assert_eq!(t.bytes, 2 << 20);
+        assert!((t.mib_per_s - 2.0).abs() < 1e-9);
+    }
+}

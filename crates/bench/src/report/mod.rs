@@ -1,0 +1,40 @@
+//! Output of a run: the text tables ([`table`]), the JSON ([`json`]) and the chart ([`chart`]).
+
+pub mod chart;
+pub mod json;
+pub mod table;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::model::RunReport;
+
+/// Files written for a run.
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// The JSON.
+    pub json: PathBuf,
+    /// The text report.
+    pub text: PathBuf,
+    /// The charts, if they could be drawn.
+    pub charts: Option<(PathBuf, PathBuf)>,
+}
+
+/// Writes `results.json`, `report.txt`, `chart.svg` and `chart.png` into `dir` (a chart failure is a warning).
+pub fn write_all(run: &RunReport, dir: &Path) -> Result<Written> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let json = dir.join("results.json");
+    json::write(run, &json)?;
+    let text = dir.join("report.txt");
+    std::fs::write(&text, table::render(run)).with_context(|| format!("cannot write {}", text.display()))?;
+    let (svg, png) = (dir.join("chart.svg"), dir.join("chart.png"));
+    let charts = match chart::write(run, &svg, &png) {
+        Ok(()) => Some((svg, png)),
+        Err(e) => {
+            eprintln!("warning: no chart: {e:#}");
+            None
+        }
+    };
+    Ok(Written { json, text, charts })
+}

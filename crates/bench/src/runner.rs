@@ -1,0 +1,308 @@
+//! Runs the experiments of one BFQ mode: starts the background, starts the live engine (which adopts the
+//! background and demotes it), then runs every round's variant blocks in rotating order.
+//!
+//! A variant block: Alone stops the background (SIGSTOP, waits for its in-flight I/O to drain); Original lets it
+//! run with every weight at BFQ's default; dDiskQoS lets it run with the engine's weights written. Each read is a
+//! new cgroup/container; in dDiskQoS blocks the engine sees it before its first I/O.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use indicatif::ProgressBar;
+use qos_core::{Config, ContainerId};
+
+use crate::cgroups::CgroupBackend;
+use crate::disk::Disk;
+use crate::live::{LiveEngine, LiveOptions, LiveStats};
+use crate::model::{CaseReport, ModeReport, Sample, Throughput};
+use crate::runtime::{Background, BackgroundKind, NoHooks, ReaderHooks, Runtime};
+use crate::stats::Latency;
+use crate::workload::{self, BfqMode, Exp2Reader, Plan, Variant};
+
+/// How to run a mode.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// Repetitions and schedule.
+    pub plan: Plan,
+    /// Engine configuration for the dDiskQoS variant.
+    pub engine: Config,
+    /// Live loop options.
+    pub live: LiveOptions,
+    /// Pause after each foreground read.
+    pub gap: Duration,
+    /// Pause after switching variant (background resumes, weights set).
+    pub settle: Duration,
+    /// Time the background runs under the engine before the first round (at least; up to 3x until it is demoted).
+    pub warmup: Duration,
+    /// Background reader.
+    pub background: BackgroundKind,
+    /// Run Experiment 1.
+    pub exp1: bool,
+    /// Run Experiment 2.
+    pub exp2: bool,
+}
+
+/// What a mode needs from the outside.
+#[derive(Debug)]
+pub struct Env<'a> {
+    /// The prepared disk.
+    pub disk: &'a Disk,
+    /// Where readers run.
+    pub runtime: &'a dyn Runtime,
+    /// Counter and weight access.
+    pub backend: Arc<dyn CgroupBackend>,
+    /// Test files by name.
+    pub files: BTreeMap<String, PathBuf>,
+}
+
+impl Env<'_> {
+    fn file(&self, name: &str) -> Result<&Path> {
+        self.files.get(name).map(PathBuf::as_path).with_context(|| format!("test file {name} was not created"))
+    }
+}
+
+struct LiveHooks<'a>(&'a LiveEngine);
+
+impl ReaderHooks for LiveHooks<'_> {
+    fn created(&self, id: &ContainerId, dir: &Path) -> Result<()> {
+        self.0.add(id, dir)
+    }
+    fn finished(&self, id: &ContainerId) {
+        self.0.remove(id);
+    }
+}
+
+/// Per (case, variant) accumulator.
+#[derive(Debug, Default)]
+struct Acc {
+    lat: Latency,
+    bg: Throughput,
+    samples: Vec<Sample>,
+}
+
+/// The state of a mode in progress.
+struct ModeRun<'a, 'e> {
+    env: &'a Env<'e>,
+    cfg: &'a RunConfig,
+    bg: Background,
+    live: LiveEngine,
+    blocks: BTreeMap<Variant, Throughput>,
+    progress: &'a ProgressBar,
+    mode: BfqMode,
+}
+
+/// Runs one BFQ mode; returns its results.
+pub fn run_mode(env: &Env<'_>, cfg: &RunConfig, mode: BfqMode, progress: &ProgressBar) -> Result<ModeReport> {
+    let started = Instant::now();
+    env.disk.set_mode(mode)?;
+    let iosched = env.disk.iosched();
+    let bg_file = env.file(workload::BACKGROUND_FILE)?;
+    progress.set_message(format!("{}: starting the background", mode.name()));
+    let bg = env.runtime.start_background(bg_file, cfg.background)?;
+    let result = (|| -> Result<ModeReport> {
+        let live = LiveEngine::start(cfg.engine.clone(), cfg.live, env.backend.clone())?;
+        live.adopt(&bg.container_id(), &bg.cgroup)?;
+        // Let the engine demote the background (it starts at the top like any container it first sees).
+        let warm = Instant::now();
+        while warm.elapsed() < cfg.warmup
+            || (live.view(&bg.container_id()).map(|v| v.0) != Some(live.bottom()) && warm.elapsed() < 3 * cfg.warmup)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut run = ModeRun { env, cfg, bg: bg.clone(), live, blocks: BTreeMap::new(), progress, mode };
+        let exp1 = if cfg.exp1 { run.exp1()? } else { Vec::new() };
+        let exp2 = if cfg.exp2 { run.exp2()? } else { Vec::new() };
+        run.bg.thaw();
+        let ModeRun { live, blocks, .. } = run;
+        let stats: LiveStats = live.stop();
+        Ok(ModeReport {
+            mode,
+            iosched,
+            duration_s: started.elapsed().as_secs_f64(),
+            exp1,
+            exp2,
+            background_blocks: blocks,
+            live: serde_json::to_value(&stats)?,
+        })
+    })();
+    bg.thaw();
+    let stopped = env.runtime.stop_background(&bg);
+    let report = result?;
+    stopped?;
+    Ok(report)
+}
+
+impl ModeRun<'_, '_> {
+    /// Puts the system in the state of `variant`.
+    fn enter(&self, variant: Variant) -> Result<()> {
+        match variant {
+            Variant::Alone => {
+                self.live.set_active(false)?;
+                self.bg.freeze(&*self.env.backend)?;
+            }
+            Variant::Original => {
+                self.bg.thaw();
+                self.live.set_active(false)?;
+            }
+            Variant::DDiskQos => {
+                self.bg.thaw();
+                self.live.set_active(true)?;
+            }
+        }
+        std::thread::sleep(self.cfg.settle);
+        self.bg.check_alive()
+    }
+
+    fn bg_bytes(&self) -> Result<u64> {
+        Ok(self.env.backend.read_counters(&self.bg.cgroup)?.read)
+    }
+
+    fn hooks(&self, variant: Variant) -> Box<dyn ReaderHooks + '_> {
+        match variant {
+            Variant::DDiskQos => Box::new(LiveHooks(&self.live)),
+            _ => Box::new(NoHooks),
+        }
+    }
+
+    /// One read, measured; returns the sample and the background's bytes during it.
+    fn read_one(&self, file: &Path, size_mib: u64, round: usize, variant: Variant) -> Result<(Sample, f64)> {
+        let hooks = self.hooks(variant);
+        let b0 = self.bg_bytes()?;
+        let t0 = Instant::now();
+        let out = self.env.runtime.run_reader(file, &*hooks)?;
+        let window = t0.elapsed().as_secs_f64();
+        let bg_bytes = self.bg_bytes()?.saturating_sub(b0);
+        let want = size_mib << 20;
+        if out.report.bytes != want {
+            bail!("reader of {} read {} bytes, expected {want}", file.display(), out.report.bytes);
+        }
+        if let Some(charged) = out.charged_bytes {
+            // The kernel must have charged the reader's cgroup for what it read (else weights cannot act on it).
+            if charged < want {
+                bail!("cgroup {} was charged {charged} bytes for a {want}-byte read", out.id);
+            }
+        }
+        self.progress.inc(1);
+        let sample = Sample {
+            round,
+            read_ms: out.report.elapsed_ns as f64 / 1e6,
+            wall_ms: out.wall.as_secs_f64() * 1e3,
+            bytes: out.report.bytes,
+            charged_bytes: out.charged_bytes,
+            bg_bytes: if variant == Variant::Alone { 0 } else { bg_bytes },
+            id: out.id,
+        };
+        Ok((sample, window))
+    }
+
+    fn exp1(&mut self) -> Result<Vec<CaseReport>> {
+        let mut accs: BTreeMap<(u64, Variant), Acc> = BTreeMap::new();
+        for round in workload::exp1_rounds(&self.cfg.plan.exp1) {
+            for variant in round.order {
+                self.progress.set_message(format!(
+                    "{} exp1 round {} {}",
+                    self.mode.name(),
+                    round.index + 1,
+                    variant.label()
+                ));
+                self.enter(variant)?;
+                let (b0, t0) = (self.bg_bytes()?, Instant::now());
+                for &size in &round.sizes {
+                    let file = self.env.file(&workload::exp1_file(size))?.to_path_buf();
+                    let (sample, window) = self.read_one(&file, size, round.index, variant)?;
+                    let acc = accs.entry((size, variant)).or_default();
+                    acc.lat.record(Duration::from_secs_f64(sample.read_ms / 1e3));
+                    acc.bg.add(sample.bg_bytes, window);
+                    acc.samples.push(sample);
+                    std::thread::sleep(self.cfg.gap);
+                }
+                self.close_block(variant, b0, t0)?;
+            }
+        }
+        let mut sizes: Vec<u64> = self.cfg.plan.exp1.iter().map(|c| c.size_mib).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        Ok(sizes
+            .into_iter()
+            .map(|size| {
+                let parts = Variant::ALL
+                    .into_iter()
+                    .filter_map(|v| accs.remove(&(size, v)).map(|a| (v, a.lat, a.bg, a.samples)))
+                    .collect();
+                CaseReport::build(format!("{size}MiB"), size, None, workload::paper_table3(size), parts)
+            })
+            .collect())
+    }
+
+    fn close_block(&mut self, variant: Variant, b0: u64, t0: Instant) -> Result<()> {
+        let bytes = if variant == Variant::Alone { 0 } else { self.bg_bytes()?.saturating_sub(b0) };
+        self.blocks.entry(variant).or_default().add(bytes, t0.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    fn exp2(&mut self) -> Result<Vec<CaseReport>> {
+        let schedule = self.cfg.plan.exp2.clone();
+        let mut accs: BTreeMap<(usize, Variant), Acc> = BTreeMap::new();
+        for r in 0..self.cfg.plan.exp2_reps as usize {
+            for variant in workload::variant_order(r) {
+                self.progress.set_message(format!("{} exp2 round {} {}", self.mode.name(), r + 1, variant.label()));
+                self.enter(variant)?;
+                let (b0, t0) = (self.bg_bytes()?, Instant::now());
+                let results = self.run_schedule(&schedule, r, variant)?;
+                for (i, (sample, window)) in results.into_iter().enumerate() {
+                    let acc = accs.entry((i, variant)).or_default();
+                    acc.lat.record(Duration::from_secs_f64(sample.read_ms / 1e3));
+                    acc.bg.add(sample.bg_bytes, window);
+                    acc.samples.push(sample);
+                }
+                self.close_block(variant, b0, t0)?;
+                std::thread::sleep(self.cfg.gap);
+            }
+        }
+        Ok(schedule
+            .iter()
+            .enumerate()
+            .map(|(i, reader)| {
+                let parts = Variant::ALL
+                    .into_iter()
+                    .filter_map(|v| accs.remove(&(i, v)).map(|a| (v, a.lat, a.bg, a.samples)))
+                    .collect();
+                let start = Some(reader.start.as_millis() as u64);
+                CaseReport::build(
+                    reader.label.clone(),
+                    reader.size_mib,
+                    start,
+                    workload::paper_table5(reader.size_mib),
+                    parts,
+                )
+            })
+            .collect())
+    }
+
+    /// Starts every reader of the schedule at its time (one thread each) and collects them in schedule order.
+    fn run_schedule(&self, schedule: &[Exp2Reader], round: usize, variant: Variant) -> Result<Vec<(Sample, f64)>> {
+        let origin = Instant::now();
+        let files: Vec<PathBuf> = schedule
+            .iter()
+            .enumerate()
+            .map(|(i, r)| self.env.file(&workload::exp2_file(i, r)).map(Path::to_path_buf))
+            .collect::<Result<_>>()?;
+        let this = self;
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = schedule
+                .iter()
+                .zip(&files)
+                .map(|(reader, file)| {
+                    scope.spawn(move || {
+                        std::thread::sleep((origin + reader.start).saturating_duration_since(Instant::now()));
+                        this.read_one(file, reader.size_mib, round, variant)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("reader thread panicked"))?).collect()
+        })
+    }
+}

@@ -1,0 +1,190 @@
+//! The cgroup runtime: every reader is a process of this binary (`read-file`) in a fresh blkio cgroup under
+//! `/sys/fs/cgroup/blkio/ddiskqos-bench-<pid>/`, which the process joins before its first I/O.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use qos_core::ContainerId;
+
+use super::{fio_args, parse_report, Background, BackgroundKind, ReadOutcome, ReaderHooks, Runtime, INTERNAL_THREADS};
+use crate::cgroups::{self, CgroupBackend};
+use crate::cleanup::Cleanup;
+
+/// Where the bench's cgroups go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupLayout {
+    /// Directly under the blkio root (`ddiskqos-bench-<pid>-fg-<n>`), siblings of everything else.
+    Flat,
+    /// Under one parent (`ddiskqos-bench-<pid>/fg-<n>`), like Docker's `docker/<id>`.
+    Nested,
+}
+
+/// Readers as processes in bench-made cgroups.
+#[derive(Debug)]
+pub struct CgroupRuntime {
+    /// Directory new cgroups are created in.
+    parent: PathBuf,
+    /// Prefix of their names.
+    prefix: String,
+    exe: PathBuf,
+    next: AtomicU64,
+    backend: Arc<dyn CgroupBackend>,
+    cleanup: &'static Cleanup,
+    log_dir: PathBuf,
+    /// Background processes, reaped when stopped.
+    children: std::sync::Mutex<Vec<std::process::Child>>,
+}
+
+impl CgroupRuntime {
+    /// Creates the parent cgroup (removed by the cleanup stack, children first).
+    pub fn new(
+        exe: PathBuf,
+        layout: CgroupLayout,
+        backend: Arc<dyn CgroupBackend>,
+        cleanup: &'static Cleanup,
+        log_dir: &Path,
+    ) -> Result<Self> {
+        let root = cgroups::v1_blkio_with_bfq()?;
+        let name = format!("ddiskqos-bench-{}", std::process::id());
+        let (parent, prefix) = match layout {
+            CgroupLayout::Nested => {
+                let parent = root.join(&name);
+                cgroups::create(&parent)?;
+                let p = parent.clone();
+                cleanup.push(format!("remove cgroup {}", parent.display()), move || remove_tree(&p));
+                (parent, String::new())
+            }
+            CgroupLayout::Flat => {
+                let (r, prefix) = (root.clone(), format!("{name}-"));
+                cleanup
+                    .push(format!("remove cgroups {}/{prefix}*", root.display()), move || remove_prefixed(&r, &prefix));
+                (root, format!("{name}-"))
+            }
+        };
+        Ok(Self {
+            parent,
+            prefix,
+            exe,
+            next: AtomicU64::new(0),
+            backend,
+            cleanup,
+            log_dir: log_dir.to_path_buf(),
+            children: Default::default(),
+        })
+    }
+
+    fn new_cgroup(&self, prefix: &str) -> Result<(ContainerId, PathBuf, crate::cleanup::Token)> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{}{prefix}-{n}", self.prefix);
+        let dir = self.parent.join(&name);
+        cgroups::create(&dir)?;
+        let d = dir.clone();
+        let token = self.cleanup.push(format!("remove cgroup {}", dir.display()), move || cgroups::kill_and_remove(&d));
+        Ok((ContainerId::new(name), dir, token))
+    }
+}
+
+/// Removes every cgroup in `root` whose name starts with `prefix`.
+fn remove_prefixed(root: &Path, prefix: &str) -> Result<()> {
+    for e in std::fs::read_dir(root)?.flatten() {
+        if e.file_name().to_string_lossy().starts_with(prefix) && e.path().is_dir() {
+            remove_tree(&e.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes a cgroup and everything below it, killing what still runs there.
+fn remove_tree(dir: &Path) -> Result<()> {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                remove_tree(&e.path())?;
+            }
+        }
+    }
+    cgroups::kill_and_remove(dir)
+}
+
+impl Runtime for CgroupRuntime {
+    fn name(&self) -> &'static str {
+        "cgroup"
+    }
+
+    fn start_background(&self, file: &Path, kind: BackgroundKind) -> Result<Background> {
+        let (id, dir, _token) = self.new_cgroup("bg")?;
+        let dir_s = dir.to_string_lossy().into_owned();
+        let file_s = file.to_string_lossy().into_owned();
+        let mut argv: Vec<String> = vec!["exec-in".into(), "--cgroup".into(), dir_s.clone(), "--".into()];
+        match kind.resolve() {
+            BackgroundKind::Fio => {
+                argv.push("fio".into());
+                argv.extend(fio_args(&file_s));
+            }
+            _ => {
+                let exe = self.exe.to_string_lossy().into_owned();
+                argv.extend([exe, "stream".into(), "--threads".into(), INTERNAL_THREADS.to_string(), file_s]);
+            }
+        }
+        let log = self.log_dir.join("background.log");
+        let log_file = std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+        let child = Command::new(&self.exe)
+            .args(&argv)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .spawn()
+            .with_context(|| format!("cannot start the background: {}", argv.join(" ")))?;
+        self.children.lock().unwrap_or_else(|p| p.into_inner()).push(child);
+        let bg = Background { id: id.to_string(), cgroup: dir, command: argv[4..].join(" ") };
+        let start = Instant::now();
+        while cgroups::pids(&bg.cgroup).is_empty() || self.backend.read_counters(&bg.cgroup)?.read == 0 {
+            if start.elapsed().as_secs() > 10 {
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                bail!("the background did not start reading within 10 s: {}\n{log}", bg.command);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Ok(bg)
+    }
+
+    fn stop_background(&self, bg: &Background) -> Result<()> {
+        let removed = cgroups::kill_and_remove(&bg.cgroup);
+        for mut child in self.children.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        removed
+    }
+
+    fn run_reader(&self, file: &Path, hooks: &dyn ReaderHooks) -> Result<ReadOutcome> {
+        let (id, dir, token) = self.new_cgroup("fg")?;
+        let t0 = Instant::now();
+        let result = (|| {
+            hooks.created(&id, &dir)?;
+            let out = Command::new(&self.exe)
+                .arg("read-file")
+                .arg("--cgroup")
+                .arg(&dir)
+                .arg(file)
+                .stdin(Stdio::null())
+                .output()
+                .context("cannot run the reader")?;
+            let wall = t0.elapsed();
+            if !out.status.success() {
+                bail!("reader of {} failed ({}): {}", file.display(), out.status, String::from_utf8_lossy(&out.stderr));
+            }
+            let report = parse_report(&String::from_utf8_lossy(&out.stdout))?;
+            let charged = self.backend.read_counters(&dir).ok().map(|c| c.read);
+            Ok(ReadOutcome { id: id.to_string(), report, wall, charged_bytes: charged })
+        })();
+        hooks.finished(&id);
+        self.cleanup.run(token)?;
+        result
+    }
+}

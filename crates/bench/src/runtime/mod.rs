@@ -1,0 +1,214 @@
+//! Where readers run: as processes in fresh blkio cgroups the bench creates ([`cgroup::CgroupRuntime`]) or as
+//! real Docker containers from a locally built image ([`docker::DockerRuntime`]).
+//!
+//! Both start every foreground reader as a *new* cgroup (container) and call [`ReaderHooks::created`] after the
+//! cgroup exists and before the reader's first I/O — the moment the agent's "container started" event would reach
+//! the engine — and [`ReaderHooks::finished`] after it exited.
+
+pub mod cgroup;
+pub mod docker;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use nix::sys::signal::Signal;
+use qos_core::ContainerId;
+use serde::Serialize;
+
+use crate::cgroups::{self, CgroupBackend};
+use crate::reader::ReadReport;
+
+/// Which runtime to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeChoice {
+    /// Docker if a daemon answers, else cgroup.
+    Auto,
+    /// Each reader a container (`docker run`).
+    Docker,
+    /// Each reader a process in its own blkio cgroup.
+    Cgroup,
+}
+
+/// What the background reader is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum BackgroundKind {
+    /// fio if installed, else internal.
+    Auto,
+    /// fio: sequential read, 1 MiB, libaio, queue depth 32, O_DIRECT (the TESTBED measurements' shape).
+    Fio,
+    /// The bench's own streamer: 4 threads, 1 MiB O_DIRECT reads each.
+    Internal,
+}
+
+impl BackgroundKind {
+    /// Resolves `Auto`.
+    pub fn resolve(self) -> BackgroundKind {
+        match self {
+            BackgroundKind::Auto if crate::sys::have("fio") => BackgroundKind::Fio,
+            BackgroundKind::Auto => BackgroundKind::Internal,
+            other => other,
+        }
+    }
+}
+
+/// Threads of the internal streamer.
+pub const INTERNAL_THREADS: usize = 4;
+
+/// fio's arguments for the background reading `file` (a path as the reader sees it).
+pub fn fio_args(file: &str) -> Vec<String> {
+    [
+        "--name=background",
+        &format!("--filename={file}"),
+        "--rw=read",
+        "--bs=1M",
+        "--ioengine=libaio",
+        "--iodepth=32",
+        "--direct=1",
+        "--time_based=1",
+        "--runtime=86400",
+        "--output=/dev/null",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Notified around each reader's life.
+pub trait ReaderHooks: Sync {
+    /// The reader's cgroup exists; its first I/O comes after this returns.
+    fn created(&self, id: &ContainerId, dir: &Path) -> Result<()>;
+    /// The reader exited.
+    fn finished(&self, id: &ContainerId);
+}
+
+/// Hooks that do nothing (Alone and Original: no agent).
+#[derive(Debug, Clone, Copy)]
+pub struct NoHooks;
+
+impl ReaderHooks for NoHooks {
+    fn created(&self, _: &ContainerId, _: &Path) -> Result<()> {
+        Ok(())
+    }
+    fn finished(&self, _: &ContainerId) {}
+}
+
+/// One finished foreground read.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReadOutcome {
+    /// Container or cgroup id.
+    pub id: String,
+    /// The reader's own report (bytes, read time).
+    pub report: ReadReport,
+    /// From creating the cgroup/container to the reader's exit, as the bench saw it.
+    #[serde(serialize_with = "ser_ms")]
+    pub wall: Duration,
+    /// Bytes the kernel charged to the reader's cgroup (cgroup runtime; the container's cgroup is gone in time
+    /// for Docker).
+    pub charged_bytes: Option<u64>,
+}
+
+fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1e3)
+}
+
+/// The long-lived background reader.
+#[derive(Debug, Clone, Serialize)]
+pub struct Background {
+    /// Its id (cgroup name or container id).
+    pub id: String,
+    /// Its blkio cgroup.
+    pub cgroup: PathBuf,
+    /// What runs there.
+    pub command: String,
+}
+
+impl Background {
+    /// Engine id.
+    pub fn container_id(&self) -> ContainerId {
+        ContainerId::new(&self.id)
+    }
+
+    /// Stops its processes (SIGSTOP) and waits until its byte counter stands still (in-flight I/O drained).
+    pub fn freeze(&self, backend: &dyn CgroupBackend) -> Result<()> {
+        if cgroups::signal_all(&self.cgroup, Signal::SIGSTOP) == 0 {
+            bail!("background {} has no process left to stop", self.id);
+        }
+        let start = Instant::now();
+        let mut last = backend.read_counters(&self.cgroup)?.read;
+        let mut still = 0;
+        while still < 3 && start.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(10));
+            let now = backend.read_counters(&self.cgroup)?.read;
+            still = if now == last { still + 1 } else { 0 };
+            last = now;
+        }
+        Ok(())
+    }
+
+    /// Lets it run again.
+    pub fn thaw(&self) {
+        cgroups::signal_all(&self.cgroup, Signal::SIGCONT);
+    }
+
+    /// Fails if its processes are gone (fio died, container exited).
+    pub fn check_alive(&self) -> Result<()> {
+        if cgroups::pids(&self.cgroup).is_empty() {
+            bail!("the background reader {} is not running any more ({})", self.id, self.command);
+        }
+        Ok(())
+    }
+}
+
+/// A place to run readers.
+pub trait Runtime: Send + Sync + std::fmt::Debug {
+    /// `cgroup` or `docker`.
+    fn name(&self) -> &'static str;
+    /// Starts the background reader on `file` (a path on the test file system); it runs until stopped.
+    fn start_background(&self, file: &Path, kind: BackgroundKind) -> Result<Background>;
+    /// Stops and removes the background.
+    fn stop_background(&self, bg: &Background) -> Result<()>;
+    /// Runs one foreground reader of `file` as a new cgroup/container and waits for it.
+    fn run_reader(&self, file: &Path, hooks: &dyn ReaderHooks) -> Result<ReadOutcome>;
+}
+
+/// Parses the reader's JSON line out of its output.
+pub fn parse_report(stdout: &str) -> Result<ReadReport> {
+    let line = stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).context("reader printed no report")?;
+    serde_json::from_str(line).with_context(|| format!("bad reader report {line:?}"))
+}
+
+/// Waits until `dir` exists.
+pub fn wait_for_dir(dir: &Path, timeout: Duration) -> Result<()> {
+    let start = Instant::now();
+    while !dir.exists() {
+        if start.elapsed() > timeout {
+            bail!("{} did not appear within {timeout:?}", dir.display());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_parsing() {
+        let r = parse_report("noise\n{\"bytes\":1048576,\"elapsed_ns\":1000000,\"waited_ns\":0}\n").unwrap();
+        assert_eq!(r.bytes, 1 << 20);
+        assert!(parse_report("nothing").is_err());
+        assert!(parse_report("{broken").is_err());
+    }
+
+    #[test]
+    fn fio_shape_matches_testbed() {
+        let args = fio_args("/data/bg");
+        for want in ["--rw=read", "--bs=1M", "--ioengine=libaio", "--iodepth=32", "--direct=1", "--filename=/data/bg"] {
+            assert!(args.iter().any(|a| a == want), "{want} missing from {args:?}");
+        }
+    }
+}

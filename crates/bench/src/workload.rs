@@ -1,0 +1,305 @@
+//! What runs when: the paper's two experiments as data, the variants, and the interleaving of repetitions.
+//!
+//! Sizes are MiB (the paper writes "MB"; 1000 MB is read as 1000 MiB).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// BFQ's setting for the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum BfqMode {
+    /// BFQ defaults (`strict_guarantees=0`): the device queue may hold many requests.
+    Default,
+    /// `strict_guarantees=1`: one request at a time, so weights decide latency.
+    Strict,
+}
+
+impl BfqMode {
+    /// Label used in tables and charts.
+    pub fn label(self) -> &'static str {
+        match self {
+            BfqMode::Default => "BFQ default (strict_guarantees=0)",
+            BfqMode::Strict => "BFQ strict_guarantees=1",
+        }
+    }
+
+    /// Short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            BfqMode::Default => "default",
+            BfqMode::Strict => "strict",
+        }
+    }
+}
+
+/// The three ways every case runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Variant {
+    /// No background: the physical limit.
+    Alone,
+    /// Background running, no weights set (Docker's default: every cgroup at 100).
+    Original,
+    /// Background running, the engine live: real counters in, real weights out.
+    #[serde(rename = "ddiskqos")]
+    DDiskQos,
+}
+
+impl Variant {
+    /// All three, in report order.
+    pub const ALL: [Variant; 3] = [Variant::Alone, Variant::Original, Variant::DDiskQos];
+
+    /// Label used in tables and charts.
+    pub fn label(self) -> &'static str {
+        match self {
+            Variant::Alone => "Alone",
+            Variant::Original => "Original",
+            Variant::DDiskQos => "dDiskQoS",
+        }
+    }
+}
+
+/// The order of the variants in round `round`: a rotation, so each variant runs first, second and third equally
+/// often and slow drift (disk warming, host noise) hits all alike.
+pub fn variant_order(round: usize) -> [Variant; 3] {
+    let mut order = Variant::ALL;
+    order.rotate_left(round % 3);
+    order
+}
+
+/// One case of Experiment 1: reading a whole file of `size_mib`, `reps` times per variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exp1Case {
+    /// File size in MiB.
+    pub size_mib: u64,
+    /// Repetitions per variant.
+    pub reps: u32,
+}
+
+/// One round of Experiment 1: the variant order and the sizes read in each variant's block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Round {
+    /// 0-based round number.
+    pub index: usize,
+    /// Variant blocks, in order.
+    pub order: [Variant; 3],
+    /// Sizes read in each block (those cases that still have repetitions left), smallest first.
+    pub sizes: Vec<u64>,
+}
+
+/// Splits Experiment 1 into rounds: round `r` reads every size with more than `r` repetitions once per variant.
+pub fn exp1_rounds(cases: &[Exp1Case]) -> Vec<Round> {
+    let rounds = cases.iter().map(|c| c.reps as usize).max().unwrap_or(0);
+    let mut sorted: Vec<Exp1Case> = cases.to_vec();
+    sorted.sort_by_key(|c| c.size_mib);
+    (0..rounds)
+        .map(|r| Round {
+            index: r,
+            order: variant_order(r),
+            sizes: sorted.iter().filter(|c| c.reps as usize > r).map(|c| c.size_mib).collect(),
+        })
+        .collect()
+}
+
+/// One reader of Experiment 2.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exp2Reader {
+    /// Row label, e.g. `4MiB@2s` (two readers have 4 MiB).
+    pub label: String,
+    /// File size in MiB.
+    pub size_mib: u64,
+    /// Start time after the schedule's origin.
+    #[serde(with = "duration_ms")]
+    pub start: Duration,
+}
+
+/// The paper's Table 4, plus its 64 MB reader (Table 5), whose start time the paper does not give: it starts at
+/// 2 s with the first two, so that it overlaps them as a large concurrent reader.
+pub fn exp2_schedule() -> Vec<Exp2Reader> {
+    let r = |size_mib: u64, secs: u64| Exp2Reader {
+        label: format!("{size_mib}MiB@{secs}s"),
+        size_mib,
+        start: Duration::from_secs(secs),
+    };
+    vec![r(2, 2), r(64, 2), r(16, 3), r(4, 2), r(4, 4)]
+}
+
+/// Scales every start time (used by tests and by `--exp2-time-scale`).
+pub fn scale_schedule(schedule: &[Exp2Reader], factor: f64) -> Vec<Exp2Reader> {
+    schedule.iter().map(|r| Exp2Reader { start: r.start.mul_f64(factor), ..r.clone() }).collect()
+}
+
+/// The paper's own numbers, for the tables.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PaperRow {
+    /// Original, milliseconds.
+    pub original_ms: f64,
+    /// dDiskQoS, milliseconds.
+    pub ddiskqos_ms: f64,
+}
+
+/// Table 3 of the paper (Experiment 1), by size in MiB.
+pub fn paper_table3(size_mib: u64) -> Option<PaperRow> {
+    let (o, d) = match size_mib {
+        1 => (3.0, 2.0),
+        10 => (33.1, 22.7),
+        100 => (2850.0, 2250.0),
+        1000 => (28_600.0, 23_500.0),
+        _ => return None,
+    };
+    Some(PaperRow { original_ms: o, ddiskqos_ms: d })
+}
+
+/// Table 5 of the paper (Experiment 2), by size in MiB (both 4 MB readers share the paper's one 4 MB row).
+pub fn paper_table5(size_mib: u64) -> Option<PaperRow> {
+    let (o, d) = match size_mib {
+        2 => (6.0, 5.0),
+        64 => (1900.0, 1700.0),
+        16 => (50.2, 43.6),
+        4 => (12.4, 11.3),
+        _ => return None,
+    };
+    Some(PaperRow { original_ms: o, ddiskqos_ms: d })
+}
+
+/// Repetition counts of a run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Experiment 1 cases.
+    pub exp1: Vec<Exp1Case>,
+    /// Experiment 2 schedule.
+    pub exp2: Vec<Exp2Reader>,
+    /// Experiment 2 repetitions per variant.
+    pub exp2_reps: u32,
+}
+
+impl Plan {
+    /// Quick mode (the default): 10 repetitions of 1 and 10 MiB, 5 of 100 MiB, 2 of 1000 MiB, 3 of Experiment 2.
+    /// 1000 MiB keeps its real size: one read takes 1-3 s here, so two repetitions per variant cost ~15 s per BFQ
+    /// mode, and scaling it down would change the case (it must outlast the engine's demotion to the bottom).
+    pub fn quick() -> Self {
+        Self {
+            exp1: [(1, 10), (10, 10), (100, 5), (1000, 2)]
+                .into_iter()
+                .map(|(size_mib, reps)| Exp1Case { size_mib, reps })
+                .collect(),
+            exp2: exp2_schedule(),
+            exp2_reps: 3,
+        }
+    }
+
+    /// The paper's 50 repetitions of everything.
+    pub fn full() -> Self {
+        Self {
+            exp1: [1, 10, 100, 1000].into_iter().map(|size_mib| Exp1Case { size_mib, reps: 50 }).collect(),
+            exp2: exp2_schedule(),
+            exp2_reps: 50,
+        }
+    }
+
+    /// Every distinct (experiment, size) file the plan reads, with its file name.
+    pub fn files(&self) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = Vec::new();
+        for c in &self.exp1 {
+            let name = exp1_file(c.size_mib);
+            if !out.iter().any(|(n, _)| *n == name) {
+                out.push((name, c.size_mib));
+            }
+        }
+        for (i, r) in self.exp2.iter().enumerate() {
+            out.push((exp2_file(i, r), r.size_mib));
+        }
+        out
+    }
+
+    /// Total foreground reads per variant and BFQ mode.
+    pub fn reads_per_variant(&self) -> u64 {
+        self.exp1.iter().map(|c| u64::from(c.reps)).sum::<u64>() + u64::from(self.exp2_reps) * self.exp2.len() as u64
+    }
+}
+
+/// File name of an Experiment 1 size.
+pub fn exp1_file(size_mib: u64) -> String {
+    format!("exp1-{size_mib}MiB.dat")
+}
+
+/// File name of an Experiment 2 reader (each reader has its own file, even at equal sizes).
+pub fn exp2_file(index: usize, r: &Exp2Reader) -> String {
+    format!("exp2-{index}-{}MiB.dat", r.size_mib)
+}
+
+/// File name of the background's file.
+pub const BACKGROUND_FILE: &str = "background.dat";
+
+mod duration_ms {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rotation_puts_each_variant_in_each_slot() {
+        let mut firsts: Vec<Variant> = (0..3).map(|r| variant_order(r)[0]).collect();
+        firsts.sort();
+        assert_eq!(firsts, Variant::ALL.to_vec());
+        assert_eq!(variant_order(0), variant_order(3));
+    }
+
+    #[test]
+    fn rounds_cover_every_repetition_exactly_once() {
+        let plan = Plan::quick();
+        let rounds = exp1_rounds(&plan.exp1);
+        assert_eq!(rounds.len(), 10);
+        for c in &plan.exp1 {
+            let n = rounds.iter().filter(|r| r.sizes.contains(&c.size_mib)).count();
+            assert_eq!(n, c.reps as usize, "size {}", c.size_mib);
+        }
+        assert_eq!(rounds[0].sizes, vec![1, 10, 100, 1000]);
+        assert_eq!(rounds[9].sizes, vec![1, 10]);
+    }
+
+    #[test]
+    fn exp2_is_the_papers_schedule() {
+        let s = exp2_schedule();
+        let got: Vec<(u64, u64)> = s.iter().map(|r| (r.size_mib, r.start.as_secs())).collect();
+        assert_eq!(got, vec![(2, 2), (64, 2), (16, 3), (4, 2), (4, 4)]);
+        let labels: Vec<&str> = s.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(labels, vec!["2MiB@2s", "64MiB@2s", "16MiB@3s", "4MiB@2s", "4MiB@4s"]);
+        assert!(s.iter().all(|r| paper_table5(r.size_mib).is_some()));
+        let half = scale_schedule(&s, 0.5);
+        assert_eq!(half[2].start, Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn files_are_distinct_per_reader() {
+        let plan = Plan::quick();
+        let files = plan.files();
+        assert_eq!(files.len(), 4 + 5);
+        let mut names: Vec<&String> = files.iter().map(|(n, _)| n).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), files.len());
+        assert_eq!(plan.reads_per_variant(), 10 + 10 + 5 + 2 + 3 * 5);
+    }
+
+    #[test]
+    fn paper_numbers() {
+        assert_eq!(paper_table3(10).unwrap().original_ms, 33.1);
+        assert_eq!(paper_table5(64).unwrap().ddiskqos_ms, 1700.0);
+        assert!(paper_table3(7).is_none());
+        assert_eq!(Plan::full().exp1.iter().map(|c| c.reps).collect::<Vec<_>>(), vec![50; 4]);
+    }
+}
