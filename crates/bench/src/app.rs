@@ -103,11 +103,12 @@ pub fn set_up(common: &Common, plan: &Plan, cleanup: &'static Cleanup) -> Result
             Box::new(CgroupRuntime::new(exe, common.cgroup_layout, backend.clone(), cleanup, &work)?),
             "runtime cgroup (asked for)".into(),
         ),
-        RuntimeChoice::Docker => {
-            (Box::new(DockerRuntime::new(&exe, &disk.files_dir, &work, cleanup)?), "runtime docker (asked for)".into())
-        }
+        RuntimeChoice::Docker => (
+            Box::new(DockerRuntime::new(&exe, common.cgroup_layout, &disk.files_dir, &work, cleanup)?),
+            "runtime docker (asked for)".into(),
+        ),
         RuntimeChoice::Auto if docker::daemon_answers() => (
-            Box::new(DockerRuntime::new(&exe, &disk.files_dir, &work, cleanup)?),
+            Box::new(DockerRuntime::new(&exe, common.cgroup_layout, &disk.files_dir, &work, cleanup)?),
             "runtime docker (a daemon answers)".into(),
         ),
         RuntimeChoice::Auto => (
@@ -208,6 +209,7 @@ pub fn meta(
         cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         runtime: setup.runtime.name().into(),
         runtime_reason: setup.runtime_reason.clone(),
+        cgroup_layout: format!("{:?}", common.cgroup_layout).to_lowercase(),
         background: if background.is_empty() { background_label(common.background) } else { background },
         disk: serde_json::to_value(&setup.disk)?,
         engine: serde_json::to_value(&cfg.engine)?,

@@ -93,8 +93,9 @@ pub struct Common {
     /// Where readers run: docker when a daemon answers, else cgroup.
     #[arg(long, value_enum, default_value = "auto")]
     pub runtime: RuntimeChoice,
-    /// cgroup runtime: the bench's cgroups directly under the blkio root (flat) or under one parent (nested,
-    /// Docker's layout).
+    /// Readers' cgroups directly under the blkio root (flat; Docker with `--cgroup-parent=/`) or under one common
+    /// parent (nested: Docker's default `docker/<id>`). BFQ lets a new cgroup preempt the one in service only
+    /// between top-level groups, so the layout decides whether a new high-weight container gets the disk at once.
     #[arg(long, value_enum, default_value = "flat")]
     pub cgroup_layout: CgroupLayout,
     /// BFQ modes to run, in order.

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use crate::cleanup::Cleanup;
+use crate::cleanup::{Cleanup, Token};
 use crate::sys;
 use crate::workload::BfqMode;
 
@@ -74,25 +74,31 @@ impl Disk {
         Ok(())
     }
 
-    /// Sets a BFQ tunable (`low_latency=0`, `slice_idle=0`, ...), registering the restore of its old value.
-    pub fn set_tunable(&self, assignment: &str, cleanup: &Cleanup) -> Result<()> {
+    /// Writes a BFQ tunable given as `KEY=VALUE` and returns its old value (the caller restores it).
+    fn write_tunable(&self, assignment: &str) -> Result<(String, String)> {
         let Some((key, value)) = assignment.split_once('=') else {
             bail!("--bfq-set wants KEY=VALUE, got {assignment:?}");
         };
-        if key.contains('/') || key == "strict_guarantees" {
+        if key.is_empty() || key.contains('/') || key.contains("..") || key == "strict_guarantees" {
             bail!("--bfq-set {key}: not a tunable the bench lets you set (strict_guarantees comes from --modes)");
         }
         let file = self.queue().join("iosched").join(key);
         let old = sys::read_trim(&file)?;
         sys::write_existing(&file, value)?;
-        let f = file.clone();
-        cleanup.push(format!("restore {key}={old}"), move || {
+        Ok((key.to_string(), old))
+    }
+
+    /// Sets a BFQ tunable (`low_latency=0`, `slice_idle=0`, ...), registering the restore of its old value; run
+    /// the returned token to restore it early.
+    pub fn set_tunable(&self, assignment: &str, cleanup: &Cleanup) -> Result<Token> {
+        let (key, old) = self.write_tunable(assignment)?;
+        let f = self.queue().join("iosched").join(&key);
+        Ok(cleanup.push(format!("restore {key}={old} on {}", self.disk_name), move || {
             if f.exists() {
                 sys::write_existing(&f, &old)?;
             }
             Ok(())
-        });
-        Ok(())
+        }))
     }
 
     /// The active scheduler and every BFQ tunable, for the report.

@@ -53,7 +53,7 @@ pub struct WeightEvent {
     pub weight: Option<u64>,
     /// Level after the change.
     pub level: Option<usize>,
-    /// Why (engine's reason).
+    /// Why: the engine's reason, or `actuator-on`/`actuator-off` when a dDiskQoS block starts or ends.
     pub reason: &'static str,
     /// Whether it was written (only while active).
     pub applied: bool,
@@ -175,10 +175,22 @@ impl LiveEngine {
             .map(|(id, dir)| (id.clone(), dir.clone(), st.engine.container(id, now).and_then(|v| v.weight)))
             .collect();
         let default = Weight::new(DEFAULT_WEIGHT).expect("valid");
+        let t_ms = st.t0.elapsed().as_secs_f64() * 1e3;
         for (id, dir, weight) in targets {
             let w = if active { weight.unwrap_or(default) } else { default };
             self.shared.backend.write_weight_verified(&dir, w).with_context(|| format!("setting weight of {id}"))?;
             record_write(&mut st.stats, w);
+            if st.stats.events.len() < MAX_EVENTS {
+                st.stats.events.push(WeightEvent {
+                    t_ms,
+                    id: id.to_string(),
+                    weight: Some(u64::from(w.to_bfq())),
+                    level: None,
+                    reason: if active { "actuator-on" } else { "actuator-off" },
+                    applied: true,
+                    read_back: Some(u64::from(w.to_bfq())),
+                });
+            }
         }
         Ok(())
     }

@@ -33,6 +33,9 @@ pub struct Meta {
     pub runtime: String,
     /// Why that runtime.
     pub runtime_reason: String,
+    /// `flat` or `nested` cgroups (see `--cgroup-layout`).
+    #[serde(default)]
+    pub cgroup_layout: String,
     /// The background reader's command.
     pub background: String,
     /// The device (see `disk::Disk`).

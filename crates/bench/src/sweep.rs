@@ -29,6 +29,8 @@ pub struct Setting {
     /// Sampling interval.
     #[serde(serialize_with = "ser_ms")]
     pub sample_interval: Duration,
+    /// BFQ tunables set for this setting only (`KEY=VALUE`).
+    pub bfq: Vec<String>,
 }
 
 fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -37,7 +39,8 @@ fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 
 /// The settings: the baseline, then each knob varied alone.
 pub fn settings(base: &Config, interval: Duration) -> Vec<Setting> {
-    let mut out = vec![Setting { name: "baseline".into(), engine: base.clone(), sample_interval: interval }];
+    let mut out =
+        vec![Setting { name: "baseline".into(), engine: base.clone(), sample_interval: interval, bfq: Vec::new() }];
     let bottom = base.bottom();
     for w in [1u64, 50, 100] {
         let mut cfg = base.clone();
@@ -52,19 +55,34 @@ pub fn settings(base: &Config, interval: Duration) -> Vec<Setting> {
                 cfg.levels[i].weight = cfg.levels[i + 1].weight;
             }
         }
-        out.push(Setting { name: format!("bottom weight {w}"), engine: cfg, sample_interval: interval });
+        out.push(Setting {
+            name: format!("bottom weight {w}"),
+            engine: cfg,
+            sample_interval: interval,
+            bfq: Vec::new(),
+        });
     }
     for ms in [25u64, 500] {
         let d = Duration::from_millis(ms);
         if d != interval {
-            out.push(Setting { name: format!("sampling {ms} ms"), engine: base.clone(), sample_interval: d });
+            out.push(Setting {
+                name: format!("sampling {ms} ms"),
+                engine: base.clone(),
+                sample_interval: d,
+                bfq: Vec::new(),
+            });
         }
     }
     for s in [2u64, 60] {
         let d = Duration::from_secs(s);
         if d != base.boost_after {
             let cfg = Config { boost_after: d, ..base.clone() };
-            out.push(Setting { name: format!("boost after {s} s"), engine: cfg, sample_interval: interval });
+            out.push(Setting {
+                name: format!("boost after {s} s"),
+                engine: cfg,
+                sample_interval: interval,
+                bfq: Vec::new(),
+            });
         }
     }
     out
@@ -183,7 +201,15 @@ pub fn run(args: &SweepArgs, cleanup: &'static Cleanup) -> Result<()> {
                 live: LiveOptions { sample_interval: setting.sample_interval },
                 ..base.clone()
             };
-            let report = runner::run_mode(&env, &cfg, mode, &bar)?;
+            let mut restore = Vec::new();
+            for assignment in &setting.bfq {
+                restore.push(setup.disk.set_tunable(assignment, cleanup)?);
+            }
+            let report = runner::run_mode(&env, &cfg, mode, &bar);
+            for token in restore.into_iter().rev() {
+                cleanup.run(token)?;
+            }
+            let report = report?;
             points.push(Point {
                 mode,
                 setting: setting.clone(),
@@ -235,7 +261,12 @@ mod tests {
         let mode = crate::report::table::tests::fake_mode(BfqMode::Strict, 1.2);
         let mk = |name: &str, score: f64, bg: f64| Point {
             mode: BfqMode::Strict,
-            setting: Setting { name: name.into(), engine: Config::default(), sample_interval: Duration::ZERO },
+            setting: Setting {
+                name: name.into(),
+                engine: Config::default(),
+                sample_interval: Duration::ZERO,
+                bfq: vec![],
+            },
             score: Some(score),
             background: Some(bg),
             report: mode.clone(),

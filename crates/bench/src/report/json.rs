@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 use crate::model::RunReport;
-use crate::stats::{Latency, Ratios};
+use crate::stats::{Latency, Ratios, Summary};
 use crate::workload::Variant;
 
 /// Writes the report.
@@ -19,6 +19,28 @@ pub fn write(run: &RunReport, path: &Path) -> Result<()> {
 pub fn read(path: &Path) -> Result<RunReport> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("{} is not a ddiskqos-bench report", path.display()))
+}
+
+/// Equal up to float parsing (serde_json's default float parser is not correctly rounded in the last bit).
+fn ratios_match(a: &Ratios, b: &Ratios) -> bool {
+    let eq = |x: Option<f64>, y: Option<f64>| match (x, y) {
+        (Some(x), Some(y)) => close(x, y),
+        (None, None) => true,
+        _ => false,
+    };
+    eq(a.mean, b.mean) && eq(a.p50, b.p50) && eq(a.p90, b.p90) && eq(a.p99, b.p99) && eq(a.max, b.max)
+}
+
+fn close(x: f64, y: f64) -> bool {
+    (x - y).abs() <= 1e-9 * x.abs().max(y.abs())
+}
+
+fn summaries_match(a: &Summary, b: &Summary) -> bool {
+    a.n == b.n
+        && [(a.mean_ms, b.mean_ms), (a.p50_ms, b.p50_ms), (a.p90_ms, b.p90_ms), (a.p99_ms, b.p99_ms)]
+            .into_iter()
+            .chain([(a.max_ms, b.max_ms), (a.min_ms, b.min_ms)])
+            .all(|(x, y)| close(x, y))
 }
 
 /// Checks that a report is complete and self-consistent: every case has all three variants with the planned
@@ -46,7 +68,7 @@ pub fn check_consistency(run: &RunReport) -> Result<()> {
             for v in Variant::ALL {
                 let c = row.variant(v).with_context(|| format!("{m} {}: {} missing", row.label, v.label()))?;
                 let hist = Latency::from_base64(&c.histogram_v2_base64)?;
-                if c.summary != hist.summary() {
+                if !summaries_match(&c.summary, &hist.summary()) {
                     bail!("{m} {} {}: summary differs from its histogram", row.label, v.label());
                 }
                 if c.summary.n != want_n || c.samples.len() as u64 != want_n {
@@ -64,8 +86,8 @@ pub fn check_consistency(run: &RunReport) -> Result<()> {
                 }
             }
             let s = |v| row.variant(v).map(|c| c.summary).expect("checked above");
-            if row.ddiskqos_over_original != Ratios::of(&s(Variant::DDiskQos), &s(Variant::Original))
-                || row.ddiskqos_over_alone != Ratios::of(&s(Variant::DDiskQos), &s(Variant::Alone))
+            if !ratios_match(&row.ddiskqos_over_original, &Ratios::of(&s(Variant::DDiskQos), &s(Variant::Original)))
+                || !ratios_match(&row.ddiskqos_over_alone, &Ratios::of(&s(Variant::DDiskQos), &s(Variant::Alone)))
             {
                 bail!("{m} {}: ratios are not those of the histograms", row.label);
             }

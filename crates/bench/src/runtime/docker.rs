@@ -2,6 +2,9 @@
 //! locally (no pull): busybox plus this binary, with the host's `/usr` mounted read-only for its shared libraries
 //! and for fio. The test files are bind-mounted read-only at `/data`.
 //!
+//! With `--cgroup-layout flat` (the default) containers run with `--cgroup-parent=/`, so their blkio cgroups are
+//! top-level groups; `nested` keeps Docker's `docker/<id>`.
+//!
 //! A reader container waits for a "go" file before its first read; the bench creates it once the container's
 //! blkio cgroup (`/sys/fs/cgroup/blkio/docker/<id>`) exists and the hooks ran, i.e. once the agent has seen the
 //! container start. The read time is the reader's own (first read to last), so `docker run` start-up is not in
@@ -17,6 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use qos_core::ContainerId;
 
+use super::cgroup::CgroupLayout;
 use super::{fio_args, parse_report, wait_for_dir, Background, BackgroundKind, ReadOutcome, ReaderHooks, Runtime};
 use crate::cgroups::{self, CgroupBackend};
 use crate::cleanup::Cleanup;
@@ -50,6 +54,7 @@ pub struct DockerRuntime {
     files_dir: PathBuf,
     ctl_dir: PathBuf,
     lib_mounts: Vec<String>,
+    layout: CgroupLayout,
     next: AtomicU64,
     cleanup: &'static Cleanup,
     label: String,
@@ -57,7 +62,13 @@ pub struct DockerRuntime {
 
 impl DockerRuntime {
     /// Builds the image from `exe` and busybox under `work`; registers its removal.
-    pub fn new(exe: &Path, files_dir: &Path, work: &Path, cleanup: &'static Cleanup) -> Result<Self> {
+    pub fn new(
+        exe: &Path,
+        layout: CgroupLayout,
+        files_dir: &Path,
+        work: &Path,
+        cleanup: &'static Cleanup,
+    ) -> Result<Self> {
         if !daemon_answers() {
             bail!("no Docker daemon answers on {SOCKET} (start dockerd, or use --runtime cgroup)");
         }
@@ -96,6 +107,7 @@ impl DockerRuntime {
             files_dir: files_dir.to_path_buf(),
             ctl_dir,
             lib_mounts,
+            layout,
             next: AtomicU64::new(0),
             cleanup,
             label,
@@ -118,6 +130,10 @@ impl DockerRuntime {
         for m in &self.lib_mounts {
             args.push("-v".into());
             args.push(m.clone());
+        }
+        if self.layout == CgroupLayout::Flat {
+            // /sys/fs/cgroup/blkio/<id> instead of docker/<id>.
+            args.push("--cgroup-parent=/".into());
         }
         args
     }
@@ -155,9 +171,13 @@ fn build_rootfs(root: &Path, exe: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The blkio cgroup of a container (cgroupfs driver, or systemd driver).
+/// The blkio cgroup of a container (cgroupfs driver, nested or flat; or systemd driver).
 fn container_cgroup(id: &str) -> PathBuf {
     let v1 = Path::new(cgroups::V1_BLKIO);
+    let flat = v1.join(id);
+    if flat.exists() {
+        return flat;
+    }
     let cgroupfs = v1.join("docker").join(id);
     if cgroupfs.exists() {
         return cgroupfs;

@@ -1,0 +1,225 @@
+//! A short real run against the kernel: loop device, BFQ, blkio cgroups, the live engine writing real weights.
+//! It checks that the report is complete and consistent and that everything set up is gone afterwards, never
+//! how fast anything is. Needs root, cgroup v1 blkio and loop devices: without them the tests print
+//! `SKIPPED <test>: <reason>` and pass, except in CI (`CI=true`), where they fail.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use hdrhistogram::serialization::Deserializer;
+use hdrhistogram::Histogram;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ddiskqos-bench");
+
+/// Whether the test can run here; if not, fails in CI and skips (with a message) elsewhere.
+fn require_root(test: &str) -> bool {
+    let reason = if !nix::unistd::geteuid().is_root() {
+        Some("needs root".to_string())
+    } else if !Path::new("/sys/fs/cgroup/blkio/cgroup.procs").exists() {
+        Some("needs the cgroup v1 blkio hierarchy at /sys/fs/cgroup/blkio".to_string())
+    } else if !Path::new("/dev/loop-control").exists() {
+        Some("needs loop devices (/dev/loop-control)".to_string())
+    } else if !["losetup", "mkfs.ext4", "mount"].iter().all(|p| on_path(p)) {
+        Some("needs losetup, mkfs.ext4 and mount".to_string())
+    } else if !std::fs::read_to_string("/sys/block/loop0/queue/scheduler").map(|s| s.contains("bfq")).unwrap_or(true) {
+        Some("needs the BFQ scheduler".to_string())
+    } else {
+        None
+    };
+    match reason {
+        None => true,
+        Some(reason) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("{test} cannot run in CI: {reason}")
+        }
+        Some(reason) => {
+            eprintln!("SKIPPED {test}: {reason}");
+            false
+        }
+    }
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+}
+
+/// Waits for the child with a deadline; kills it (SIGINT first, so it cleans up) if it overstays.
+fn wait_with_deadline(mut child: Child, deadline: Duration) -> Output {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if start.elapsed() > deadline {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGINT);
+            std::thread::sleep(Duration::from_secs(5));
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "run exceeded {deadline:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Everything a run with this pid could have left behind.
+fn leftovers(pid: u32, work: &Path) -> Vec<String> {
+    let tag = format!("ddiskqos-bench-{pid}");
+    let mut left = Vec::new();
+    for entry in std::fs::read_dir("/sys/fs/cgroup/blkio").expect("blkio").flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&tag) {
+            left.push(format!("cgroup {}", entry.path().display()));
+        }
+    }
+    let loops = Command::new("losetup").arg("-a").output().expect("losetup -a");
+    for line in String::from_utf8_lossy(&loops.stdout).lines().filter(|l| l.contains(&tag)) {
+        left.push(format!("loop device {line}"));
+    }
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    for line in mounts.lines().filter(|l| l.contains(&tag)) {
+        left.push(format!("mount {line}"));
+    }
+    let dir = work.join(&tag);
+    if dir.exists() {
+        left.push(format!("work dir {}", dir.display()));
+    }
+    left
+}
+
+fn histogram(b64: &str) -> Histogram<u64> {
+    let bytes = base64::engine::general_purpose::STANDARD.decode(b64).expect("base64");
+    Deserializer::new().deserialize(&mut bytes.as_slice()).expect("hdrhistogram V2")
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+}
+
+fn bench(work: &Path, out: &Path, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "--runtime", "cgroup", "--work-dir"])
+        .arg(work)
+        .arg("--out")
+        .arg(out)
+        .args(["--bg-size-mib", "64", "--sample-interval", "20ms", "--gap", "20ms"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+#[test]
+fn short_real_run_report_is_complete_and_consistent() {
+    if !require_root("short_real_run_report_is_complete_and_consistent") {
+        return;
+    }
+    let work = tempfile::tempdir_in("/var/tmp").expect("work dir");
+    let out: PathBuf = work.path().join("out");
+    let child = bench(
+        work.path(),
+        &out,
+        &["--modes", "strict", "--sizes", "1,2", "--reps", "2", "--exp2-reps", "1", "--exp2-time-scale", "0.1"],
+    )
+    .spawn()
+    .expect("start the bench");
+    let pid = child.id();
+    let output = wait_with_deadline(child, Duration::from_secs(100));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "bench failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("Experiment 1 (paper Table 3)") && stdout.contains("Experiment 2"), "{stdout}");
+    assert!(stdout.contains("BFQ strict_guarantees=1"), "{stdout}");
+    assert_eq!(leftovers(pid, work.path()), Vec::<String>::new(), "the run left things behind");
+
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).expect("results.json"))
+        .expect("valid JSON");
+    assert_eq!(json["meta"]["runtime"], "cgroup");
+    assert!(json["meta"]["kernel"].as_str().is_some_and(|k| !k.is_empty()));
+    assert!(json["meta"]["disk"]["dev"].as_str().is_some_and(|d| d.starts_with("/dev/loop")));
+    let modes = json["modes"].as_array().expect("modes");
+    assert_eq!(modes.len(), 1);
+    let mode = &modes[0];
+    assert_eq!(mode["mode"], "strict");
+    assert_eq!(mode["iosched"]["strict_guarantees"], "1");
+    assert!(mode["iosched"]["scheduler"].as_str().is_some_and(|s| s.contains("[bfq]")));
+
+    let exp1 = mode["exp1"].as_array().expect("exp1");
+    let exp2 = mode["exp2"].as_array().expect("exp2");
+    assert_eq!(exp1.iter().map(|r| r["label"].as_str().unwrap()).collect::<Vec<_>>(), ["1MiB", "2MiB"]);
+    assert_eq!(exp2.len(), 5, "the paper's four readers plus the 64 MB one");
+    for (row, reps) in exp1.iter().map(|r| (r, 2)).chain(exp2.iter().map(|r| (r, 1))) {
+        let label = row["label"].as_str().unwrap();
+        let variants = row["variants"].as_array().expect("variants");
+        let names: Vec<&str> = variants.iter().map(|v| v["variant"].as_str().unwrap()).collect();
+        assert_eq!(names, ["alone", "original", "ddiskqos"], "{label}");
+        let mut means = std::collections::HashMap::new();
+        for v in variants {
+            let h = histogram(v["histogram_v2_base64"].as_str().unwrap());
+            let s = &v["summary"];
+            assert_eq!(h.len(), reps, "{label}: histogram count");
+            assert_eq!(s["n"].as_u64(), Some(reps), "{label}");
+            assert_eq!(v["samples"].as_array().unwrap().len() as u64, reps, "{label}");
+            assert!(close(s["mean_ms"].as_f64().unwrap(), h.mean() / 1e3), "{label}: mean is the histogram's");
+            assert!(close(s["p99_ms"].as_f64().unwrap(), h.value_at_quantile(0.99) as f64 / 1e3), "{label}: p99");
+            assert!(close(s["max_ms"].as_f64().unwrap(), h.max() as f64 / 1e3), "{label}: max");
+            let size = row["size_mib"].as_u64().unwrap() << 20;
+            for sample in v["samples"].as_array().unwrap() {
+                assert_eq!(sample["bytes"].as_u64(), Some(size), "{label}: whole file read");
+                // The kernel charged the reader's own cgroup: weights can act on it.
+                assert!(sample["charged_bytes"].as_u64().unwrap_or(0) >= size, "{label}: {sample}");
+            }
+            means.insert(v["variant"].as_str().unwrap().to_string(), h.mean());
+        }
+        let r = row["ddiskqos_over_original"]["mean"].as_f64().expect("ratio present");
+        assert!(close(r, means["ddiskqos"] / means["original"]), "{label}: dDiskQoS/Original from histograms");
+        let r = row["ddiskqos_over_alone"]["mean"].as_f64().expect("ratio present");
+        assert!(close(r, means["ddiskqos"] / means["alone"]), "{label}: dDiskQoS/Alone from histograms");
+    }
+    let blocks = &mode["background_blocks"];
+    assert!(blocks["original"]["mib_per_s"].as_f64().unwrap() > 0.0, "background ran in Original blocks");
+    assert!(blocks["ddiskqos"]["mib_per_s"].as_f64().unwrap() > 0.0, "background ran in dDiskQoS blocks");
+
+    // The engine ran live: new readers got 1000, the background was demoted to the bottom, all verified.
+    let live = &mode["live"];
+    assert_eq!(live["write_errors"], 0);
+    let events = live["events"].as_array().expect("events");
+    assert!(events.iter().any(|e| e["reason"] == "new" && e["weight"] == 1000 && e["read_back"] == 1000));
+    assert!(events
+        .iter()
+        .any(|e| e["id"].as_str().unwrap().contains("-bg-") && e["weight"] == 10 && e["applied"] == true));
+    assert!(out.join("report.txt").exists());
+
+    // The report command re-reads the JSON and checks it (every case, summaries, ratios) with the bench's own code.
+    let again = Command::new(BIN).arg("report").arg(out.join("results.json")).output().expect("report");
+    assert!(again.status.success(), "report: {}", String::from_utf8_lossy(&again.stderr));
+}
+
+#[test]
+fn interrupted_run_cleans_up() {
+    if !require_root("interrupted_run_cleans_up") {
+        return;
+    }
+    let work = tempfile::tempdir_in("/var/tmp").expect("work dir");
+    let out = work.path().join("out");
+    let child = bench(work.path(), &out, &["--modes", "strict", "--sizes", "1", "--reps", "500", "--no-exp2"])
+        .spawn()
+        .expect("start the bench");
+    let pid = child.id();
+    // Wait until it is measuring (its cgroups exist), then Ctrl-C.
+    let start = Instant::now();
+    while leftovers(pid, work.path()).iter().filter(|l| l.starts_with("cgroup")).count() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(60), "the run never started measuring");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::SIGINT).expect("SIGINT");
+    let output = wait_with_deadline(child, Duration::from_secs(60));
+    assert_eq!(output.status.code(), Some(130), "stderr: {}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(leftovers(pid, work.path()), Vec::<String>::new(), "Ctrl-C left things behind");
+}
