@@ -1,5 +1,6 @@
-//! Wiring for the binary: picks the backends from the config, starts metrics and the status socket, turns
-//! signals into daemon commands (SIGTERM/SIGINT stop, SIGHUP reloads the config file), and runs the daemon.
+//! Wiring for the binary: picks the backends from the config and connects to the runtime, then (only then)
+//! starts metrics and the status socket, turns signals into daemon commands (SIGTERM/SIGINT stop, SIGHUP reloads
+//! the config file), and runs the daemon.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
+use crate::backend::{CounterSource, Discovery, WeightWriter};
 use crate::cgroup::{CgroupRoot, CgroupVersion};
 use crate::cgroupfs::{CgroupfsCounters, CgroupfsWriter};
 use crate::config::{ActuatorMode, AgentConfig, RuntimeKind};
@@ -30,23 +32,9 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
         info!(containers = originals.len(), "state file from a previous agent found; its containers start at the top");
     }
     let metrics = Arc::new(Metrics::new());
-    if cfg.metrics.enabled {
-        let listener = metrics::bind(cfg.metrics.listen)
-            .await
-            .with_context(|| format!("metrics.listen = {}: cannot bind", cfg.metrics.listen))?;
-        if !cfg.metrics.listen.ip().is_loopback() {
-            warn!(listen = %cfg.metrics.listen, "metrics served on a non-loopback address, as configured");
-        }
-        info!(listen = %cfg.metrics.listen, "serving Prometheus metrics");
-        tokio::spawn(metrics::serve(listener, metrics.clone()));
-    }
-    let (tx, rx) = mpsc::channel(16);
-    let listener = control::bind(&cfg.control_socket)
-        .with_context(|| format!("control_socket = {}: cannot bind", cfg.control_socket.display()))?;
-    tokio::spawn(control::serve(listener, tx.clone()));
-    spawn_signal_handlers(tx, config_path)?;
     let systemd = std::env::var_os("NOTIFY_SOCKET").is_some();
 
+    // The runtime first: an agent that cannot reach it stops here, before it serves anything or writes anything.
     let summary = match cfg.runtime {
         RuntimeKind::Docker => {
             let docker = crate::docker::connect(&cfg.docker.socket).await?;
@@ -55,27 +43,67 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             let counters = DockerCounters::new(docker.clone());
             let writer = DockerWriter::new(docker, cfg.actuator);
             info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
-            Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics)?
-                .with_systemd_notify(systemd)
-                .run(rx)
-                .await?
+            let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?;
+            serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?
         }
         RuntimeKind::CgroupDir => {
             if cfg.actuator == ActuatorMode::Docker {
                 bail!("actuator = docker needs runtime = docker");
             }
             devices::check_at_start(&cfg, &root, None).await?;
-            let discovery = CgroupDirDiscovery::new(root.clone(), &cfg.cgroup.parent)?;
+            let discovery = CgroupDirDiscovery::new(root.clone(), &cfg.cgroup.parent).with_context(|| {
+                format!("cgroup.parent = {:?}: no such cgroup under {}", cfg.cgroup.parent, root.path().display())
+            })?;
             info!(parent = %cfg.cgroup.parent, dry_run = cfg.dry_run, "managing child cgroups");
-            Daemon::new(cfg.clone(), discovery, CgroupfsCounters::new(), CgroupfsWriter, originals, metrics)?
-                .with_systemd_notify(systemd)
-                .run(rx)
-                .await?
+            let daemon = Daemon::new(
+                cfg.clone(),
+                discovery,
+                CgroupfsCounters::new(),
+                CgroupfsWriter,
+                originals,
+                metrics.clone(),
+            )?;
+            serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?
         }
     };
-    let _ = std::fs::remove_file(&cfg.control_socket);
     info!(restored = summary.restored, failures = summary.restore_failures, "stopped");
     Ok(summary)
+}
+
+/// Serves metrics and the status socket, installs the signal handlers, and runs the daemon; the control socket
+/// is removed however the daemon ends.
+async fn serve_and_run<D: Discovery, C: CounterSource, W: WeightWriter>(
+    cfg: &AgentConfig,
+    daemon: Daemon<D, C, W>,
+    metrics: Arc<Metrics>,
+    config_path: Option<PathBuf>,
+) -> Result<Summary> {
+    if cfg.metrics.enabled {
+        let listener = metrics::bind(cfg.metrics.listen)
+            .await
+            .with_context(|| format!("metrics.listen = {}: cannot bind", cfg.metrics.listen))?;
+        if !cfg.metrics.listen.ip().is_loopback() {
+            warn!(listen = %cfg.metrics.listen, "metrics served on a non-loopback address, as configured");
+        }
+        info!(listen = %cfg.metrics.listen, "serving Prometheus metrics");
+        tokio::spawn(metrics::serve(listener, metrics));
+    }
+    let (tx, rx) = mpsc::channel(16);
+    let listener = control::bind(&cfg.control_socket)
+        .with_context(|| format!("control_socket = {}: cannot bind", cfg.control_socket.display()))?;
+    let _socket = RemoveOnDrop(cfg.control_socket.clone());
+    tokio::spawn(control::serve(listener, tx.clone()));
+    spawn_signal_handlers(tx, config_path)?;
+    Ok(daemon.run(rx).await?)
+}
+
+/// Removes a file (the control socket) when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 fn detect_root(cfg: &AgentConfig) -> Result<CgroupRoot> {

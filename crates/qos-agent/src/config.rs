@@ -234,9 +234,12 @@ impl AgentConfig {
         if self.cgroup.parent.split('/').any(|c| c == "..") {
             return Err(invalid("cgroup.parent", &self.cgroup.parent, "must not contain '..'"));
         }
-        for (i, d) in self.devices.check.iter().chain(&self.devices.switch_to_bfq).enumerate() {
-            if d.is_empty() || d.contains('/') || d.starts_with('.') {
-                return Err(invalid(&format!("devices[{i}]"), d, "must be a block device name such as sda"));
+        for (list, names) in [("check", &self.devices.check), ("switch_to_bfq", &self.devices.switch_to_bfq)] {
+            for (i, d) in names.iter().enumerate() {
+                if d.is_empty() || d.contains('/') || d.starts_with('.') {
+                    let field = format!("devices.{list}[{i}]");
+                    return Err(invalid(&field, d, "must be a block device name such as sda"));
+                }
             }
         }
         if self.state_file.as_os_str().is_empty() || !self.state_file.is_absolute() {
