@@ -50,4 +50,5 @@ pub use counters::{CounterReader, CounterSource, V1_BFQ_BYTES, V1_THROTTLE_BYTES
 pub use error::{CgroupError, Result};
 pub use mount::{CgroupRoot, CgroupVersion};
 pub use path::{CgroupDir, CgroupDriver};
+pub use stat::{parse_blkio_stat, parse_io_stat};
 pub use weight_file::{WeightFile, WeightFileKind, V1_BFQ_WEIGHT, V1_BLKIO_WEIGHT, V2_BFQ_WEIGHT, V2_IO_WEIGHT};

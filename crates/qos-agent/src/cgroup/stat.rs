@@ -25,7 +25,10 @@ use super::error::{CgroupError, Result};
 /// Sums `Read` and `Write` over devices. `Sync`/`Async` split the same bytes again, `Total` sums them, so those
 /// (and `Discard`, and operations a future kernel might add) are checked for form but not counted. The final
 /// `Total` line may be missing; an empty file is zero.
-pub(crate) fn parse_blkio_stat(file: &Path, bytes: &[u8]) -> Result<IoCounters> {
+///
+/// `file` only names the file in errors. Public so that the parsers can be fuzzed (`tests/fuzz_parsers.rs`); the
+/// agent itself reads through [`super::CounterReader`].
+pub fn parse_blkio_stat(file: &Path, bytes: &[u8]) -> Result<IoCounters> {
     let mut counters = IoCounters::default();
     for (index, line) in bytes.split(|b| *b == b'\n').enumerate() {
         let err = |reason: &str| CgroupError::parse(file, index + 1, line, reason);
@@ -56,8 +59,8 @@ pub(crate) fn parse_blkio_stat(file: &Path, bytes: &[u8]) -> Result<IoCounters> 
 
 /// Parses v2 `io.stat`: one line per device, `8:16 rbytes=1 wbytes=2 rios=3 wios=4 dbytes=0 dios=0`, plus
 /// whatever keys other controllers add (`cost.usage=…`, `depth=max`, …), which are ignored whatever their value.
-/// Sums `rbytes` and `wbytes` over devices; an empty file is zero.
-pub(crate) fn parse_io_stat(file: &Path, bytes: &[u8]) -> Result<IoCounters> {
+/// Sums `rbytes` and `wbytes` over devices; an empty file is zero. `file` only names the file in errors.
+pub fn parse_io_stat(file: &Path, bytes: &[u8]) -> Result<IoCounters> {
     let mut counters = IoCounters::default();
     for (index, line) in bytes.split(|b| *b == b'\n').enumerate() {
         let err = |reason: &str| CgroupError::parse(file, index + 1, line, reason);
