@@ -119,6 +119,20 @@ impl DockerDiscovery {
 }
 
 impl Inspector {
+    /// Builds the container's info from a start event alone, if its cgroup is at the driver's default place.
+    fn from_event(&self, id: &str, mut attributes: HashMap<String, String>) -> Option<ContainerInfo> {
+        let cgroup = self.root.resolve_docker(id, self.driver, None).ok()?;
+        let name = attributes.remove("name").unwrap_or_default();
+        // Event attributes are the container's labels plus `image` and `name` (and `exitCode` on die).
+        attributes.remove("image");
+        Some(ContainerInfo {
+            id: ContainerId::from(id.to_string()),
+            name,
+            labels: attributes.into_iter().collect(),
+            cgroup: Some(cgroup),
+        })
+    }
+
     async fn list(&self) -> Result<Vec<ContainerInfo>, DiscoveryError> {
         let list = self
             .docker
@@ -211,9 +225,15 @@ impl Discovery for DockerDiscovery {
                     return Ok(DiscoveryEvent::Lost("docker event stream ended".into()));
                 }
             };
-            let Some(id) = msg.actor.and_then(|a| a.id) else { continue };
+            let Some(actor) = msg.actor else { continue };
+            let Some(id) = actor.id else { continue };
             match msg.action.as_deref() {
                 Some("start") => {
+                    // Fast path for the < 100 ms promise: the event carries name and labels, and the cgroup sits
+                    // where the daemon's driver puts it; only an unusual layout costs an inspect call.
+                    if let Some(info) = self.api.from_event(&id, actor.attributes.unwrap_or_default()) {
+                        return Ok(DiscoveryEvent::Started(info));
+                    }
                     if let Some(info) = self.api.inspect(&id).await {
                         return Ok(DiscoveryEvent::Started(info));
                     }
