@@ -341,9 +341,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     async fn reset_leftovers(&mut self) {
         let stale: Vec<ContainerId> =
             self.originals.ids().filter(|id| !self.tracked.contains_key(*id)).cloned().collect();
-        for id in stale {
-            let _ = self.originals.forget(&id);
-        }
+        let _ = self.originals.forget_all(&stale);
     }
 
     // ----- sampling and deciding -----
@@ -397,21 +395,45 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     // ----- applying -----
 
     async fn apply_changes(&mut self) {
-        while let Some(change) = self.engine.poll_change() {
-            self.metrics.decisions.get_or_create(&ReasonLabels { reason: change.reason.as_str().into() }).inc();
-            let Some(t) = self.tracked.get_mut(&change.id) else { continue };
-            if let Some(level) = change.new_level {
-                self.metrics.level.get_or_create(&t.labels).set(level as i64);
+        loop {
+            let batch: Vec<WeightChange> = std::iter::from_fn(|| self.engine.poll_change()).collect();
+            if batch.is_empty() {
+                return;
             }
-            if change.reason == Reason::Released {
-                t.pending = Some(change.clone());
-                self.release(&change.id).await;
-                continue;
+            let writes = batch.iter().filter(|c| c.reason != Reason::Released && c.weight.is_some());
+            self.record_originals(writes.map(|c| c.id.clone()).collect());
+            for change in batch {
+                self.apply_change(change).await;
             }
-            t.desired = change.weight;
-            t.pending = Some(change.clone());
-            self.apply_one(&change.id).await;
         }
+    }
+
+    /// Puts the originals of containers about to be written on file, in one save (before any of the writes, so a
+    /// SIGKILL in between still leaves them restorable).
+    fn record_originals(&mut self, ids: Vec<ContainerId>) {
+        if self.cfg.dry_run {
+            return;
+        }
+        let known = ids.iter().filter_map(|id| Some((id, self.tracked.get(id)?.original?)));
+        if let Err(e) = self.originals.record_all(known) {
+            warn!(error = %e, "cannot record original weights; they may not be restorable after a crash");
+        }
+    }
+
+    async fn apply_change(&mut self, change: WeightChange) {
+        self.metrics.decisions.get_or_create(&ReasonLabels { reason: change.reason.as_str().into() }).inc();
+        let Some(t) = self.tracked.get_mut(&change.id) else { return };
+        if let Some(level) = change.new_level {
+            self.metrics.level.get_or_create(&t.labels).set(level as i64);
+        }
+        if change.reason == Reason::Released {
+            t.pending = Some(change.clone());
+            self.release(&change.id).await;
+            return;
+        }
+        t.desired = change.weight;
+        t.pending = Some(change.clone());
+        self.apply_one(&change.id).await;
     }
 
     async fn release(&mut self, id: &ContainerId) {
@@ -439,6 +461,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             .filter(|(_, t)| t.desired.is_some() && t.desired != t.applied)
             .map(|(id, _)| id.clone())
             .collect();
+        self.record_originals(ids.clone());
         for id in ids {
             self.apply_one(&id).await;
         }
@@ -515,6 +538,9 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     async fn restore_all(&mut self) -> Summary {
         let mut summary = Summary::default();
         let ids: Vec<ContainerId> = self.tracked.keys().cloned().collect();
+        // Forgotten in one save at the end, not one save (a rewrite and an fsync of the whole file) per container;
+        // an agent killed meanwhile finds them on file and restores them again, harmlessly.
+        let mut done = Vec::new();
         for id in ids {
             let t = &self.tracked[&id];
             let (Some(orig), Some(applied)) = (t.original, t.applied) else { continue };
@@ -522,24 +548,27 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 continue;
             }
             if orig == applied {
-                let _ = self.originals.forget(&id);
+                done.push(id.clone());
                 summary.restored += 1;
                 continue;
             }
             match self.writer.write(&t.info, orig).await {
                 Ok(_) => {
                     info!(container = %id.short(), name = %t.info.name, weight = orig.get(), "original weight restored");
-                    let _ = self.originals.forget(&id);
+                    done.push(id.clone());
                     summary.restored += 1;
                 }
                 Err(e) if e.is_vanished() => {
-                    let _ = self.originals.forget(&id);
+                    done.push(id.clone());
                 }
                 Err(e) => {
                     error!(container = %id.short(), name = %t.info.name, error = %e, "cannot restore original weight");
                     summary.restore_failures += 1;
                 }
             }
+        }
+        if let Err(e) = self.originals.forget_all(&done) {
+            warn!(error = %e, "cannot update state file");
         }
         summary
     }

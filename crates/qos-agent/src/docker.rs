@@ -45,6 +45,10 @@ pub struct DockerDiscovery {
     api: Inspector,
     events: Option<EventStream>,
     backoff: Duration,
+    /// The containers of the last listing and when it was asked for (Unix ns): `since` replays events from
+    /// before the listing, and those of listed containers are already reflected in it.
+    listed: HashSet<ContainerId>,
+    listed_at_ns: i64,
 }
 
 /// The `Sync` half of discovery (API client and cgroup layout), so its futures stay `Send` while the event
@@ -80,12 +84,18 @@ impl DockerDiscovery {
             _ => CgroupDriver::Cgroupfs,
         };
         info!(?driver, version = info.server_version.as_deref().unwrap_or("?"), "connected to dockerd");
-        Ok(Self { api: Inspector { docker, root, driver }, events: None, backoff: BACKOFF_MIN })
+        Ok(Self {
+            api: Inspector { docker, root, driver },
+            events: None,
+            backoff: BACKOFF_MIN,
+            listed: HashSet::new(),
+            listed_at_ns: 0,
+        })
     }
 
     fn subscribe(&mut self) {
         // `since` makes dockerd replay events from just before the list, so nothing between the two is missed;
-        // a container seen twice (listed and started) is handled idempotently by the daemon.
+        // replayed events of containers the list already shows are dropped in `next_event`.
         let since = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()).saturating_sub(1);
         let filters: HashMap<String, Vec<String>> = HashMap::from([
             ("type".into(), vec!["container".into()]),
@@ -104,7 +114,7 @@ impl DockerDiscovery {
                 continue;
             }
             self.subscribe();
-            match self.api.list().await {
+            match self.list().await {
                 Ok(list) => {
                     self.backoff = BACKOFF_MIN;
                     return DiscoveryEvent::Resync(list);
@@ -116,11 +126,37 @@ impl DockerDiscovery {
             }
         }
     }
+
+    /// Lists the running containers, remembering which and when for [`DockerDiscovery::is_replayed`].
+    async fn list(&mut self) -> Result<Vec<ContainerInfo>, DiscoveryError> {
+        self.listed_at_ns = unix_ns();
+        let list = self.api.list().await?;
+        self.listed = list.iter().map(|c| c.id.clone()).collect();
+        Ok(list)
+    }
+
+    /// Whether an event is one `since` replayed from before the last listing, about a container the listing
+    /// already showed running: its effect is already known. Handling it again used to reset such a container
+    /// to the top as if it had just started (a replayed `start`) and cost an inspect call per container started
+    /// in the second or two before the agent (re)connected.
+    fn is_replayed(&mut self, msg: &EventMessage, id: &str) -> bool {
+        match msg.time_nano {
+            Some(t) if t < self.listed_at_ns => self.listed.contains(&ContainerId::from(id.to_string())),
+            _ => {
+                self.listed.clear(); // events come in order: no more replays until the next listing
+                false
+            }
+        }
+    }
+}
+
+fn unix_ns() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }
 
 impl Inspector {
     /// Builds the container's info from a start event alone, if its cgroup is at the driver's default place.
-    fn from_event(&self, id: &str, mut attributes: HashMap<String, String>) -> Option<ContainerInfo> {
+    fn info_from_event(&self, id: &str, mut attributes: HashMap<String, String>) -> Option<ContainerInfo> {
         let cgroup = self.root.resolve_docker(id, self.driver, None).ok()?;
         let name = attributes.remove("name").unwrap_or_default();
         // Event attributes are the container's labels plus `image` and `name` (and `exitCode` on die).
@@ -206,7 +242,7 @@ impl Inspector {
 impl Discovery for DockerDiscovery {
     async fn start(&mut self) -> Result<Vec<ContainerInfo>, DiscoveryError> {
         self.subscribe();
-        self.api.list().await
+        self.list().await
     }
 
     async fn next_event(&mut self) -> Result<DiscoveryEvent, DiscoveryError> {
@@ -225,13 +261,17 @@ impl Discovery for DockerDiscovery {
                     return Ok(DiscoveryEvent::Lost("docker event stream ended".into()));
                 }
             };
-            let Some(actor) = msg.actor else { continue };
-            let Some(id) = actor.id else { continue };
+            let Some(id) = msg.actor.as_ref().and_then(|a| a.id.clone()) else { continue };
+            if self.is_replayed(&msg, &id) {
+                debug!(container = %id, action = ?msg.action, "replayed event of a listed container; already known");
+                continue;
+            }
             match msg.action.as_deref() {
                 Some("start") => {
                     // Fast path for the < 100 ms promise: the event carries name and labels, and the cgroup sits
                     // where the daemon's driver puts it; only an unusual layout costs an inspect call.
-                    if let Some(info) = self.api.from_event(&id, actor.attributes.unwrap_or_default()) {
+                    let attributes = msg.actor.and_then(|a| a.attributes).unwrap_or_default();
+                    if let Some(info) = self.api.info_from_event(&id, attributes) {
                         return Ok(DiscoveryEvent::Started(info));
                     }
                     if let Some(info) = self.api.inspect(&id).await {

@@ -98,9 +98,40 @@ impl OriginalWeights {
         self.save()
     }
 
+    /// [`OriginalWeights::record`] for many containers with one save (a save rewrites and fsyncs the whole file:
+    /// one per container made adopting 1,024 containers take 27 s).
+    pub fn record_all<'a>(
+        &mut self,
+        items: impl IntoIterator<Item = (&'a ContainerId, Weight)>,
+    ) -> Result<(), StateError> {
+        let mut added = false;
+        for (id, weight) in items {
+            if !self.originals.contains_key(id) {
+                self.originals.insert(id.clone(), weight);
+                added = true;
+            }
+        }
+        if added {
+            self.save()?;
+        }
+        Ok(())
+    }
+
     /// Forgets a container (removed, or its weight restored) and saves.
     pub fn forget(&mut self, id: &ContainerId) -> Result<(), StateError> {
         if self.originals.remove(id).is_some() {
+            self.save()?;
+        }
+        Ok(())
+    }
+
+    /// [`OriginalWeights::forget`] for many containers with one save.
+    pub fn forget_all(&mut self, ids: &[ContainerId]) -> Result<(), StateError> {
+        let before = self.originals.len();
+        for id in ids {
+            self.originals.remove(id);
+        }
+        if self.originals.len() != before {
             self.save()?;
         }
         Ok(())

@@ -388,10 +388,9 @@ fn agent_sigkilled_and_restarted_adopts_and_restores() {
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(9));
     assert_eq!(bfq_weight(&d.cgroup(&reader)), Some(40), "the killed agent's demotion is still in the file");
     d.cli(&["rm", "-f", &removed]);
-    // The agent subscribes with `since` a second or two back; once the containers' start events are older than
-    // that, the second agent adopts them (counting I/O from its first sample) instead of seeing them start
-    // (counting from zero, which would demote the reader again, rightly, for the 12 MiB it read at start).
-    std::thread::sleep(Duration::from_secs(3));
+    // Started at once: the agent's event subscription (`since`) replays the containers' start events of a second
+    // or two ago. They are already running when listed, so the replay must not make them new again (that would
+    // count the reader's 12 MiB from zero and demote it once more).
 
     let mut second = Agent::start(&config);
     check_weights(

@@ -1,11 +1,12 @@
 //! A dedicated, throw-away dockerd for tests that restart, kill or flood the daemon: its own socket, data root,
-//! exec root, pid file, cgroup parent and network namespace, no bridge and no iptables rules, `--live-restore` on,
-//! and the test image imported from the host's `busybox-static`. The host's dockerd (`/var/run/docker.sock`) is
-//! never touched, and other tests' containers never show up in this daemon, nor this daemon's in theirs.
+//! exec root, pid file and network namespace, no bridge and no iptables rules, `--live-restore` on, and the test
+//! image imported from the host's `busybox-static`. The host's dockerd (`/var/run/docker.sock`) is never touched,
+//! and other tests' containers never show up in this daemon, nor this daemon's in theirs.
 //!
-//! Containers land in `/sys/fs/cgroup/blkio/<cgroup parent>/<id>` (the agent finds them through their pid).
+//! Containers land where Docker's default layout puts them, `/sys/fs/cgroup/blkio/docker/<id>` (beside the host
+//! daemon's, ids never collide), so the agent's usual path (cgroup from the start event) is the one exercised.
 //! Everything is torn down on drop, also when a test panics: containers removed, daemon stopped, data root
-//! unmounted and deleted, cgroup parent removed. Also used by `examples/scale.rs` through `#[path]`.
+//! unmounted and deleted. Also used by `examples/scale.rs` through `#[path]`.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
@@ -37,8 +38,6 @@ pub struct Dockerd {
     pub base: PathBuf,
     /// The API socket.
     pub socket: PathBuf,
-    /// The cgroup parent (relative to the blkio root) of every container of this daemon.
-    pub cgroup_parent: String,
     /// dockerd's own log.
     pub log: PathBuf,
     child: Option<Child>,
@@ -55,7 +54,6 @@ impl Dockerd {
         let mut d = Self {
             socket: base.join("d.sock"),
             log: base.join("dockerd.log"),
-            cgroup_parent: format!("ddq-{unique}"),
             base,
             child: None,
             host_bridge: Path::new("/sys/class/net/docker0").exists(),
@@ -73,7 +71,6 @@ impl Dockerd {
             format!("--data-root={b}/data"),
             format!("--exec-root={b}/exec"),
             format!("--pidfile={b}/dockerd.pid"),
-            format!("--cgroup-parent=/{}", self.cgroup_parent),
             "--bridge=none".into(),
             "--iptables=false".into(),
             "--ip-masq=false".into(),
@@ -162,7 +159,7 @@ impl Dockerd {
 
     /// The container's blkio cgroup directory.
     pub fn cgroup(&self, id: &str) -> PathBuf {
-        Path::new("/sys/fs/cgroup/blkio").join(&self.cgroup_parent).join(id)
+        Path::new("/sys/fs/cgroup/blkio/docker").join(id)
     }
 
     /// Full ids of the running containers.
@@ -245,22 +242,6 @@ impl Drop for Dockerd {
         }
         let _ = std::fs::remove_dir_all(&data);
         let _ = std::fs::remove_dir_all(&self.base);
-        let parent = Path::new("/sys/fs/cgroup/blkio").join(&self.cgroup_parent);
-        for _ in 0..50 {
-            // Child cgroups of removed containers go first; rmdir only (cgroup files cannot be unlinked).
-            if let Ok(rd) = std::fs::read_dir(&parent) {
-                for e in rd.flatten() {
-                    if e.file_type().is_ok_and(|t| t.is_dir()) {
-                        let _ = std::fs::remove_dir(e.path());
-                    }
-                }
-            }
-            match std::fs::remove_dir(&parent) {
-                Ok(()) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        }
     }
 }
 
