@@ -232,7 +232,7 @@ pub struct SweepArgs {
     #[command(flatten)]
     pub common: Common,
     /// Repetitions of 1 and 10 MiB per setting and variant.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 10)]
     pub reps: u32,
     /// Smallest acceptable background throughput, as a fraction of Original's.
     #[arg(long, default_value_t = 0.9)]

@@ -85,6 +85,13 @@ pub fn settings(base: &Config, interval: Duration) -> Vec<Setting> {
             });
         }
     }
+    // BFQ's own low-latency heuristics (weight raising, injection) act inside groups and may fight the weights.
+    out.push(Setting {
+        name: "bfq low_latency=0".into(),
+        engine: base.clone(),
+        sample_interval: interval,
+        bfq: vec!["low_latency=0".into()],
+    });
     out
 }
 
@@ -254,6 +261,7 @@ mod tests {
         let weights: Vec<u32> = w100.engine.levels.iter().map(|l| l.weight.get()).collect();
         assert_eq!(weights, vec![1000, 200, 100, 100]);
         assert!(list.iter().any(|s| s.sample_interval == Duration::from_millis(25)));
+        assert_eq!(list.last().unwrap().bfq, vec!["low_latency=0".to_string()]);
     }
 
     #[test]

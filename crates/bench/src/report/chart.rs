@@ -133,6 +133,7 @@ fn cdf<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, row: &CaseReport) -> R
         .configure_mesh()
         .x_desc("read time (ms)")
         .y_desc("fraction of reads")
+        .x_labels(8)
         .x_label_formatter(&|x| format!("{x}"))
         .draw()
         .map_err(err)?;

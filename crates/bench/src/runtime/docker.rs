@@ -21,7 +21,7 @@ use anyhow::{bail, Context, Result};
 use qos_core::ContainerId;
 
 use super::cgroup::CgroupLayout;
-use super::{fio_args, parse_report, wait_for_dir, Background, BackgroundKind, ReadOutcome, ReaderHooks, Runtime};
+use super::{fio_args, parse_report, Background, BackgroundKind, ReadOutcome, ReaderHooks, Runtime};
 use crate::cgroups::{self, CgroupBackend};
 use crate::cleanup::Cleanup;
 use crate::sys;
@@ -171,22 +171,22 @@ fn build_rootfs(root: &Path, exe: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The blkio cgroup of a container (cgroupfs driver, nested or flat; or systemd driver).
-fn container_cgroup(id: &str) -> PathBuf {
+/// The blkio cgroup of a container, waiting until it exists (runc creates it when the container starts): flat
+/// (`--cgroup-parent=/`), Docker's default `docker/<id>`, or the systemd driver's scope.
+fn container_cgroup(id: &str, timeout: Duration) -> Result<PathBuf> {
     let v1 = Path::new(cgroups::V1_BLKIO);
-    let flat = v1.join(id);
-    if flat.exists() {
-        return flat;
+    let candidates =
+        [v1.join(id), v1.join("docker").join(id), v1.join("system.slice").join(format!("docker-{id}.scope"))];
+    let start = Instant::now();
+    loop {
+        if let Some(dir) = candidates.iter().find(|d| d.exists()) {
+            return Ok(dir.clone());
+        }
+        if start.elapsed() > timeout {
+            bail!("no blkio cgroup of container {id} appeared within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
-    let cgroupfs = v1.join("docker").join(id);
-    if cgroupfs.exists() {
-        return cgroupfs;
-    }
-    let systemd = v1.join("system.slice").join(format!("docker-{id}.scope"));
-    if systemd.exists() {
-        return systemd;
-    }
-    cgroupfs
 }
 
 fn read_cidfile(path: &Path, timeout: Duration) -> Result<String> {
@@ -229,8 +229,14 @@ impl Runtime for DockerRuntime {
         let i = id.clone();
         self.cleanup
             .push(format!("remove container {name}"), move || sys::run("docker", &["rm", "-f", &i]).map(|_| ()));
-        let cgroup = container_cgroup(&id);
-        wait_for_dir(&cgroup, Duration::from_secs(10))?;
+        let cgroup = match container_cgroup(&id, Duration::from_secs(10)) {
+            Ok(dir) => dir,
+            Err(e) => {
+                let state = sys::run("docker", &["inspect", "-f", "{{.State.Status}} exit={{.State.ExitCode}}", &id]);
+                let logs = sys::run("docker", &["logs", &id]).unwrap_or_default();
+                bail!("{e:#}; background container: {} {logs}", state.unwrap_or_default().trim());
+            }
+        };
         let bg = Background { id, cgroup, command: command.join(" ") };
         let start = Instant::now();
         while cgroups::V1Bfq.read_counters(&bg.cgroup).map(|c| c.read).unwrap_or(0) == 0 {
@@ -278,8 +284,7 @@ impl Runtime for DockerRuntime {
         let mut engine_id = None;
         let started = (|| -> Result<()> {
             let id = read_cidfile(&cidfile, Duration::from_secs(30))?;
-            let dir = container_cgroup(&id);
-            wait_for_dir(&dir, Duration::from_secs(10))?;
+            let dir = container_cgroup(&id, Duration::from_secs(30))?;
             let cid = ContainerId::new(&id);
             hooks.created(&cid, &dir)?;
             engine_id = Some(cid);

@@ -180,18 +180,6 @@ pub fn parse_report(stdout: &str) -> Result<ReadReport> {
     serde_json::from_str(line).with_context(|| format!("bad reader report {line:?}"))
 }
 
-/// Waits until `dir` exists.
-pub fn wait_for_dir(dir: &Path, timeout: Duration) -> Result<()> {
-    let start = Instant::now();
-    while !dir.exists() {
-        if start.elapsed() > timeout {
-            bail!("{} did not appear within {timeout:?}", dir.display());
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
