@@ -98,8 +98,9 @@ pub struct Common {
     /// between top-level groups, so the layout decides whether a new high-weight container gets the disk at once.
     #[arg(long, value_enum, default_value = "flat")]
     pub cgroup_layout: CgroupLayout,
-    /// BFQ modes to run, in order.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "default,strict")]
+    /// BFQ modes to run, in order: the two (BFQ defaults; strict_guarantees=1) and strict_guarantees=1
+    /// with BFQ's low-latency heuristics off.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "default,strict,strict-nolowlat")]
     pub modes: Vec<BfqMode>,
     /// Use this (unmounted) block device instead of a loop device; needs --format.
     #[arg(long, conflicts_with = "dir")]
@@ -250,7 +251,7 @@ mod tests {
     #[test]
     fn run_without_flags_is_quick_both_modes_with_the_papers_engine() {
         let Cmd::Run(run) = parse(&["run"]).command else { panic!() };
-        assert_eq!(run.common.modes, vec![BfqMode::Default, BfqMode::Strict]);
+        assert_eq!(run.common.modes, vec![BfqMode::Default, BfqMode::Strict, BfqMode::StrictNoLowLatency]);
         assert_eq!(run.plan().unwrap(), Plan::quick());
         assert_eq!(run.common.engine_config().unwrap(), Config::default());
         assert_eq!(run.common.out, PathBuf::from("bench-out"));

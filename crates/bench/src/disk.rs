@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -52,6 +53,9 @@ pub struct Disk {
     pub backing: Option<PathBuf>,
     /// Size of the device in bytes.
     pub size: u64,
+    /// BFQ's `low_latency` before the first mode changed it.
+    #[serde(skip)]
+    low_latency_base: Arc<Mutex<Option<String>>>,
 }
 
 impl Disk {
@@ -59,17 +63,29 @@ impl Disk {
         Path::new("/sys/block").join(&self.disk_name).join("queue")
     }
 
-    /// Switches BFQ's `strict_guarantees` for `mode`.
+    /// Switches BFQ's `strict_guarantees` (and, for [`BfqMode::StrictNoLowLatency`], `low_latency`) for `mode`.
+    /// Other modes keep the `low_latency` the device had when the first mode started (after `--bfq-set`).
     pub fn set_mode(&self, mode: BfqMode) -> Result<()> {
-        let value = match mode {
-            BfqMode::Default => "0",
-            BfqMode::Strict => "1",
+        let iosched = self.queue().join("iosched");
+        let base = {
+            let mut base = self.low_latency_base.lock().unwrap_or_else(|p| p.into_inner());
+            if base.is_none() {
+                *base = Some(sys::read_trim(&iosched.join("low_latency"))?);
+            }
+            base.clone().unwrap_or_default()
         };
-        let file = self.queue().join("iosched/strict_guarantees");
-        sys::write_existing(&file, value)?;
-        let back = sys::read_trim(&file)?;
-        if back != value {
-            bail!("{} reads {back:?} after writing {value:?}", file.display());
+        let (strict, low_latency) = match mode {
+            BfqMode::Default => ("0", base.as_str()),
+            BfqMode::Strict => ("1", base.as_str()),
+            BfqMode::StrictNoLowLatency => ("1", "0"),
+        };
+        for (name, value) in [("strict_guarantees", strict), ("low_latency", low_latency)] {
+            let file = iosched.join(name);
+            sys::write_existing(&file, value)?;
+            let back = sys::read_trim(&file)?;
+            if back != value {
+                bail!("{} reads {back:?} after writing {value:?}", file.display());
+            }
         }
         Ok(())
     }
@@ -158,7 +174,16 @@ fn prepare_loop(dir: &Path, size: u64, work: &Path, cleanup: &Cleanup) -> Result
     use_bfq(&disk_name, cleanup)?;
     mkfs(&dev)?;
     let files_dir = mount(&dev, work, cleanup)?;
-    Ok(Disk { kind: "loop", maj_min: maj_min(&dev)?, dev, disk_name, files_dir, backing: Some(backing), size })
+    Ok(Disk {
+        kind: "loop",
+        maj_min: maj_min(&dev)?,
+        dev,
+        disk_name,
+        files_dir,
+        backing: Some(backing),
+        size,
+        low_latency_base: Default::default(),
+    })
 }
 
 fn detach_loop(dev: &str) -> Result<()> {
@@ -204,6 +229,7 @@ fn prepare_device(path: &Path, format: bool, work: &Path, cleanup: &Cleanup) -> 
         files_dir,
         backing: None,
         size,
+        low_latency_base: Default::default(),
     })
 }
 
@@ -235,6 +261,7 @@ fn prepare_dir(dir: &Path, cleanup: &Cleanup) -> Result<Disk> {
         files_dir,
         backing: None,
         size: 0,
+        low_latency_base: Default::default(),
     })
 }
 
@@ -364,15 +391,17 @@ fn use_bfq(disk_name: &str, cleanup: &Cleanup) -> Result<()> {
             Ok(())
         });
     }
-    // BFQ was already active (a device we did not create): put back the tunable we change.
-    let strict = queue.join("iosched/strict_guarantees");
-    let old_strict = sys::read_trim(&strict)?;
-    cleanup.push(format!("restore strict_guarantees={old_strict} on {disk_name}"), move || {
-        if strict.exists() {
-            sys::write_existing(&strict, &old_strict)?;
-        }
-        Ok(())
-    });
+    // BFQ may have been active already (a device we did not create): put back the tunables the modes change.
+    for name in ["strict_guarantees", "low_latency"] {
+        let file = queue.join("iosched").join(name);
+        let old = sys::read_trim(&file)?;
+        cleanup.push(format!("restore {name}={old} on {disk_name}"), move || {
+            if file.exists() {
+                sys::write_existing(&file, &old)?;
+            }
+            Ok(())
+        });
+    }
     Ok(())
 }
 

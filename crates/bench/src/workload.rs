@@ -14,6 +14,11 @@ pub enum BfqMode {
     Default,
     /// `strict_guarantees=1`: one request at a time, so weights decide latency.
     Strict,
+    /// `strict_guarantees=1` and `low_latency=0`: also without BFQ's weight raising and injection heuristics,
+    /// which act inside groups and work against the groups' weights.
+    #[value(name = "strict-nolowlat")]
+    #[serde(rename = "strict-nolowlat")]
+    StrictNoLowLatency,
 }
 
 impl BfqMode {
@@ -22,6 +27,7 @@ impl BfqMode {
         match self {
             BfqMode::Default => "BFQ default (strict_guarantees=0)",
             BfqMode::Strict => "BFQ strict_guarantees=1",
+            BfqMode::StrictNoLowLatency => "BFQ strict_guarantees=1 + low_latency=0",
         }
     }
 
@@ -30,7 +36,13 @@ impl BfqMode {
         match self {
             BfqMode::Default => "default",
             BfqMode::Strict => "strict",
+            BfqMode::StrictNoLowLatency => "strict-nolowlat",
         }
+    }
+
+    /// Whether strict_guarantees is on (the targets apply).
+    pub fn is_strict(self) -> bool {
+        self != BfqMode::Default
     }
 }
 

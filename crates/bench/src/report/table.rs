@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use crate::model::{CaseReport, ModeReport, RunReport, Throughput};
 use crate::stats::Summary;
-use crate::workload::{BfqMode, Variant};
+use crate::workload::Variant;
 
 /// Formats milliseconds with a precision that suits the magnitude.
 pub fn fmt_ms(ms: f64) -> String {
@@ -233,8 +233,7 @@ pub fn mode_section(run: &RunReport, mode: &ModeReport) -> String {
     let checks = target_checks(mode);
     if !checks.is_empty() {
         let met = checks.iter().filter(|c| c.ok).count();
-        let scope =
-            if mode.mode == BfqMode::Strict { "targets" } else { "targets (set for strict mode; informative here)" };
+        let scope = if mode.mode.is_strict() { "targets" } else { "targets (set for strict mode; informative here)" };
         let _ = writeln!(out, "{scope}: {met}/{} met", checks.len());
         for c in &checks {
             let _ = writeln!(out, "  [{}] {:<52} {}", if c.ok { "ok" } else { "MISS" }, c.what, c.value);
@@ -271,6 +270,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::model::CaseReport;
     use crate::stats::Latency;
+    use crate::workload::BfqMode;
     use std::collections::BTreeMap;
     use std::time::Duration;
 
