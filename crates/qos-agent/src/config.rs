@@ -116,8 +116,8 @@ impl Default for MetricsConfig {
 pub struct AgentConfig {
     /// Which runtime's containers to manage.
     pub runtime: RuntimeKind,
-    /// Time between two sampling rounds. 500 ms: a big reader is demoted within half a second, and a round over
-    /// 1,024 containers costs well under 1 % of a core (README, "Scale").
+    /// Time between two sampling rounds. 500 ms: a big reader is demoted within half a second; a round costs
+    /// about 7 µs of CPU per container, i.e. 1.4 % of one core at 1,024 containers (README, "Scale").
     #[serde(with = "qos_core::units::duration")]
     pub sample_interval: Duration,
     /// How weights are applied.

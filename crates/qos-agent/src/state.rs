@@ -99,7 +99,7 @@ impl OriginalWeights {
     }
 
     /// [`OriginalWeights::record`] for many containers with one save (a save rewrites and fsyncs the whole file:
-    /// one per container made adopting 1,024 containers take 27 s).
+    /// one per container made adopting 1,024 containers take seconds).
     pub fn record_all<'a>(
         &mut self,
         items: impl IntoIterator<Item = (&'a ContainerId, Weight)>,
