@@ -111,9 +111,16 @@ fn dockerd_restart_is_noticed_and_survived() {
     let doomed = d.run(&[TEST_IMAGE, "sleep", "600"]);
     let excluded = d.run(&["--label", "ddiskqos.exclude=true", TEST_IMAGE, "sleep", "600"]);
     std::fs::write(d.cgroup(&excluded).join("blkio.bfq.weight"), "333").unwrap();
+    // A bad label is reported (naming label and value) and ignored: the container is managed.
+    let bad_label = d.run(&["--label", "ddiskqos.weight=lots", TEST_IMAGE, "sleep", "600"]);
 
     assert!(wait_weight(&d.cgroup(&reader), 40, Duration::from_secs(10)), "reader not at 40:\n{}", agent.log_text());
     assert!(wait_weight(&d.cgroup(&idle), 1000, Duration::from_secs(5)), "idle not at 1000");
+    assert!(wait_weight(&d.cgroup(&bad_label), 1000, Duration::from_secs(5)), "bad-label container not managed");
+    let label_warnings: Vec<String> =
+        log_lines(&agent.log).into_iter().filter(|l| l.contains("bad policy label")).collect();
+    assert_eq!(label_warnings.len(), 1, "{label_warnings:?}");
+    assert!(label_warnings[0].contains("ddiskqos.weight") && label_warnings[0].contains("lots"), "{label_warnings:?}");
 
     // Outage: dockerd stopped for ~6 s.
     let mark = log_lines(&agent.log).len();
