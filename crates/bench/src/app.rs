@@ -34,6 +34,8 @@ pub struct Setup {
     pub runtime_reason: String,
     /// Counter/weight access.
     pub backend: Arc<dyn CgroupBackend>,
+    /// Which implementation of it.
+    pub backend_name: &'static str,
     /// Test files by name.
     pub files: BTreeMap<String, PathBuf>,
 }
@@ -96,7 +98,7 @@ pub fn set_up(common: &Common, plan: &Plan, cleanup: &'static Cleanup) -> Result
     eprintln!("files: {total_mib} MiB written in {:.1} s", started.elapsed().as_secs_f64());
     let files = specs.iter().zip(paths).map(|(s, p)| (s.name.clone(), p)).collect();
     cgroups::v1_blkio_with_bfq()?;
-    let backend = cgroups::default_backend();
+    let (backend, backend_name) = cgroups::default_backend();
     let exe = std::env::current_exe().context("cannot find this executable")?;
     let (runtime, runtime_reason): (Box<dyn Runtime>, String) = match common.runtime {
         RuntimeChoice::Cgroup => (
@@ -116,7 +118,7 @@ pub fn set_up(common: &Common, plan: &Plan, cleanup: &'static Cleanup) -> Result
             "runtime cgroup (no Docker daemon answers)".into(),
         ),
     };
-    Ok(Setup { disk, runtime, runtime_reason, backend, files })
+    Ok(Setup { disk, runtime, runtime_reason, backend, backend_name, files })
 }
 
 /// Size of the loop device for `total_mib` of files: 25 % and 512 MiB spare, whole GiB, at least 1 GiB.
@@ -210,6 +212,7 @@ pub fn meta(
         runtime: setup.runtime.name().into(),
         runtime_reason: setup.runtime_reason.clone(),
         cgroup_layout: format!("{:?}", common.cgroup_layout).to_lowercase(),
+        cgroup_backend: setup.backend_name.into(),
         background: if background.is_empty() { background_label(common.background) } else { background },
         disk: serde_json::to_value(&setup.disk)?,
         engine: serde_json::to_value(&cfg.engine)?,

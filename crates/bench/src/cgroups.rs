@@ -1,16 +1,19 @@
 //! The bench's narrow view of cgroups: read a cgroup's I/O byte counters, write its BFQ weight and read it back,
 //! list, signal and remove its processes.
 //!
-//! [`CgroupBackend`] is the seam to `qos_agent::cgroup` (`CounterReader`, `WeightFile::write_verified`): the bench
-//! only needs these two operations, so swapping the private v1 implementation below for the agent's library is a
-//! one-type change in [`default_backend`].
+//! [`CgroupBackend`] is the seam: [`AgentCgroups`] goes through the agent's library (`qos_agent::cgroup`:
+//! `CounterReader`, `WeightFile::write_verified`), which the bench uses whenever it detects the v1 blkio
+//! hierarchy; [`V1Bfq`] is a small private reader of the same two files, kept as a fallback and for tests.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
+use qos_agent::cgroup::{CgroupDir, CgroupRoot, CgroupVersion, CounterReader, WeightFile};
 use qos_core::{IoCounters, Weight};
 
 use crate::sys;
@@ -64,9 +67,82 @@ impl CgroupBackend for V1Bfq {
     }
 }
 
-/// The backend the bench uses.
-pub fn default_backend() -> std::sync::Arc<dyn CgroupBackend> {
-    std::sync::Arc::new(V1Bfq)
+/// Counters and weights through the agent's library (`qos_agent::cgroup`): the same files, parsers, confined path
+/// resolution and verified writes the agent uses. Counter files stay open between samples (one `pread` each).
+#[derive(Debug)]
+pub struct AgentCgroups {
+    root: CgroupRoot,
+    readers: Mutex<HashMap<PathBuf, CounterReader>>,
+}
+
+impl AgentCgroups {
+    /// Detects the block-I/O hierarchy the way the agent does; it must be the v1 blkio tree the bench drives.
+    pub fn detect() -> Result<Self> {
+        let root = CgroupRoot::detect().context("qos_agent::cgroup::CgroupRoot::detect")?;
+        if root.version() != CgroupVersion::V1 || root.path() != Path::new(V1_BLKIO) {
+            bail!(
+                "the agent's hierarchy is {:?} at {}, not v1 blkio at {V1_BLKIO}",
+                root.version(),
+                root.path().display()
+            );
+        }
+        Ok(Self::with_root(root))
+    }
+
+    /// On a given root (tests use fixture directories).
+    pub fn with_root(root: CgroupRoot) -> Self {
+        Self { root, readers: Mutex::new(HashMap::new()) }
+    }
+
+    fn dir(&self, path: &Path) -> Result<CgroupDir> {
+        let rel = path
+            .strip_prefix(self.root.path())
+            .with_context(|| format!("{} is not below {}", path.display(), self.root.path().display()))?;
+        Ok(self.root.resolve_relative(&rel.to_string_lossy())?)
+    }
+}
+
+impl CgroupBackend for AgentCgroups {
+    fn read_counters(&self, dir: &Path) -> Result<IoCounters> {
+        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        if !readers.contains_key(dir) {
+            let reader = CounterReader::open(&self.dir(dir)?)?;
+            readers.insert(dir.to_path_buf(), reader);
+        }
+        let reader = readers.get_mut(dir).expect("inserted above");
+        match reader.read() {
+            Ok(c) => Ok(c),
+            Err(e) => {
+                // Gone or broken: reopen next time (a recreated cgroup gets a fresh file).
+                readers.remove(dir);
+                Err(e.into())
+            }
+        }
+    }
+
+    fn read_weight(&self, dir: &Path) -> Result<u64> {
+        Ok(u64::from(WeightFile::open(&self.dir(dir)?)?.read()?.to_bfq()))
+    }
+
+    fn write_weight(&self, dir: &Path, weight: Weight) -> Result<()> {
+        Ok(WeightFile::open(&self.dir(dir)?)?.write(weight)?)
+    }
+
+    fn write_weight_verified(&self, dir: &Path, weight: Weight) -> Result<()> {
+        Ok(WeightFile::open(&self.dir(dir)?)?.write_verified(weight)?)
+    }
+}
+
+/// The backend the bench uses: the agent's library when it detects the v1 blkio hierarchy, else the private
+/// v1 reader above. Returns the backend and its name for the report.
+pub fn default_backend() -> (Arc<dyn CgroupBackend>, &'static str) {
+    match AgentCgroups::detect() {
+        Ok(agent) => (Arc::new(agent), "qos_agent::cgroup"),
+        Err(e) => {
+            tracing::warn!("using the bench's own cgroup v1 reader: {e:#}");
+            (Arc::new(V1Bfq), "bench V1Bfq")
+        }
+    }
 }
 
 /// Sums the `Read` and `Write` lines of every device in a v1 rwstat file (`7:0 Read 123`).
@@ -184,6 +260,24 @@ mod tests {
         let empty = tempfile::tempdir().unwrap();
         assert!(b.write_weight(empty.path(), Weight::new(10).unwrap()).is_err());
         assert!(!empty.path().join(V1_BFQ_WEIGHT).exists());
+    }
+
+    /// The agent's library on a fixture v1 tree: same counters and verified writes as the private reader.
+    #[test]
+    fn agent_backend_on_fixture() {
+        let root_dir = tempfile::tempdir().unwrap();
+        let cg = root_dir.path().join("fg-1");
+        std::fs::create_dir(&cg).unwrap();
+        std::fs::write(cg.join(V1_BFQ_WEIGHT), "100\n").unwrap();
+        std::fs::write(cg.join(V1_BFQ_BYTES), SAMPLE).unwrap();
+        let root = CgroupRoot::from_dir(CgroupVersion::V1, root_dir.path()).unwrap();
+        let cg = root.path().join("fg-1");
+        let agent = AgentCgroups::with_root(root);
+        assert_eq!(agent.read_counters(&cg).unwrap(), V1Bfq.read_counters(&cg).unwrap());
+        agent.write_weight_verified(&cg, Weight::new(1000).unwrap()).unwrap();
+        assert_eq!(V1Bfq.read_weight(&cg).unwrap(), 1000);
+        assert_eq!(agent.read_weight(&cg).unwrap(), 1000);
+        assert!(agent.read_counters(Path::new("/elsewhere")).is_err(), "paths outside the root are refused");
     }
 
     #[derive(Debug)]

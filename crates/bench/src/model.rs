@@ -36,6 +36,9 @@ pub struct Meta {
     /// `flat` or `nested` cgroups (see `--cgroup-layout`).
     #[serde(default)]
     pub cgroup_layout: String,
+    /// What reads counters and writes weights (`qos_agent::cgroup` or the bench's own v1 reader).
+    #[serde(default)]
+    pub cgroup_backend: String,
     /// The background reader's command.
     pub background: String,
     /// The device (see `disk::Disk`).

@@ -140,6 +140,7 @@ fn short_real_run_report_is_complete_and_consistent() {
     let json: Value = serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).expect("results.json"))
         .expect("valid JSON");
     assert_eq!(json["meta"]["runtime"], "cgroup");
+    assert!(json["meta"]["cgroup_backend"].as_str().is_some_and(|b| !b.is_empty()));
     assert!(json["meta"]["kernel"].as_str().is_some_and(|k| !k.is_empty()));
     assert!(json["meta"]["disk"]["dev"].as_str().is_some_and(|d| d.starts_with("/dev/loop")));
     let modes = json["modes"].as_array().expect("modes");

@@ -247,13 +247,14 @@ pub fn mode_section(run: &RunReport, mode: &ModeReport) -> String {
 pub fn render(run: &RunReport) -> String {
     let m = &run.meta;
     let mut out = format!(
-        "ddiskqos-bench: {} | kernel {} | {} CPUs | {} | device {} | engine sampling every {:.0} ms | {}\n",
+        "ddiskqos-bench: {} | kernel {} | {} CPUs | {} | device {} | engine sampling every {:.0} ms via {} | {}\n",
         m.date_utc,
         m.kernel,
         m.cpus,
         if m.quick { "quick mode" } else { "full mode" },
         m.disk.get("dev").and_then(|v| v.as_str()).unwrap_or("?"),
         m.sample_interval_ms,
+        m.cgroup_backend,
         m.runtime_reason,
     );
     for note in &m.notes {
