@@ -48,8 +48,15 @@ pub enum Cmd {
         /// Wait until this file exists before reading.
         #[arg(long)]
         wait_for: Option<PathBuf>,
+        /// Block on this FIFO until the bench writes the path to read into it (replaces PATH).
+        #[arg(long, requires = "result")]
+        go_fifo: Option<PathBuf>,
+        /// Write the report to this file instead of stdout.
+        #[arg(long)]
+        result: Option<PathBuf>,
         /// The file.
-        path: PathBuf,
+        #[arg(required_unless_present = "go_fifo")]
+        path: Option<PathBuf>,
     },
     /// (internal) Join a cgroup and stream a file with O_DIRECT until killed.
     #[command(hide = true)]

@@ -70,9 +70,22 @@ fn dispatch(cmd: Cmd) -> Result<()> {
             println!("chart: {} and {}", svg.display(), png.display());
             Ok(())
         }
-        Cmd::ReadFile { cgroup, wait_for, path } => {
-            let r = reader::read_file(&path, cgroup.as_deref(), wait_for.as_deref(), reader::BLOCK)?;
-            println!("{}", serde_json::to_string(&r)?);
+        Cmd::ReadFile { cgroup, wait_for, go_fifo, result, path } => {
+            let r = match (go_fifo, path) {
+                (Some(fifo), _) => {
+                    if let Some(dir) = &cgroup {
+                        reader::join_cgroup(dir)?;
+                    }
+                    let (path, waited) = reader::path_from_fifo(&fifo)?;
+                    reader::read_direct(&path, waited, reader::BLOCK)?
+                }
+                (None, Some(path)) => reader::read_file(&path, cgroup.as_deref(), wait_for.as_deref(), reader::BLOCK)?,
+                (None, None) => anyhow::bail!("read-file needs a PATH or --go-fifo"),
+            };
+            match result {
+                Some(file) => reader::write_report(&r, &file)?,
+                None => println!("{}", serde_json::to_string(&r)?),
+            }
             Ok(())
         }
         Cmd::Stream { cgroup, threads, path } => reader::stream(&path, cgroup.as_deref(), threads, reader::BLOCK),

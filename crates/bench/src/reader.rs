@@ -53,6 +53,27 @@ pub fn wait_for(path: &Path, timeout: Duration) -> Result<Duration> {
     Ok(start.elapsed())
 }
 
+/// Blocks until a path is written into the FIFO `fifo` (the bench's go signal in the Docker runtime).
+pub fn path_from_fifo(fifo: &Path) -> Result<(PathBuf, Duration)> {
+    let start = Instant::now();
+    let mut text = String::new();
+    File::open(fifo)
+        .and_then(|mut f| f.read_to_string(&mut text))
+        .with_context(|| format!("cannot read the go FIFO {}", fifo.display()))?;
+    let path = text.trim();
+    if path.is_empty() {
+        bail!("{} delivered no path", fifo.display());
+    }
+    Ok((PathBuf::from(path), start.elapsed()))
+}
+
+/// Writes the report to `path` atomically (temp file, then rename).
+pub fn write_report(report: &ReadReport, path: &Path) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_string(report)?).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
+}
+
 /// Reads all of `path` with `O_DIRECT` in blocks of `block` bytes.
 pub fn read_file(path: &Path, cgroup: Option<&Path>, wait: Option<&Path>, block: usize) -> Result<ReadReport> {
     if let Some(dir) = cgroup {
@@ -62,6 +83,11 @@ pub fn read_file(path: &Path, cgroup: Option<&Path>, wait: Option<&Path>, block:
         Some(p) => wait_for(p, Duration::from_secs(60))?,
         None => Duration::ZERO,
     };
+    read_direct(path, waited, block)
+}
+
+/// The read itself, timed from the first read to the last.
+pub fn read_direct(path: &Path, waited: Duration, block: usize) -> Result<ReadReport> {
     let mut f = open_direct(path)?;
     let mut buf = AlignedBuf::new(block);
     let mut bytes = 0u64;

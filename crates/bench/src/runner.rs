@@ -100,6 +100,11 @@ pub fn run_mode(env: &Env<'_>, cfg: &RunConfig, mode: BfqMode, progress: &Progre
     env.disk.set_mode(mode)?;
     let iosched = env.disk.iosched();
     let bg_file = env.file(workload::BACKGROUND_FILE)?;
+    let reads = (if cfg.exp1 { cfg.plan.exp1.iter().map(|c| c.reps as usize).sum::<usize>() } else { 0 }
+        + if cfg.exp2 { cfg.plan.exp2_reps as usize * cfg.plan.exp2.len() } else { 0 })
+        * 3;
+    progress.set_message(format!("{}: starting {reads} readers", mode.name()));
+    env.runtime.prepare(reads)?;
     progress.set_message(format!("{}: starting the background", mode.name()));
     let bg = env.runtime.start_background(bg_file, cfg.background)?;
     let result = (|| -> Result<ModeReport> {
@@ -130,8 +135,10 @@ pub fn run_mode(env: &Env<'_>, cfg: &RunConfig, mode: BfqMode, progress: &Progre
     })();
     bg.thaw();
     let stopped = env.runtime.stop_background(&bg);
+    let ended = env.runtime.end_mode();
     let report = result?;
     stopped?;
+    ended?;
     Ok(report)
 }
 

@@ -1,20 +1,26 @@
-//! The Docker runtime: every reader is a real container (`docker run --rm`) from an image the bench builds
+//! The Docker runtime: every reader is a real container (`docker run`) from an image the bench builds
 //! locally (no pull): busybox plus this binary, with the host's `/usr` mounted read-only for its shared libraries
 //! and for fio. The test files are bind-mounted read-only at `/data`.
 //!
 //! With `--cgroup-layout flat` (the default) containers run with `--cgroup-parent=/`, so their blkio cgroups are
 //! top-level groups; `nested` keeps Docker's `docker/<id>`.
 //!
-//! A reader container waits for a "go" file before its first read; the bench creates it once the container's
-//! blkio cgroup (`/sys/fs/cgroup/blkio/docker/<id>`) exists and the hooks ran, i.e. once the agent has seen the
-//! container start. The read time is the reader's own (first read to last), so `docker run` start-up is not in
-//! it. Weights are written to the cgroup file: Docker 20.10 discards `--blkio-weight` on this kernel.
+//! Reader containers are started ahead of each BFQ mode, before the background runs ([`Runtime::prepare`]): each
+//! blocks on its own FIFO in `/ctl`. A read takes the next one, calls the hooks (the engine sees a new container
+//! and writes its weight), then writes the file's path into its FIFO; the reader reads the file and leaves its
+//! report in `/ctl/result-<n>`. Its first I/O comes after the hooks, as for a container the agent saw start. The
+//! read time is the reader's own (first read to last). Starting containers ahead keeps `docker run` (which writes
+//! to the root disk, seconds per container while the background loads that disk in BFQ's default mode) out of the
+//! measurements; exited readers are removed at the end of the mode for the same reason.
+//!
+//! Weights are written to the cgroup file: Docker 20.10 discards `--blkio-weight` on this kernel.
 
+use std::collections::VecDeque;
 use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -58,6 +64,10 @@ pub struct DockerRuntime {
     next: AtomicU64,
     cleanup: &'static Cleanup,
     label: String,
+    /// Reader containers started ahead of time (see [`Runtime::prepare`]).
+    pool: Mutex<VecDeque<Pooled>>,
+    /// The background container, kept when exited readers are removed.
+    bg_id: Mutex<Option<String>>,
 }
 
 impl DockerRuntime {
@@ -111,6 +121,8 @@ impl DockerRuntime {
             next: AtomicU64::new(0),
             cleanup,
             label,
+            pool: Mutex::new(VecDeque::new()),
+            bg_id: Mutex::new(None),
         })
     }
 
@@ -125,7 +137,7 @@ impl DockerRuntime {
             "-v".into(),
             format!("{}:/data:ro", self.files_dir.display()),
             "-v".into(),
-            format!("{}:/ctl:ro", self.ctl_dir.display()),
+            format!("{}:/ctl", self.ctl_dir.display()),
         ];
         for m in &self.lib_mounts {
             args.push("-v".into());
@@ -189,22 +201,6 @@ fn container_cgroup(id: &str, timeout: Duration) -> Result<PathBuf> {
     }
 }
 
-fn read_cidfile(path: &Path, timeout: Duration) -> Result<String> {
-    let start = Instant::now();
-    loop {
-        if let Ok(id) = std::fs::read_to_string(path) {
-            let id = id.trim().to_string();
-            if id.len() == 64 {
-                return Ok(id);
-            }
-        }
-        if start.elapsed() > timeout {
-            bail!("docker did not write {} within {timeout:?}", path.display());
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 impl Runtime for DockerRuntime {
     fn name(&self) -> &'static str {
         "docker"
@@ -237,6 +233,7 @@ impl Runtime for DockerRuntime {
                 bail!("{e:#}; background container: {} {logs}", state.unwrap_or_default().trim());
             }
         };
+        *self.bg_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(id.clone());
         let bg = Background { id, cgroup, command: command.join(" ") };
         let start = Instant::now();
         while cgroups::V1Bfq.read_counters(&bg.cgroup).map(|c| c.read).unwrap_or(0) == 0 {
@@ -254,65 +251,131 @@ impl Runtime for DockerRuntime {
         sys::run("docker", &["rm", "-f", &bg.id]).map(|_| ())
     }
 
+    fn prepare(&self, readers: usize) -> Result<()> {
+        // Start every reader container of the mode now, before the background runs: container start-up writes to
+        // the root disk, which the background loads heavily in BFQ's default mode (seconds per `docker run`).
+        let n_threads = 4.min(readers.max(1));
+        let todo = std::sync::atomic::AtomicUsize::new(readers);
+        let started: Mutex<Vec<Pooled>> = Mutex::new(Vec::with_capacity(readers));
+        std::thread::scope(|scope| -> Result<()> {
+            let workers: Vec<_> = (0..n_threads)
+                .map(|_| {
+                    scope.spawn(|| -> Result<()> {
+                        while todo.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok() {
+                            let p = self.start_pooled()?;
+                            started.lock().unwrap_or_else(|e| e.into_inner()).push(p);
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            for w in workers {
+                w.join().map_err(|_| anyhow::anyhow!("container starter panicked"))??;
+            }
+            Ok(())
+        })?;
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        pool.extend(started.into_inner().unwrap_or_else(|e| e.into_inner()));
+        Ok(())
+    }
+
+    fn end_mode(&self) -> Result<()> {
+        // Exited readers were kept so that no container removal (root-disk I/O) overlapped a measurement.
+        let ids = sys::run("docker", &["ps", "-aq", "--filter", &format!("label={}", self.label)])?;
+        let bg = self.bg_id.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let ids: Vec<&str> = ids.split_whitespace().filter(|id| !matches!(&bg, Some(b) if b.starts_with(id))).collect();
+        for chunk in ids.chunks(50) {
+            let mut args = vec!["rm", "-f"];
+            args.extend(chunk);
+            sys::run("docker", &args)?;
+        }
+        self.pool.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        Ok(())
+    }
+
     fn run_reader(&self, file: &Path, hooks: &dyn ReaderHooks) -> Result<ReadOutcome> {
+        let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+        let p = match pooled {
+            Some(p) => p,
+            None => self.start_pooled()?,
+        };
+        let t0 = Instant::now();
+        let cid = ContainerId::new(&p.id);
+        hooks.created(&cid, &p.cgroup)?;
+        let result = (|| -> Result<ReadOutcome> {
+            // Opening the FIFO for writing completes once the reader has it open for reading (it does at start).
+            let mut go = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&p.go)
+                .with_context(|| format!("cannot open {}", p.go.display()))?;
+            use std::io::Write;
+            writeln!(go, "{}", self.in_container(file)?).with_context(|| format!("cannot write {}", p.go.display()))?;
+            drop(go);
+            let deadline = Duration::from_secs(600);
+            while !p.result.exists() {
+                if t0.elapsed() > deadline {
+                    bail!("reader container {} gave no result within {deadline:?}", p.id);
+                }
+                if !p.cgroup.exists() && !p.result.exists() {
+                    // Exited without a result: its logs say why.
+                    std::thread::sleep(Duration::from_millis(50));
+                    if !p.result.exists() {
+                        let logs = sys::run("docker", &["logs", &p.id]).unwrap_or_default();
+                        bail!("reader container {} exited without a result: {logs}", p.id);
+                    }
+                }
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            let wall = t0.elapsed();
+            let text =
+                std::fs::read_to_string(&p.result).with_context(|| format!("cannot read {}", p.result.display()))?;
+            let report = parse_report(&text)?;
+            Ok(ReadOutcome { id: p.id.clone(), report, wall, charged_bytes: None })
+        })();
+        hooks.finished(&cid);
+        let _ = std::fs::remove_file(&p.go);
+        let _ = std::fs::remove_file(&p.result);
+        result
+    }
+}
+
+/// A reader container started ahead of time, blocked on its go FIFO.
+#[derive(Debug)]
+struct Pooled {
+    id: String,
+    cgroup: PathBuf,
+    go: PathBuf,
+    result: PathBuf,
+}
+
+impl DockerRuntime {
+    /// Starts one reader container that waits (blocked, no CPU) for a file path on its FIFO.
+    fn start_pooled(&self) -> Result<Pooled> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let name = format!("ddqb-{}-fg-{n}", std::process::id());
         let go = self.ctl_dir.join(format!("go-{n}"));
-        let cidfile = self.ctl_dir.join(format!("cid-{n}"));
-        let _ = std::fs::remove_file(&cidfile);
-        let mut args: Vec<String> =
-            vec!["run".into(), "--rm".into(), "--cidfile".into(), cidfile.display().to_string()];
+        let result = self.ctl_dir.join(format!("result-{n}"));
+        let _ = std::fs::remove_file(&go);
+        nix::unistd::mkfifo(&go, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .with_context(|| format!("cannot create FIFO {}", go.display()))?;
+        let mut args: Vec<String> = vec!["run".into(), "-d".into()];
         args.extend(self.base_args(&name));
         args.push(self.image.clone());
         args.extend(
-            ["/bench/ddiskqos-bench", "read-file", "--wait-for", &format!("/ctl/go-{n}"), &self.in_container(file)?]
-                .iter()
-                .map(|s| s.to_string()),
+            [
+                "/bench/ddiskqos-bench",
+                "read-file",
+                "--go-fifo",
+                &format!("/ctl/go-{n}"),
+                "--result",
+                &format!("/ctl/result-{n}"),
+            ]
+            .iter()
+            .map(|s| s.to_string()),
         );
-        let t0 = Instant::now();
-        let child = Command::new("docker")
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("cannot run docker")?;
-        let token = self.cleanup.push(format!("remove container {name}"), {
-            let name = name.clone();
-            move || sys::run("docker", &["rm", "-f", &name]).map(|_| ())
-        });
-        let mut engine_id = None;
-        let started = (|| -> Result<()> {
-            let id = read_cidfile(&cidfile, Duration::from_secs(30))?;
-            let dir = container_cgroup(&id, Duration::from_secs(30))?;
-            let cid = ContainerId::new(&id);
-            hooks.created(&cid, &dir)?;
-            engine_id = Some(cid);
-            std::fs::write(&go, "").with_context(|| format!("cannot create {}", go.display()))
-        })();
-        if started.is_err() {
-            // The reader would wait for its go file until it times out: end it now.
-            let _ = sys::run("docker", &["rm", "-f", &name]);
-        }
-        let out = child.wait_with_output().context("waiting for docker run")?;
-        let wall = t0.elapsed();
-        if let Some(id) = &engine_id {
-            hooks.finished(id);
-        }
-        let _ = std::fs::remove_file(&go);
-        let _ = std::fs::remove_file(&cidfile);
-        self.cleanup.dismiss(token);
-        started?;
-        if !out.status.success() {
-            bail!(
-                "reader container for {} failed ({}): {}",
-                file.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let report = parse_report(&String::from_utf8_lossy(&out.stdout))?;
-        let id = engine_id.map(|i| i.to_string()).unwrap_or(name);
-        Ok(ReadOutcome { id, report, wall, charged_bytes: None })
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let id = sys::run("docker", &argv)?.trim().to_string();
+        let cgroup = container_cgroup(&id, Duration::from_secs(30))?;
+        Ok(Pooled { id, cgroup, go, result })
     }
 }

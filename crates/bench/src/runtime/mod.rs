@@ -172,6 +172,14 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     fn stop_background(&self, bg: &Background) -> Result<()>;
     /// Runs one foreground reader of `file` as a new cgroup/container and waits for it.
     fn run_reader(&self, file: &Path, hooks: &dyn ReaderHooks) -> Result<ReadOutcome>;
+    /// Called before a mode (before its background starts) with the number of reads it will do.
+    fn prepare(&self, _readers: usize) -> Result<()> {
+        Ok(())
+    }
+    /// Called after a mode (after its background stopped).
+    fn end_mode(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Parses the reader's JSON line out of its output.
