@@ -285,15 +285,31 @@ impl Drop for CgroupSet {
     }
 }
 
-fn run_cgroups(n: usize, o: &Options, lo: Option<&Loop>) -> Row {
+/// Two rows per N: an idle host (no I/O under the parent: the agent's parent gate skips every child), and a
+/// busy one (one cgroup reads 4 KiB every 250 ms, so every round reads every child: the worst case).
+fn run_cgroups(n: usize, o: &Options, lo: Option<&Loop>) -> Vec<Row> {
     eprintln!("cgroups N={n}: creating");
     let set = CgroupSet::new(n, lo);
     let runtime = format!("runtime = \"cgroup-dir\"\n[cgroup]\nroot = \"auto\"\nparent = \"{}\"", set.rel);
     let agent = AgentProc::start(&o.agent, &runtime, &o.interval);
-    eprintln!("cgroups N={n}: measuring {} s", o.seconds);
-    let row = measure("cgroups", &agent, &set.dirs, o, None);
+    eprintln!("cgroups N={n}: measuring {} s idle", o.seconds);
+    let idle = measure("cgroups, idle", &agent, &set.dirs, o, None);
+    let mut rows = vec![idle];
+    if let Some(lo) = lo {
+        let script = format!(
+            "echo $$ > {}/cgroup.procs && while :; do dd if={} of=/dev/null bs=4k count=1 iflag=direct 2>/dev/null; \
+             sleep 0.25; done",
+            set.dirs[0].display(),
+            lo.dev
+        );
+        let mut busy = Command::new("sh").arg("-c").arg(script).spawn().unwrap();
+        eprintln!("cgroups N={n}: measuring {} s with I/O in one cgroup", o.seconds);
+        rows.push(measure("cgroups, busy", &agent, &set.dirs, o, None));
+        let _ = busy.kill();
+        let _ = busy.wait();
+    }
     agent.stop();
-    row
+    rows
 }
 
 fn run_docker(n: usize, o: &Options) -> Row {
@@ -328,7 +344,7 @@ fn main() {
     let lo = o.io.then(Loop::new);
     let mut rows = Vec::new();
     for &n in &o.cgroups {
-        rows.push(run_cgroups(n, &o, lo.as_ref()));
+        rows.extend(run_cgroups(n, &o, lo.as_ref()));
     }
     for &n in &o.docker {
         rows.push(run_docker(n, &o));
@@ -361,16 +377,18 @@ fn main() {
         );
     }
     // The targets of the issue, for the cgroup rows.
-    let cg: Vec<&Row> = rows.iter().filter(|r| r.mode == "cgroups").collect();
-    if let (Some(small), Some(big)) = (cg.first(), cg.last()) {
-        if small.n != big.n {
-            let ratio = big.cpu_per_container_us() / small.cpu_per_container_us();
-            println!(
-                "\nper-container CPU per round, N={} vs N={}: x{ratio:.2} (target: within 20 %, i.e. 0.80..1.20)",
-                big.n, small.n
-            );
+    for mode in ["cgroups, idle", "cgroups, busy"] {
+        let cg: Vec<&Row> = rows.iter().filter(|r| r.mode == mode).collect();
+        if let (Some(small), Some(big)) = (cg.first(), cg.last()) {
+            if small.n != big.n {
+                let ratio = big.cpu_per_container_us() / small.cpu_per_container_us();
+                println!(
+                    "\n{mode}: per-container CPU per round, N={} vs N={}: x{ratio:.2} (target: within 20 %)",
+                    big.n, small.n
+                );
+            }
+            println!("{mode}: CPU at N={}: {:.3} % of one core (target: < 1 %)", big.n, big.core_percent());
         }
-        println!("CPU at N={}: {:.3} % of one core (target: < 1 %)", big.n, big.core_percent());
     }
     let calls: usize = rows.iter().filter_map(|r| r.api_calls).sum();
     if rows.iter().any(|r| r.api_calls.is_some()) {

@@ -40,7 +40,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             let docker = crate::docker::connect(&cfg.docker.socket).await?;
             devices::check_at_start(&cfg, &root, Some(&docker)).await?;
             let discovery = DockerDiscovery::new(docker.clone(), root.clone()).await?;
-            let counters = DockerCounters::new(docker.clone());
+            let counters = DockerCounters::with_root(docker.clone(), root.clone());
             let writer = DockerWriter::new(docker, cfg.actuator);
             info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
             let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?;
@@ -58,7 +58,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             let daemon = Daemon::new(
                 cfg.clone(),
                 discovery,
-                CgroupfsCounters::new(),
+                CgroupfsCounters::with_root(root.clone()),
                 CgroupfsWriter,
                 originals,
                 metrics.clone(),

@@ -2,23 +2,61 @@
 //! round) and [`CgroupfsWriter`] (write the weight file, read it back).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use qos_core::{ContainerId, IoCounters, Weight};
 use tracing::debug;
 
 use crate::backend::{AppliedVia, BackendError, ContainerInfo, CounterSource, WeightWriter};
-use crate::cgroup::{CounterReader, WeightFile};
+use crate::cgroup::{CgroupDir, CgroupRoot, CounterReader, WeightFile};
 
 /// Counters read from each container's cgroup stat file, kept open between rounds.
+///
+/// With a cgroup root ([`CgroupfsCounters::with_root`]) a round first reads each *parent* cgroup's recursive
+/// counters (e.g. `docker/` for all Docker containers): when they did not move since the previous round, none of
+/// the children did I/O and their files are not read at all. On an idle host a round then costs one read per
+/// parent instead of one per container; with I/O somewhere under a parent, every child of it is read as usual.
 #[derive(Debug, Default)]
 pub struct CgroupfsCounters {
-    readers: HashMap<ContainerId, CounterReader>,
+    root: Option<Arc<CgroupRoot>>,
+    readers: HashMap<ContainerId, Member>,
+    /// Parent gates by slot; a member holds its slot index (hashing a path per member per round cost more than
+    /// the reads it saves). Parents are few; empty slots are reused.
+    parents: Vec<Option<Parent>>,
+    /// Members without a gate: read every round.
+    ungated: usize,
+}
+
+#[derive(Debug)]
+struct Member {
+    reader: CounterReader,
+    /// Slot in `parents`; `None` when ungated (no root, parent is the root, or its counters cannot be read).
+    parent: Option<usize>,
+}
+
+#[derive(Debug)]
+struct Parent {
+    path: PathBuf,
+    reader: CounterReader,
+    last: Option<IoCounters>,
+    members: usize,
+    /// A member joined: read every member once, whatever the parent says (the new one needs its baseline).
+    dirty: bool,
+    /// Decided at the start of each round.
+    changed: bool,
 }
 
 impl CgroupfsCounters {
-    /// No container attached yet.
+    /// No container attached yet; every container is read every round.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Like [`CgroupfsCounters::new`], with the parent gate: containers whose parent cgroup (under `root`) did no
+    /// I/O since the previous round are not read.
+    pub fn with_root(root: Arc<CgroupRoot>) -> Self {
+        Self { root: Some(root), ..Self::default() }
     }
 
     /// Attaches synchronously (the trait's `attach` is this, wrapped).
@@ -26,8 +64,57 @@ impl CgroupfsCounters {
         let dir = info.cgroup.as_ref().ok_or_else(|| BackendError::NoCgroup(info.id.clone()))?;
         let reader = CounterReader::open(dir)?;
         debug!(container = %info.id.short(), file = %reader.source_file().display(), "sampling counters");
-        self.readers.insert(info.id.clone(), reader);
+        let parent = self.gate_for(dir);
+        if parent.is_none() {
+            self.ungated += 1;
+        }
+        if let Some(old) = self.readers.insert(info.id.clone(), Member { reader, parent }) {
+            self.leave(old.parent);
+        }
+        if let Some(Some(p)) = parent.map(|i| &mut self.parents[i]) {
+            p.members += 1;
+            p.dirty = true;
+        }
         Ok(())
+    }
+
+    /// The parent gate for a container's cgroup, opened on first use; `None` if it cannot have one.
+    fn gate_for(&mut self, dir: &CgroupDir) -> Option<usize> {
+        let root = self.root.as_ref()?;
+        let rel = dir.path().strip_prefix(root.path()).ok()?.parent()?;
+        let path = dir.path().parent()?;
+        if rel.as_os_str().is_empty() {
+            return None; // the parent is the whole hierarchy: its counters move with every I/O on the host
+        }
+        if let Some(i) = self.parents.iter().position(|p| p.as_ref().is_some_and(|p| p.path == path)) {
+            return Some(i);
+        }
+        let parent = root.resolve_relative(rel.to_str()?).ok()?;
+        let reader = CounterReader::open(&parent).ok()?;
+        let gate = Parent { path: path.to_path_buf(), reader, last: None, members: 0, dirty: true, changed: true };
+        match self.parents.iter().position(Option::is_none) {
+            Some(i) => {
+                self.parents[i] = Some(gate);
+                Some(i)
+            }
+            None => {
+                self.parents.push(Some(gate));
+                Some(self.parents.len() - 1)
+            }
+        }
+    }
+
+    fn leave(&mut self, parent: Option<usize>) {
+        let Some(slot) = parent.and_then(|i| self.parents.get_mut(i)) else {
+            self.ungated -= 1;
+            return;
+        };
+        if let Some(p) = slot {
+            p.members -= 1;
+            if p.members == 0 {
+                *slot = None;
+            }
+        }
     }
 
     /// Whether the container is attached.
@@ -45,11 +132,25 @@ impl CgroupfsCounters {
         self.readers.is_empty()
     }
 
-    /// One round, synchronously.
+    /// One round, synchronously. Containers skipped by the parent gate get no entry in `out`.
     pub fn sample_now(&mut self, out: &mut Vec<(ContainerId, Result<IoCounters, BackendError>)>) {
+        let mut any_changed = false;
+        for p in self.parents.iter_mut().flatten() {
+            let now = p.reader.read().ok();
+            p.changed = p.dirty || now.is_none() || now != p.last;
+            p.dirty = false;
+            p.last = now;
+            any_changed |= p.changed;
+        }
+        if !any_changed && self.ungated == 0 {
+            return; // an idle host: nothing to read
+        }
         out.reserve(self.readers.len());
-        for (id, reader) in &mut self.readers {
-            out.push((id.clone(), reader.read().map_err(BackendError::from)));
+        for (id, m) in &mut self.readers {
+            if m.parent.and_then(|i| self.parents[i].as_ref()).is_some_and(|p| !p.changed) {
+                continue;
+            }
+            out.push((id.clone(), m.reader.read().map_err(BackendError::from)));
         }
     }
 }
@@ -60,7 +161,9 @@ impl CounterSource for CgroupfsCounters {
     }
 
     fn detach(&mut self, id: &ContainerId) {
-        self.readers.remove(id);
+        if let Some(m) = self.readers.remove(id) {
+            self.leave(m.parent);
+        }
     }
 
     async fn sample(&mut self, out: &mut Vec<(ContainerId, Result<IoCounters, BackendError>)>) {

@@ -87,6 +87,8 @@ struct Tracked {
     /// Last level-change decision not yet applied (kept for the log line once the write succeeds).
     pending: Option<WeightChange>,
     sample_error_logged: bool,
+    /// Counters of the previous sample; an identical sample is not fed to the engine.
+    last_counters: Option<IoCounters>,
     write_error_logged: bool,
 }
 
@@ -114,6 +116,9 @@ pub struct Daemon<D, C, W> {
     samples: Vec<(ContainerId, Result<IoCounters, BackendError>)>,
     actuator_label: String,
     notify_systemd: bool,
+    /// Some container's desired weight is not applied (a write or an original read failed, or a weight must be
+    /// written again): `retry_pending` scans only then, so an idle round costs nothing per container.
+    retry_needed: bool,
 }
 
 fn now() -> Instant {
@@ -144,6 +149,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             samples: Vec::new(),
             actuator_label,
             notify_systemd: false,
+            retry_needed: false,
         })
     }
 
@@ -209,7 +215,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         match ev {
             DiscoveryEvent::Started(info) => {
                 let id = info.id.clone();
-                if self.tracked.contains_key(&id) {
+                if let Some(tr) = self.tracked.get_mut(&id) {
+                    tr.last_counters = None; // a restarted container's counters start again from zero
                     self.engine.handle_started(&id, now());
                 } else {
                     self.track(info, true).await;
@@ -287,6 +294,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 applied: None,
                 pending: None,
                 sample_error_logged: false,
+                last_counters: None,
                 write_error_logged: false,
             },
         );
@@ -330,6 +338,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 if let Some(t) = self.tracked.get_mut(id) {
                     t.applied = None;
                 }
+                self.retry_needed = true;
                 self.retry_pending().await;
             }
             Err(e) if e.is_vanished() => self.forget(id),
@@ -356,10 +365,17 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         for (id, result) in samples.drain(..) {
             match result {
                 Ok(counters) => {
-                    if let Some(tr) = self.tracked.get_mut(&id) {
-                        tr.sample_error_logged = false;
+                    let Some(tr) = self.tracked.get_mut(&id) else { continue };
+                    tr.sample_error_logged = false;
+                    // Unchanged counters carry no information for the engine (its timers run on their own).
+                    if tr.last_counters == Some(counters) {
+                        continue;
                     }
+                    tr.last_counters = Some(counters);
                     self.engine.handle_sample(&id, counters, t);
+                    if let Some(v) = self.engine.container(&id, t) {
+                        self.metrics.bytes.get_or_create(&tr.labels).set(v.total_bytes.min(i64::MAX as u64) as i64);
+                    }
                 }
                 Err(e) if e.is_vanished() => vanished.push(id),
                 Err(e) => {
@@ -383,11 +399,6 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         }
         self.apply_changes().await;
         self.retry_pending().await;
-        for (id, tr) in &self.tracked {
-            if let Some(v) = self.engine.container(id, t) {
-                self.metrics.bytes.get_or_create(&tr.labels).set(v.total_bytes.min(i64::MAX as u64) as i64);
-            }
-        }
         self.metrics.round_seconds.observe(started.elapsed().as_secs_f64());
         self.sd_notify(&[sd_notify::NotifyState::Watchdog]);
     }
@@ -455,6 +466,9 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     }
 
     async fn retry_pending(&mut self) {
+        if !std::mem::take(&mut self.retry_needed) {
+            return;
+        }
         let ids: Vec<ContainerId> = self
             .tracked
             .iter()
@@ -490,6 +504,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 Err(e) if e.is_vanished() => return self.forget(id),
                 Err(e) => {
                     self.metrics.write_failures.inc();
+                    self.retry_needed = true;
                     let t = self.tracked.get_mut(id).expect("still tracked");
                     if !t.write_error_logged {
                         t.write_error_logged = true;
@@ -525,6 +540,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             Err(e) if e.is_vanished() => self.forget(id),
             Err(e) => {
                 self.metrics.write_failures.inc();
+                self.retry_needed = true;
                 let t = self.tracked.get_mut(id).expect("still tracked");
                 if !t.write_error_logged {
                     t.write_error_logged = true;
@@ -604,6 +620,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             for t in self.tracked.values_mut() {
                 t.applied = None;
             }
+            self.retry_needed = true;
         }
         self.cfg.mlfq = cfg.mlfq;
         self.cfg.sample_interval = cfg.sample_interval;

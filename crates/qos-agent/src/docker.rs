@@ -309,6 +309,11 @@ impl DockerCounters {
         Self { docker, files: CgroupfsCounters::new(), via_stats: HashSet::new() }
     }
 
+    /// Like [`DockerCounters::new`], with the parent-cgroup gate of [`CgroupfsCounters::with_root`].
+    pub fn with_root(docker: Docker, root: Arc<CgroupRoot>) -> Self {
+        Self { docker, files: CgroupfsCounters::with_root(root), via_stats: HashSet::new() }
+    }
+
     async fn stats(&self, id: &ContainerId) -> Result<IoCounters, BackendError> {
         let runtime = |detail: String| BackendError::Runtime { id: id.clone(), what: "docker stats", detail };
         let opts = StatsOptions { stream: false, one_shot: true };
