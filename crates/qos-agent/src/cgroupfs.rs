@@ -200,3 +200,85 @@ impl WeightWriter for CgroupfsWriter {
         Self::write_now(info, weight)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::fs;
+
+    use super::*;
+    use crate::cgroup::CgroupVersion;
+
+    const STAT: &str = "blkio.bfq.io_service_bytes_recursive";
+
+    fn write_stat(dir: &std::path::Path, read: u64) {
+        fs::write(dir.join(STAT), format!("7:0 Read {read}\n7:0 Write 0\n7:0 Total {read}\nTotal {read}\n")).unwrap();
+    }
+
+    fn ids(out: &[(ContainerId, Result<IoCounters, BackendError>)]) -> Vec<String> {
+        let mut v: Vec<String> = out.iter().map(|(id, _)| id.to_string()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn parent_gate_skips_children_of_a_quiet_parent() {
+        let tmp = tempfile::tempdir().unwrap();
+        let parent = tmp.path().join("pods");
+        fs::create_dir(&parent).unwrap();
+        write_stat(&parent, 0);
+        let root = Arc::new(CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap());
+        let mut c = CgroupfsCounters::with_root(root.clone());
+        for name in ["a", "b"] {
+            let d = parent.join(name);
+            fs::create_dir(&d).unwrap();
+            write_stat(&d, 0);
+            let info = ContainerInfo {
+                id: ContainerId::new(name),
+                name: name.into(),
+                labels: BTreeMap::new(),
+                cgroup: Some(root.resolve_relative(&format!("pods/{name}")).unwrap()),
+            };
+            c.attach_now(&info).unwrap();
+        }
+        let mut out = Vec::new();
+        c.sample_now(&mut out);
+        assert_eq!(ids(&out), ["a", "b"], "new members are read once for their baseline");
+        out.clear();
+        c.sample_now(&mut out);
+        assert!(out.is_empty(), "quiet parent: no child read");
+        write_stat(&parent.join("a"), 4096);
+        write_stat(&parent, 4096);
+        c.sample_now(&mut out);
+        assert_eq!(ids(&out), ["a", "b"], "parent moved: every child read");
+        let a = out.iter().find(|(id, _)| id.as_str() == "a").unwrap();
+        assert_eq!(a.1.as_ref().unwrap().read, 4096);
+        out.clear();
+        c.detach(&ContainerId::new("a"));
+        c.detach(&ContainerId::new("b"));
+        assert!(c.parents.iter().all(Option::is_none), "gate dropped with its last member");
+        c.sample_now(&mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn without_a_root_every_child_is_read_every_round() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap();
+        fs::create_dir(tmp.path().join("x")).unwrap();
+        write_stat(&tmp.path().join("x"), 1);
+        let mut c = CgroupfsCounters::new();
+        let info = ContainerInfo {
+            id: ContainerId::new("x"),
+            name: "x".into(),
+            labels: BTreeMap::new(),
+            cgroup: Some(root.resolve_relative("x").unwrap()),
+        };
+        c.attach_now(&info).unwrap();
+        for _ in 0..3 {
+            let mut out = Vec::new();
+            c.sample_now(&mut out);
+            assert_eq!(ids(&out), ["x"]);
+        }
+    }
+}
