@@ -30,7 +30,7 @@
 //! - `error.rs`: [`CgroupError`].
 //!
 //! ## Why not cgroups-rs
-//! The workspace depends on `cgroups-rs` (0.5), but this module does not use it: on v1 it knows only the CFQ file
+//! `cgroups-rs` (0.5, the project's first choice) was evaluated and is not a dependency: on v1 it knows only the CFQ file
 //! `blkio.weight` (gone since Linux 5.0), not `blkio.bfq.weight`; on v2 only `io.bfq.weight`, not `io.weight`;
 //! its blkio statistics read about twenty files per call, allocate, and turn errors into zeros, where we need one
 //! `pread` per sample and errors that tell a removed cgroup from a fault; and its mountinfo parsing reads the
