@@ -503,16 +503,13 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 Ok(w) => self.tracked.get_mut(id).expect("still tracked").original = Some(w),
                 Err(e) if e.is_vanished() => return self.forget(id),
                 Err(e) => {
-                    self.metrics.write_failures.inc();
-                    self.retry_needed = true;
-                    let t = self.tracked.get_mut(id).expect("still tracked");
-                    if !t.write_error_logged {
-                        t.write_error_logged = true;
-                        error!(container = %id.short(), name = %t.info.name, error = %e,
-                               "cannot read the current weight, so it could not be restored: not changing it; \
-                                will retry every round");
-                    }
-                    return;
+                    return self.write_failed(
+                        id,
+                        want,
+                        &e,
+                        "cannot read the current weight, so it could not be \
+                                                            restored: not changing it; will retry every round",
+                    );
                 }
             }
         }
@@ -538,16 +535,18 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 log_decision(t, old, want, Some(via), false);
             }
             Err(e) if e.is_vanished() => self.forget(id),
-            Err(e) => {
-                self.metrics.write_failures.inc();
-                self.retry_needed = true;
-                let t = self.tracked.get_mut(id).expect("still tracked");
-                if !t.write_error_logged {
-                    t.write_error_logged = true;
-                    error!(container = %id.short(), name = %t.info.name, weight = want.get(), error = %e,
-                           "cannot apply weight; will retry every round");
-                }
-            }
+            Err(e) => self.write_failed(id, want, &e, "cannot apply weight; will retry every round"),
+        }
+    }
+
+    /// A weight could not be applied: count it, retry next round, log once per container until a write works.
+    fn write_failed(&mut self, id: &ContainerId, want: Weight, e: &BackendError, what: &str) {
+        self.metrics.write_failures.inc();
+        self.retry_needed = true;
+        let Some(t) = self.tracked.get_mut(id) else { return };
+        if !t.write_error_logged {
+            t.write_error_logged = true;
+            error!(container = %id.short(), name = %t.info.name, weight = want.get(), error = %e, "{what}");
         }
     }
 
