@@ -44,14 +44,7 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, run: &RunReport) -> R
     root.fill(&WHITE).map_err(err)?;
     let rows = root.split_evenly((run.modes.len().max(1), 1));
     for (area, mode) in rows.iter().zip(&run.modes) {
-        let title = format!(
-            "{}, low_latency={} | runtime {}, {} cgroups | {}",
-            mode.mode.label(),
-            mode.iosched.get("low_latency").map(String::as_str).unwrap_or("?"),
-            run.meta.runtime,
-            run.meta.cgroup_layout,
-            run.meta.date_utc
-        );
+        let title = format!("{} | {}", super::mode_heading(run, mode), run.meta.date_utc);
         let area = area.titled(&title, ("sans-serif", 20)).map_err(err)?;
         let cols = area.split_evenly((1, 3));
         per_size(&cols[0], mode)?;

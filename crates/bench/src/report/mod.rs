@@ -38,3 +38,14 @@ pub fn write_all(run: &RunReport, dir: &Path) -> Result<Written> {
     };
     Ok(Written { json, text, charts })
 }
+
+/// The part of a mode's heading shared by the text report and the chart: BFQ mode, `low_latency`, runtime, layout.
+pub fn mode_heading(run: &RunReport, mode: &crate::model::ModeReport) -> String {
+    format!(
+        "{}, low_latency={} | runtime {}, {} cgroups",
+        mode.mode.label(),
+        mode.iosched.get("low_latency").map(String::as_str).unwrap_or("?"),
+        run.meta.runtime,
+        run.meta.cgroup_layout,
+    )
+}

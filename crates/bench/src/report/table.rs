@@ -196,14 +196,7 @@ fn live_line(mode: &ModeReport) -> String {
 /// Everything about one mode.
 pub fn mode_section(run: &RunReport, mode: &ModeReport) -> String {
     let mut out = String::new();
-    let head = format!(
-        "{}, low_latency={} | runtime {}, {} cgroups | background: {}",
-        mode.mode.label(),
-        mode.iosched.get("low_latency").map(String::as_str).unwrap_or("?"),
-        run.meta.runtime,
-        run.meta.cgroup_layout,
-        run.meta.background
-    );
+    let head = format!("{} | background: {}", super::mode_heading(run, mode), run.meta.background);
     let _ = writeln!(out, "{}\n{head}\n{}", "=".repeat(118), "=".repeat(118));
     if !mode.exp1.is_empty() {
         out.push_str(&paper_table(

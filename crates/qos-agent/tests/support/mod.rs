@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../fixtures/mod.rs"]
+mod fixtures;
+
 /// Whether real tests must run (CI, or the README's test command): then a missing prerequisite fails the test.
 pub fn must_run() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true") || std::env::var("DDISKQOS_REQUIRE_REAL").is_ok_and(|v| v == "1")
@@ -51,31 +54,22 @@ pub fn sh(cmd: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// A file-backed loop device with direct I/O and the BFQ scheduler.
+/// A file-backed loop device with direct I/O and the BFQ scheduler: the fixtures' guard (which also checks BFQ is
+/// really active and detaches on drop), seen with the device path as text.
 pub struct LoopDevice {
+    inner: fixtures::LoopDevice,
     pub dev: String,
-    file: PathBuf,
 }
 
 impl LoopDevice {
     pub fn new(size_mb: u64) -> Self {
-        let file = std::env::temp_dir().join(format!("ddiskqos-test-{}-{}.img", std::process::id(), rand_suffix()));
-        std::fs::File::create(&file).unwrap().set_len(size_mb << 20).unwrap();
-        let dev = sh("losetup", &["--find", "--show", "--direct-io=on", file.to_str().unwrap()]);
-        let name = dev.trim_start_matches("/dev/").to_string();
-        std::fs::write(format!("/sys/block/{name}/queue/scheduler"), "bfq").expect("set bfq");
-        Self { dev, file }
+        let inner = fixtures::LoopDevice::with_bfq(size_mb);
+        let dev = inner.dev.display().to_string();
+        Self { inner, dev }
     }
 
     pub fn name(&self) -> &str {
-        self.dev.trim_start_matches("/dev/")
-    }
-}
-
-impl Drop for LoopDevice {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
-        let _ = std::fs::remove_file(&self.file);
+        &self.inner.name
     }
 }
 
