@@ -5,14 +5,18 @@
 
 mod fixtures;
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fixtures::{require_root_cgroup_v1, run_in_cgroup, CgroupGuard, ChildGuard, LoopDevice, BLKIO};
+use qos_agent::backend::ContainerInfo;
 use qos_agent::cgroup::{device, CgroupRoot, CgroupVersion, CounterReader, CounterSource, WeightFile, WeightFileKind};
-use qos_core::{IoCounters, Weight};
+use qos_agent::cgroupfs::{CgroupfsCounters, FULL_READ_EVERY};
+use qos_core::{ContainerId, IoCounters, Weight};
 
 const MIB: u64 = 1 << 20;
 
@@ -138,6 +142,91 @@ fn weights_are_written_and_read_back() {
     assert_eq!(wf.read().unwrap(), Weight::new(500).unwrap());
     // The per-device file shows the same default in the "default N" format.
     assert_eq!(fs::read_to_string(dir.path().join("blkio.bfq.weight_device")).unwrap(), "default 500\n");
+}
+
+/// The parent gate of `CgroupfsCounters` on the kernel's own aggregation: with one child reading all the time
+/// and the others idle, a round reads only the busy child (besides the periodic full read), and an idle child's
+/// I/O is seen in the very next round, with its exact bytes.
+#[test]
+fn parent_gate_reads_busy_children_and_finds_idle_ones_that_wake() {
+    if !require_root_cgroup_v1("parent_gate_reads_busy_children_and_finds_idle_ones_that_wake") {
+        return;
+    }
+    const N: usize = 16;
+    let disk = LoopDevice::with_bfq(256);
+    let dev = disk.dev.display().to_string();
+    let cg = CgroupGuard::new("ddiskqos-gate");
+    let root = Arc::new(CgroupRoot::detect().unwrap());
+    let mut counters = CgroupfsCounters::with_root(root.clone());
+    for i in 0..N {
+        let child = cg.child(&format!("c{i}"));
+        run_in_cgroup(&child, &format!("dd if={dev} of=/dev/null bs=4k count=1 skip={i} iflag=direct status=none"));
+        let info = ContainerInfo {
+            id: ContainerId::new(format!("c{i}")),
+            name: format!("c{i}"),
+            labels: BTreeMap::new(),
+            cgroup: Some(root.resolve_relative(&format!("{}/c{i}", cg.rel)).unwrap()),
+        };
+        counters.attach_now(&info).unwrap();
+    }
+    let mut round = || {
+        let mut out = Vec::new();
+        counters.sample_now(&mut out);
+        let mut read: BTreeMap<String, IoCounters> =
+            out.into_iter().map(|(id, r)| (id.to_string(), r.expect("counters"))).collect();
+        std::thread::sleep(Duration::from_millis(30));
+        (read.len(), read.remove("c0"), read)
+    };
+    assert_eq!(round().0, N, "baseline: every child read");
+    let busy = cg.path.join("c0");
+    let _busy = ChildGuard(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "echo $$ > '{}/cgroup.procs' && while :; do dd if={dev} of=/dev/null bs=64k count=64 iflag=direct \
+                 status=none; done",
+                busy.display()
+            ))
+            .spawn()
+            .unwrap(),
+    );
+    // Long enough for every other child to count as idle (ACTIVE_READS unchanged reads each).
+    for _ in 0..2 * FULL_READ_EVERY {
+        round();
+    }
+    let rounds = 3 * FULL_READ_EVERY as usize;
+    let mut only_busy = 0;
+    for _ in 0..rounds {
+        let (n, c0, _) = round();
+        assert!(c0.is_some(), "the busy child is read in every round");
+        if n == 1 {
+            only_busy += 1;
+        }
+    }
+    eprintln!("{only_busy} of {rounds} rounds read only the busy child");
+    assert!(only_busy >= rounds - 3, "only the periodic full reads read the idle children: {only_busy}/{rounds}");
+
+    // Three idle children wake in three consecutive rounds; at most one of those can be a periodic full read, so
+    // the others are found through the parent's unexplained bytes.
+    let mut before = BTreeMap::new();
+    for i in [5, 6, 7] {
+        before.insert(format!("c{i}"), counters_of(&cg.path.join(format!("c{i}"))));
+    }
+    for i in [5, 6, 7] {
+        let name = format!("c{i}");
+        run_in_cgroup(
+            &cg.path.join(&name),
+            &format!("dd if={dev} of=/dev/null bs=1M count=1 skip=8 iflag=direct status=none"),
+        );
+        let (_, _, idle) = round();
+        let got = idle.get(&name).unwrap_or_else(|| panic!("{name} did 1 MiB and was not read in the next round"));
+        assert_eq!(got.read, before[&name] + MIB, "{name}: every byte, read once");
+    }
+}
+
+fn counters_of(dir: &Path) -> u64 {
+    let text = fs::read_to_string(dir.join("blkio.bfq.io_service_bytes_recursive")).unwrap();
+    text.lines().filter(|l| l.contains(" Read ")).map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum()
 }
 
 #[test]
