@@ -18,7 +18,8 @@
 //! cargo run --release -p qos-agent --example scale -- --cgroups 64,1024 --docker 64 --seconds 20
 //! ```
 //! Options: `--cgroups LIST`, `--docker LIST` (empty to skip), `--seconds S` (default 30), `--warmup S`
-//! (default 5), `--interval DUR` (default 500ms), `--no-io`, `--agent PATH` (default: `ddiskqos-agent` next to
+//! (default 5), `--interval DUR` (default 500ms), `--no-io`, `--busy LIST` (of `one`, `tenth`, `all`: which
+//! cgroups do I/O in the rows after the idle one; default all three), `--agent PATH` (default: `ddiskqos-agent` next to
 //! the `examples/` directory of this binary). Needs root, cgroup v1 blkio, and for `--docker` dockerd.
 
 #[path = "../tests/support/dockerd.rs"]
@@ -44,6 +45,7 @@ struct Options {
     warmup: u64,
     interval: String,
     io: bool,
+    busy: Vec<Busy>,
     agent: PathBuf,
 }
 
@@ -60,6 +62,7 @@ fn options() -> Options {
         warmup: 5,
         interval: "500ms".into(),
         io: true,
+        busy: vec![Busy::One, Busy::Tenth, Busy::All],
         agent: exe.parent().and_then(Path::parent).unwrap().join("ddiskqos-agent"),
     };
     let mut args = std::env::args().skip(1);
@@ -72,6 +75,18 @@ fn options() -> Options {
             "--warmup" => o.warmup = value().parse().unwrap(),
             "--interval" => o.interval = value(),
             "--no-io" => o.io = false,
+            "--busy" => {
+                o.busy = value()
+                    .split(',')
+                    .filter(|x| !x.is_empty())
+                    .map(|x| match x.trim() {
+                        "one" => Busy::One,
+                        "tenth" => Busy::Tenth,
+                        "all" => Busy::All,
+                        other => panic!("--busy takes one,tenth,all; got {other:?}"),
+                    })
+                    .collect()
+            }
             "--agent" => o.agent = PathBuf::from(value()),
             "-h" | "--help" => {
                 println!("see the doc comment of crates/qos-agent/examples/scale.rs");
@@ -285,8 +300,82 @@ impl Drop for CgroupSet {
     }
 }
 
-/// Two rows per N: an idle host (no I/O under the parent: the agent's parent gate skips every child), and a
-/// busy one (one cgroup reads 4 KiB every 250 ms, so every round reads every child: the worst case).
+/// How many of the N cgroups do I/O during a row.
+#[derive(Clone, Copy)]
+enum Busy {
+    /// One cgroup.
+    One,
+    /// Every tenth.
+    Tenth,
+    /// Every cgroup, every round: the worst case, nothing to skip.
+    All,
+}
+
+impl Busy {
+    fn mode(self) -> &'static str {
+        match self {
+            Self::One => "cgroups, 1 busy",
+            Self::Tenth => "cgroups, 10 % busy",
+            Self::All => "cgroups, all busy",
+        }
+    }
+
+    fn pick(self, dirs: &[PathBuf]) -> Vec<PathBuf> {
+        match self {
+            Self::One => dirs[..1].to_vec(),
+            Self::Tenth => dirs.iter().step_by(10).cloned().collect(),
+            Self::All => dirs.to_vec(),
+        }
+    }
+}
+
+/// A thread that, every 250 ms, moves itself into each busy cgroup in turn (v1 `tasks`) and does one 4 KiB
+/// O_DIRECT read there (512 bytes: a whole run stays far below the 2 MiB
+/// of the first demotion), so each busy cgroup's counters move twice per 500 ms round; back to the root on drop.
+/// One thread instead of a process per cgroup keeps the load generator's own noise small.
+struct Walker {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Walker {
+    fn start(dirs: Vec<PathBuf>, dev: &str) -> Self {
+        use std::os::unix::fs::{FileExt, OpenOptionsExt};
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let dev = dev.to_string();
+        let thread = std::thread::spawn(move || {
+            let tid = fs::read_link("/proc/thread-self").unwrap();
+            let tid = tid.file_name().unwrap().to_str().unwrap().to_string();
+            let disk = fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&dev).unwrap();
+            let mut buf = vec![0u8; 8192];
+            let off = buf.as_ptr().align_offset(4096);
+            while !flag.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                for d in &dirs {
+                    fs::write(d.join("tasks"), &tid).unwrap();
+                    disk.read_at(&mut buf[off..off + 512], 0).unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(250).saturating_sub(t.elapsed()));
+            }
+            fs::write(Path::new(BLKIO).join("tasks"), &tid).unwrap();
+        });
+        Self { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for Walker {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Rows per N: an idle host (no I/O under the parent: the agent's parent gate skips every child), then I/O in
+/// one cgroup, in every tenth, and in all of them (each busy cgroup reads 4 KiB every 250 ms).
 fn run_cgroups(n: usize, o: &Options, lo: Option<&Loop>) -> Vec<Row> {
     eprintln!("cgroups N={n}: creating");
     let set = CgroupSet::new(n, lo);
@@ -296,17 +385,12 @@ fn run_cgroups(n: usize, o: &Options, lo: Option<&Loop>) -> Vec<Row> {
     let idle = measure("cgroups, idle", &agent, &set.dirs, o, None);
     let mut rows = vec![idle];
     if let Some(lo) = lo {
-        let script = format!(
-            "echo $$ > {}/cgroup.procs && while :; do dd if={} of=/dev/null bs=4k count=1 iflag=direct 2>/dev/null; \
-             sleep 0.25; done",
-            set.dirs[0].display(),
-            lo.dev
-        );
-        let mut busy = Command::new("sh").arg("-c").arg(script).spawn().unwrap();
-        eprintln!("cgroups N={n}: measuring {} s with I/O in one cgroup", o.seconds);
-        rows.push(measure("cgroups, busy", &agent, &set.dirs, o, None));
-        let _ = busy.kill();
-        let _ = busy.wait();
+        for busy in o.busy.iter().copied() {
+            let walker = Walker::start(busy.pick(&set.dirs), &lo.dev);
+            eprintln!("cgroups N={n}: measuring {} s, {}", o.seconds, busy.mode());
+            rows.push(measure(busy.mode(), &agent, &set.dirs, o, None));
+            drop(walker);
+        }
     }
     agent.stop();
     rows
@@ -377,7 +461,7 @@ fn main() {
         );
     }
     // The targets of the issue, for the cgroup rows.
-    for mode in ["cgroups, idle", "cgroups, busy"] {
+    for mode in ["cgroups, idle", Busy::One.mode(), Busy::Tenth.mode(), Busy::All.mode()] {
         let cg: Vec<&Row> = rows.iter().filter(|r| r.mode == mode).collect();
         if let (Some(small), Some(big)) = (cg.first(), cg.last()) {
             if small.n != big.n {

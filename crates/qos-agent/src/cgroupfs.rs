@@ -4,7 +4,7 @@
 
 mod counters;
 
-pub use counters::{CgroupfsCounters, ACTIVE_READS, FULL_READ_EVERY};
+pub use counters::{CgroupfsCounters, ACTIVE_ROUNDS, FULL_READ_EVERY};
 
 use qos_core::Weight;
 

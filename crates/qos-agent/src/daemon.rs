@@ -18,6 +18,7 @@ use crate::backend::{BackendError, ContainerInfo, CounterSource, Discovery, Disc
 use crate::config::AgentConfig;
 use crate::labels::policy_from_labels;
 use crate::metrics::{ContainerLabels, Metrics, ReasonLabels};
+use crate::pacing::{Pacer, Transition};
 use crate::state::OriginalWeights;
 
 /// What the outside world can ask of a running daemon.
@@ -119,6 +120,39 @@ pub struct Daemon<D, C, W> {
     /// Some container's desired weight is not applied (a write or an original read failed, or a weight must be
     /// written again): `retry_pending` scans only then, so an idle round costs nothing per container.
     retry_needed: bool,
+    pacer: Pacer,
+    cpu_clock: CpuClock,
+}
+
+/// The CPU time a round is charged with, read before and after it (default: the daemon thread's CPU time; the
+/// daemon runs on a current-thread runtime, so that is all the work of the round).
+#[derive(Clone)]
+pub struct CpuClock(Arc<dyn Fn() -> Duration + Send + Sync>);
+
+impl CpuClock {
+    /// A clock from a function (tests: a fake one).
+    pub fn new(f: impl Fn() -> Duration + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+
+    /// `CLOCK_THREAD_CPUTIME_ID` of the calling thread.
+    pub fn thread() -> Self {
+        Self::new(|| {
+            nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+                .map(Duration::from)
+                .unwrap_or_default()
+        })
+    }
+
+    fn now(&self) -> Duration {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for CpuClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CpuClock")
+    }
 }
 
 fn now() -> Instant {
@@ -137,7 +171,10 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     ) -> Result<Self, DaemonError> {
         let engine = Engine::new(cfg.mlfq.clone(), now())?;
         let actuator_label = format!("{:?}", cfg.actuator).to_lowercase();
+        let pacer = Pacer::new(cfg.sample_interval, cfg.cpu_budget);
         Ok(Self {
+            pacer,
+            cpu_clock: CpuClock::thread(),
             cfg,
             discovery: Some(discovery),
             counters,
@@ -151,6 +188,12 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             notify_systemd: false,
             retry_needed: false,
         })
+    }
+
+    /// Charges rounds with CPU time from `clock` (default [`CpuClock::thread`]).
+    pub fn with_cpu_clock(mut self, clock: CpuClock) -> Self {
+        self.cpu_clock = clock;
+        self
     }
 
     /// Sends READY/WATCHDOG/STOPPING to systemd (when run as a `Type=notify` service).
@@ -182,8 +225,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         });
         let mut events = std::pin::pin!(events);
 
-        let mut tick = tokio::time::interval(self.cfg.sample_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_round = tokio::time::Instant::now();
+        self.metrics.round_interval_seconds.set(self.pacer.period().as_secs_f64());
         loop {
             let deadline = self.engine.poll_timeout().map(tokio::time::Instant::from_std);
             tokio::select! {
@@ -192,13 +235,18 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                     Some(Command::Shutdown) | None => break,
                     Some(Command::Reload(cfg)) => {
                         self.reload(*cfg).await;
-                        tick = tokio::time::interval(self.cfg.sample_interval);
-                        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        next_round = tokio::time::Instant::now();
                     }
                     Some(Command::Status(reply)) => { let _ = reply.send(self.status()); }
                 },
                 Some(ev) = futures_util::StreamExt::next(&mut events) => self.on_event(ev?).await,
-                _ = tick.tick() => self.round().await,
+                _ = tokio::time::sleep_until(next_round) => {
+                    let started = tokio::time::Instant::now();
+                    self.paced_round().await;
+                    // A round that overran its period is followed by a full period, not by another round at once.
+                    let (due, now) = (started + self.pacer.period(), tokio::time::Instant::now());
+                    next_round = if due > now { due } else { now + self.pacer.period() };
+                }
                 _ = sleep_until_opt(deadline) => {
                     self.engine.handle_timeout(now());
                     self.apply_changes().await;
@@ -354,6 +402,30 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     }
 
     // ----- sampling and deciding -----
+
+    /// A round, charged to the pacer: rounds costlier than the CPU budget allows are spread out.
+    async fn paced_round(&mut self) {
+        let cpu_before = self.cpu_clock.now();
+        self.round().await;
+        let cpu = self.cpu_clock.now().saturating_sub(cpu_before);
+        self.metrics.round_cpu_seconds.inc_by(cpu.as_secs_f64());
+        let transition = self.pacer.after_round(cpu);
+        let (period, per_round) = (self.pacer.period(), self.pacer.cpu_per_round());
+        self.metrics.round_interval_seconds.set(period.as_secs_f64());
+        let budget = self.cfg.cpu_budget.map(|b| b.to_string()).unwrap_or_default();
+        match transition {
+            Transition::None => {}
+            Transition::Stretched => {
+                info!(?period, cpu_per_round = ?per_round, %budget, containers = self.tracked.len(),
+                "sampling rounds cost more CPU than the budget: spreading them out")
+            }
+            Transition::Relaxed => info!(?period, cpu_per_round = ?per_round, %budget,
+                "sampling rounds back within the CPU budget at sample_interval"),
+            Transition::OverBudget => warn!(?period, cpu_per_round = ?per_round, %budget,
+                containers = self.tracked.len(),
+                "sampling rounds exceed the CPU budget even at the longest period (8 x sample_interval)"),
+        }
+    }
 
     async fn round(&mut self) {
         let started = Instant::now();
@@ -601,7 +673,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         if restart_needed {
             warn!(
                 "reload: runtime, docker, cgroup, metrics, actuator, socket and state-file settings need a restart; \
-                   applying only mlfq, sample_interval and dry_run"
+                   applying only mlfq, sample_interval, cpu_budget and dry_run"
             );
         }
         if let Err(e) = self.engine.reconfigure(cfg.mlfq.clone(), now()) {
@@ -623,8 +695,11 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         }
         self.cfg.mlfq = cfg.mlfq;
         self.cfg.sample_interval = cfg.sample_interval;
+        self.cfg.cpu_budget = cfg.cpu_budget;
+        self.pacer.reconfigure(cfg.sample_interval, cfg.cpu_budget);
         self.cfg.dry_run = cfg.dry_run;
-        info!(sample_interval = ?self.cfg.sample_interval, dry_run = self.cfg.dry_run, "configuration reloaded");
+        info!(sample_interval = ?self.cfg.sample_interval, cpu_budget = ?self.cfg.cpu_budget, dry_run = self.cfg.dry_run,
+              "configuration reloaded");
     }
 
     fn status(&self) -> Status {

@@ -6,7 +6,8 @@
 //! ## Layout
 //! - [`backend`]: the three small traits a runtime implements ([`backend::Discovery`],
 //!   [`backend::CounterSource`], [`backend::WeightWriter`]) and the types they exchange.
-//! - [`daemon`]: the loop, generic over those traits: discover → sample → decide → apply → verify.
+//! - [`daemon`]: the loop, generic over those traits: discover → sample → decide → apply → verify;
+//!   [`pacing`]: when the next round starts (the interval, stretched to a CPU budget).
 //! - [`cgroup`]: cgroup v1/v2 files: mount detection (once), confined paths, counters, weight files, devices.
 //! - [`cgroupfs`]: backends over plain cgroup files; [`plain`]: discovery of child cgroups of one cgroup;
 //!   [`docker`]: Docker discovery, counters and actuator through `bollard`.
@@ -30,6 +31,7 @@ pub mod devices;
 pub mod docker;
 pub mod labels;
 pub mod metrics;
+pub mod pacing;
 pub mod plain;
 pub mod state;
 

@@ -2,6 +2,7 @@
 //! outages. Served as text on a loopback address when `[metrics] enabled = true`.
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -52,6 +53,10 @@ pub struct Metrics {
     pub runtime_outages: Counter,
     /// Sampling-round duration in seconds.
     pub round_seconds: Histogram,
+    /// CPU time spent in sampling rounds, in seconds (its rate is the share of a core they use).
+    pub round_cpu_seconds: Counter<f64, AtomicU64>,
+    /// Current time between round starts: `sample_interval`, or longer when the CPU budget stretches it.
+    pub round_interval_seconds: Gauge<f64, AtomicU64>,
 }
 
 impl Metrics {
@@ -68,6 +73,8 @@ impl Metrics {
             runtime_up: Gauge::default(),
             runtime_outages: Counter::default(),
             round_seconds: Histogram::new(exponential_buckets(1e-5, 2.0, 18)),
+            round_cpu_seconds: Counter::default(),
+            round_interval_seconds: Gauge::default(),
         }
     }
 
@@ -83,6 +90,12 @@ impl Metrics {
         r.register("runtime_up", "1 while the container runtime answers", self.runtime_up.clone());
         r.register("runtime_outages", "Times the container runtime became unreachable", self.runtime_outages.clone());
         r.register("round_duration_seconds", "Duration of one sampling round", self.round_seconds.clone());
+        r.register("round_cpu_seconds", "CPU time spent in sampling rounds", self.round_cpu_seconds.clone());
+        r.register(
+            "round_interval_seconds",
+            "Time between sampling rounds (stretched beyond sample_interval by the CPU budget)",
+            self.round_interval_seconds.clone(),
+        );
         r
     }
 

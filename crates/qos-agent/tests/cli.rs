@@ -72,6 +72,8 @@ fn check_config_rejects_bad_files_naming_the_field_and_the_value() {
         ("zero-duration.toml", "[mlfq]\nboost_after = \"0s\"\n", &["mlfq.boost_after", "0", "greater than zero"]),
         ("bad-interval.toml", "sample_interval = \"fast\"\n", &["sample_interval", "\"fast\""]),
         ("tiny-interval.toml", "sample_interval = \"1ms\"\n", &["sample_interval", "1ms", "10ms"]),
+        ("bad-budget.toml", "cpu_budget = \"0.8\"\n", &["cpu_budget", "\"0.8\"", "percentage"]),
+        ("zero-budget.toml", "cpu_budget = \"0%\"\n", &["cpu_budget", "\"0%\"", "more than 0%"]),
         ("cgroup-dir.toml", "runtime = \"cgroup-dir\"\n", &["cgroup.parent", "\"\"", "cgroup-dir"]),
         ("relative-state.toml", "state_file = \"state.json\"\n", &["state_file", "state.json", "absolute"]),
         ("bad-actuator.toml", "actuator = \"magic\"\n", &["actuator", "magic"]),
@@ -213,7 +215,9 @@ fn example_config_is_valid_and_equals_the_defaults() {
     assert!(out.status.success(), "{}", stderr(&out));
     // Every line is either a comment, blank, or a key of the schema (no key left out by a typo).
     let text = std::fs::read_to_string(&path).unwrap();
-    for key in ["runtime", "sample_interval", "actuator", "dry_run", "state_file", "control_socket", "[docker]"] {
+    for key in
+        ["runtime", "sample_interval", "cpu_budget", "actuator", "dry_run", "state_file", "control_socket", "[docker]"]
+    {
         assert!(text.contains(key), "{key} not documented in deploy/agent.toml");
     }
     for key in ["[cgroup]", "[devices]", "[metrics]", "[mlfq]", "boost_after", "idle_promote_after", "levels"] {

@@ -19,7 +19,7 @@ use qos_agent::backend::{
 };
 use qos_agent::cgroup::CgroupError;
 use qos_agent::config::AgentConfig;
-use qos_agent::daemon::{Command, Daemon, DaemonError, Status, StatusRow, Summary};
+use qos_agent::daemon::{Command, CpuClock, Daemon, DaemonError, Status, StatusRow, Summary};
 use qos_agent::labels::{EXCLUDE_LABEL, WEIGHT_LABEL};
 use qos_agent::metrics::{Metrics, ReasonLabels};
 use qos_agent::state::OriginalWeights;
@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 const MIB: u64 = 1 << 20;
+const MS: Duration = Duration::from_millis(1);
 const TICK: Duration = Duration::from_millis(500);
 /// What a fresh BFQ cgroup holds.
 const KERNEL_DEFAULT: u32 = 100;
@@ -250,6 +251,17 @@ impl Harness {
     }
 
     fn start_with(cfg: AgentConfig, world: &World, initial: Vec<ContainerInfo>, originals: OriginalWeights) -> Self {
+        // Rounds cost no CPU by default, so the CPU budget never moves a round (tests count rounds in ticks).
+        Self::start_clocked(cfg, world, initial, originals, CpuClock::new(|| Duration::ZERO))
+    }
+
+    fn start_clocked(
+        cfg: AgentConfig,
+        world: &World,
+        initial: Vec<ContainerInfo>,
+        originals: OriginalWeights,
+        clock: CpuClock,
+    ) -> Self {
         let (events_tx, events) = mpsc::unbounded_channel();
         let (commands, rx) = mpsc::channel(16);
         let metrics = Arc::new(Metrics::new());
@@ -262,7 +274,8 @@ impl Harness {
             originals,
             metrics.clone(),
         )
-        .expect("valid config");
+        .expect("valid config")
+        .with_cpu_clock(clock);
         Self { world: world.clone(), events: events_tx, commands, metrics, daemon: tokio::spawn(daemon.run(rx)) }
     }
 
@@ -1159,11 +1172,74 @@ async fn metrics_export_the_names_the_readme_lists() {
     let text = h.metrics.render();
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let types: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).collect();
-    assert_eq!(types.len(), 10, "{text}");
+    assert_eq!(types.len(), 12, "{text}");
     for t in types {
         let name = t.split_whitespace().next().unwrap();
         assert!(readme.contains(&format!("`{name}")), "README.md does not list {name}");
     }
     assert!(text.contains("ddiskqos_container_weight{id=\"a\",name=\"a-name\"} 200"), "{text}");
     assert!(text.contains("ddiskqos_decisions_total{reason=\"demoted\"} 1"), "{text}");
+}
+
+/// A CPU clock that advances `per_call` every time it is read: each round (read before and after) costs that much.
+fn costly_clock(per_call: Duration) -> CpuClock {
+    let t = Arc::new(Mutex::new(Duration::ZERO));
+    CpuClock::new(move || {
+        let mut t = t.lock().unwrap();
+        *t += per_call;
+        *t
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn rounds_costlier_than_the_cpu_budget_are_spread_out() {
+    let world = World::default();
+    world.add("a", KERNEL_DEFAULT);
+    let originals = OriginalWeights::load(None).unwrap();
+    // 8 ms of CPU per round against the default 0.8 % budget: one round per second instead of two.
+    let h = Harness::start_clocked(cfg(), &world, vec![info("a", &[])], originals, costly_clock(MS * 8));
+    h.settle().await;
+    let before = world.samples_of("a");
+    h.rounds(20).await; // 10 s
+    let taken = world.samples_of("a") - before;
+    assert!((9..=11).contains(&taken), "{taken} rounds in 10 s; the budget allows 10");
+    let text = h.metrics.render();
+    assert!(text.contains("ddiskqos_round_interval_seconds 1.0"), "{text}");
+
+    // Demotion still happens, on the stretched rounds.
+    world.set_read("a", 3 * MIB);
+    h.rounds(3).await;
+    assert_eq!(world.weight("a"), 200);
+
+    // Budget off by reload: back to every tick.
+    let mut off = cfg();
+    off.cpu_budget = None;
+    h.reload(off).await;
+    let before = world.samples_of("a");
+    h.rounds(20).await;
+    let taken = world.samples_of("a") - before;
+    assert!((19..=21).contains(&taken), "{taken} rounds in 10 s without a budget");
+    assert!(h.metrics.render().contains("ddiskqos_round_interval_seconds 0.5"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn cheap_rounds_keep_the_sampling_interval() {
+    let world = World::default();
+    world.add("a", KERNEL_DEFAULT);
+    let originals = OriginalWeights::load(None).unwrap();
+    // 1 ms per round is 0.2 % of a core at 500 ms: within the budget.
+    let h = Harness::start_clocked(cfg(), &world, vec![info("a", &[])], originals, costly_clock(MS));
+    h.settle().await;
+    let before = world.samples_of("a");
+    h.rounds(20).await;
+    let taken = world.samples_of("a") - before;
+    assert!((19..=21).contains(&taken), "{taken} rounds in 10 s");
+    let text = h.metrics.render();
+    let cpu: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ddiskqos_round_cpu_seconds_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no round CPU counter:\n{text}"));
+    let rounds = world.samples_of("a") as f64;
+    assert!((cpu - rounds * 1e-3).abs() < 2.5e-3, "{cpu} s of CPU charged for {rounds} rounds of 1 ms");
 }

@@ -757,6 +757,7 @@ fn bad_config_is_refused_naming_field_and_value() {
         (base.replace("parent = \"ctr\"", "parent = \"\""), vec!["cgroup.parent"]),
         (base.replace("parent = \"ctr\"", "parent = \"ctr/../..\""), vec!["cgroup.parent", "ctr/../.."]),
         (format!("sample_interval = \"1ms\"\n{base}"), vec!["sample_interval", "1ms"]),
+        (format!("cpu_budget = \"lots\"\n{base}"), vec!["cpu_budget", "lots"]),
         (format!("{base}[metrics]\nenabled = true\nlisten = \"localhost\"\n"), vec!["listen", "localhost"]),
         (format!("{base}[devices]\ncheck = [\"../sda\"]\n"), vec!["devices.check[0]", "../sda"]),
         (format!("{base}[devices]\nswitch_to_bfq = [\"sda\", \"\"]\n"), vec!["devices.switch_to_bfq[1]"]),

@@ -364,7 +364,7 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
         (path.clone(), path.clone(), path),
         ("[a-z/]{0,12}", "[a-z][a-z0-9/]{0,12}"),
         (prop::collection::vec(device, 0..3), prop::collection::vec(device, 0..3)),
-        (any::<bool>(), listen),
+        (any::<bool>(), listen, prop::option::of(1u32..=1_000_000)),
         mlfq,
     )
         .prop_map(
@@ -380,6 +380,7 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
                 AgentConfig {
                     runtime: if docker { RuntimeKind::Docker } else { RuntimeKind::CgroupDir },
                     sample_interval,
+                    cpu_budget: m.2.map(qos_agent::pacing::CpuBudget::from_ppm),
                     actuator: match (actuator, docker) {
                         (0, true) => ActuatorMode::Docker,
                         (1, _) => ActuatorMode::Cgroupfs,
@@ -409,6 +410,20 @@ proptest! {
         let text = toml::to_string(&cfg).expect("serializes");
         let back = AgentConfig::from_toml(&text, Path::new("generated.toml"));
         prop_assert_eq!(back.as_ref().ok(), Some(&cfg), "{}\n{:?}", text, back);
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// The CPU budget's parser: any text is accepted or refused without a panic, and every budget prints as text
+    /// that parses back to it.
+    #[test]
+    fn cpu_budget_text_never_panics_and_round_trips(text in "\\PC{0,12}", ppm in 1u32..=1_000_000) {
+        let _ = qos_agent::pacing::CpuBudget::parse(&text);
+        let _ = qos_agent::pacing::CpuBudget::parse(&format!("{text}%"));
+        let b = qos_agent::pacing::CpuBudget::from_ppm(ppm);
+        prop_assert_eq!(qos_agent::pacing::CpuBudget::parse(&b.to_string()), Ok(b));
     }
 }
 

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use dockerd::{can_run_dockerd, CountingProxy, Dockerd, TEST_IMAGE};
 use probe::*;
-use support::{bfq_weight, has_blkio_v1, is_root, require, wait_for, Agent};
+use support::{bfq_weight, has_blkio_v1, is_root, require, run_in_cgroup, wait_for, Agent, LoopDevice};
 
 fn env_count(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -115,6 +115,21 @@ fn a_thousand_cgroups_are_managed_and_forgotten() {
     let table = status(&agent.socket()).unwrap();
     assert!(table.containers.iter().all(|r| r.weight == Some(1000) && r.level == Some(1)));
     eprintln!("RSS at {n} containers: {} KiB", vm_rss_kib(agent.child.as_ref().unwrap().id()));
+
+    // The parent gate leaves idle children unread; one that starts I/O is found through its parent's unexplained
+    // bytes in the next round (not only at the every-8th-round full read, 4 s here) and demoted.
+    let disk = LoopDevice::new(64);
+    std::thread::sleep(Duration::from_secs(3)); // more than ACTIVE_ROUNDS rounds: every child counts as idle
+    let waker = &dirs[n / 4]; // among those removed below
+    let t = Instant::now();
+    run_in_cgroup(waker, &format!("dd if={} of=/dev/null bs=1M count=3 iflag=direct status=none", disk.dev));
+    let demoted =
+        wait_for(Duration::from_secs(10), Duration::from_millis(20), || (bfq_weight(waker) == Some(200)).then_some(()));
+    let took = t.elapsed();
+    assert!(demoted.is_some(), "{} read 3 MiB and was not demoted:\n{}", waker.display(), agent.log_text());
+    eprintln!("an idle cgroup among {n} that read 3 MiB was demoted {:.2} s later", took.as_secs_f64());
+    assert!(took < Duration::from_secs(2), "demoted only after {took:?}: the gate did not find it within 4 rounds");
+    assert_eq!(dirs.iter().filter(|d| bfq_weight(d) == Some(1000)).count(), n - 1, "only the reader demoted");
 
     // Half go away: the agent's table and metrics shrink with them.
     let (gone, kept) = dirs.split_at(n / 2);

@@ -14,9 +14,9 @@ use crate::cgroup::{CgroupDir, CgroupRoot, CounterReader};
 /// How often (in rounds) the parent gate is ignored and every child read.
 pub const FULL_READ_EVERY: u32 = 8;
 
-/// A child whose counters did not move in this many consecutive reads counts as idle: it is read only when its
-/// parent's counters show I/O that the active children do not account for.
-pub const ACTIVE_READS: u8 = 4;
+/// A child whose counters did not move for this many rounds counts as idle: it is read only when its parent's
+/// counters show I/O that the active children do not account for.
+pub const ACTIVE_ROUNDS: u64 = 4;
 
 /// Counters read from each container's cgroup stat file, kept open between rounds.
 ///
@@ -27,8 +27,8 @@ pub const ACTIVE_READS: u8 = 4;
 ///
 /// 1. each parent's counters are read first; a parent that did not move since the previous round means none of
 ///    its children did I/O, and none is read;
-/// 2. a parent that moved has its *active* children read (those whose counters moved in one of their last
-///    [`ACTIVE_READS`] reads);
+/// 2. a parent that moved has its *active* children read (those whose counters moved, or which joined, in the
+///    last [`ACTIVE_ROUNDS`] rounds);
 /// 3. the parent's bytes are then compared with the sum of its children's last-read bytes plus the offset taken
 ///    at the last full read (bytes of the parent's own processes, of removed and unmanaged children). Children
 ///    are read after the parent, so when only active children did I/O the parent cannot exceed that sum; when it
@@ -63,24 +63,27 @@ struct Member {
     parent: Option<usize>,
     /// Read + write bytes at the last successful read.
     last: Option<u64>,
-    /// Consecutive reads that found `last` unchanged.
-    quiet: u8,
+    /// The round in which a read last found `last` changed (or the member joined).
+    moved: u64,
     /// The round of the last read attempt (a member is read at most once per round).
     round: u64,
 }
 
 impl Member {
-    fn active(&self) -> bool {
-        self.last.is_none() || self.quiet < ACTIVE_READS
+    fn active(&self, round: u64) -> bool {
+        self.last.is_none() || round.saturating_sub(self.moved) < ACTIVE_ROUNDS
     }
 
-    /// Reads the counters, updating `last`/`quiet`; returns the change of the byte total for the parent's sum.
-    fn read(&mut self) -> (Result<IoCounters, BackendError>, i128) {
+    /// Reads the counters in `round`; returns the change of the byte total, for the parent's sum.
+    fn read(&mut self, round: u64) -> (Result<IoCounters, BackendError>, i128) {
+        self.round = round;
         match self.reader.read() {
             Ok(c) => {
                 let now = total(&c);
                 let old = self.last.replace(now);
-                self.quiet = if old == Some(now) { self.quiet.saturating_add(1) } else { 0 };
+                if old != Some(now) {
+                    self.moved = round;
+                }
                 (Ok(c), i128::from(now) - i128::from(old.unwrap_or(0)))
             }
             Err(e) => (Err(e.into()), 0),
@@ -142,7 +145,7 @@ impl CgroupfsCounters {
         if parent.is_none() {
             self.ungated += 1;
         }
-        let member = Member { reader, parent, last: None, quiet: 0, round: 0 };
+        let member = Member { reader, parent, last: None, moved: self.round, round: 0 };
         if let Some(old) = self.readers.insert(info.id.clone(), member) {
             self.leave(&old);
         }
@@ -242,9 +245,10 @@ impl CgroupfsCounters {
             return; // an idle host: nothing to read
         }
         // Ungated members, members of parents in `All`, and the active members of parents in `Active`.
+        let round = self.round;
         self.read_members(out, |mode, m| match mode {
             None | Some(Mode::All) => true,
-            Some(Mode::Active) => m.active(),
+            Some(Mode::Active) => m.active(round),
             Some(Mode::Skip) => false,
         });
         let mut unexplained = false;
@@ -271,8 +275,7 @@ impl CgroupfsCounters {
             if m.round == self.round || !pick(parent.as_ref().map(|p| p.mode), m) {
                 continue;
             }
-            m.round = self.round;
-            let (result, delta) = m.read();
+            let (result, delta) = m.read(self.round);
             if let Some(p) = parent {
                 p.sum += delta;
                 p.dirty |= result.is_err();
@@ -410,7 +413,7 @@ mod tests {
         let mut t = Tree::new(&names);
         t.round();
         // c0 keeps reading; the others stay idle long enough to count as idle.
-        for _ in 0..=ACTIVE_READS {
+        for _ in 0..=ACTIVE_ROUNDS {
             t.quiet_until_full();
             t.io("c0", 4096);
             t.round();
@@ -430,7 +433,7 @@ mod tests {
     fn io_of_an_idle_child_is_seen_in_the_same_round() {
         let mut t = Tree::new(&["busy", "idle1", "idle2"]);
         t.round();
-        for _ in 0..=ACTIVE_READS {
+        for _ in 0..=ACTIVE_ROUNDS {
             t.quiet_until_full();
             t.io("busy", 4096);
             t.round();
@@ -452,7 +455,7 @@ mod tests {
     fn unmanaged_io_under_the_parent_reads_every_child_then_settles() {
         let mut t = Tree::new(&["a", "b"]);
         t.round();
-        for _ in 0..=ACTIVE_READS {
+        for _ in 0..=ACTIVE_ROUNDS {
             t.quiet_until_full();
             t.io("a", 1);
             t.round();
@@ -468,7 +471,7 @@ mod tests {
     fn parent_going_down_or_membership_changing_reads_every_child() {
         let mut t = Tree::new(&["a", "b", "c"]);
         t.round();
-        for _ in 0..=ACTIVE_READS {
+        for _ in 0..=ACTIVE_ROUNDS {
             t.quiet_until_full();
             t.io("a", 10);
             t.round();
@@ -495,7 +498,7 @@ mod tests {
     fn a_failed_child_read_reads_every_child_next_round() {
         let mut t = Tree::new(&["a", "b"]);
         t.round();
-        for _ in 0..=ACTIVE_READS {
+        for _ in 0..=ACTIVE_ROUNDS {
             t.quiet_until_full();
             t.io("a", 1);
             t.round();

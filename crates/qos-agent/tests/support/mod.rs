@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 #[path = "../fixtures/mod.rs"]
 mod fixtures;
 
+#[allow(unused_imports)] // not every test binary uses it
+pub use fixtures::run_in_cgroup;
+
 /// Whether real tests must run (CI, or the README's test command): then a missing prerequisite fails the test.
 pub fn must_run() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true") || std::env::var("DDISKQOS_REQUIRE_REAL").is_ok_and(|v| v == "1")
