@@ -7,6 +7,10 @@
 //!   BFQ loop device (so its file shows a device, like a busy container's). Only when running as root on a
 //!   cgroup v1 host; removed afterwards.
 //!
+//! - `gated_idle_real_v1` (N = 1,024 only): the agent's own sampler (`CgroupfsCounters` with the parent gate) over
+//!   the same real cgroups when none does I/O: a round is one read of the parent's recursive counters, which the
+//!   kernel sums over every child (so it still grows with N), plus every 8th round a read of every child.
+//!
 //! Criterion reports time per round and, through `Throughput::Elements(N)`, containers per second; the
 //! per-container cost is time / N (also printed at the end).
 
@@ -19,7 +23,13 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use fixtures::{is_root, make_cgroup, run_in_cgroup, CgroupGuard, Layout, LoopDevice, BLKIO};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use qos_agent::backend::ContainerInfo;
 use qos_agent::cgroup::{CgroupRoot, CgroupVersion, CounterReader, CounterSource};
+use qos_agent::cgroupfs::CgroupfsCounters;
+use qos_core::ContainerId;
 
 const SIZES: [usize; 3] = [64, 256, 1024];
 const MAX: usize = 1024;
@@ -92,6 +102,21 @@ fn sampling_round(c: &mut Criterion) {
             group
                 .bench_with_input(BenchmarkId::new("real_v1", n), &n, |b, _| b.iter(|| black_box(round(&mut readers))));
             summary.push(("real_v1", n, per_container(&mut readers)));
+
+            if n != MAX {
+                continue; // the parent's read sums over all MAX children, whatever N: only N = MAX is that case
+            }
+            let mut gated = gated_sampler(root, &real.cgroup.rel, n);
+            let mut out = Vec::new();
+            gated.sample_now(&mut out);
+            assert_eq!(out.len(), n, "the first round reads every child (baselines)");
+            group.bench_with_input(BenchmarkId::new("gated_idle_real_v1", n), &n, |b, _| {
+                b.iter(|| {
+                    out.clear();
+                    gated.sample_now(&mut out);
+                    black_box(out.len())
+                })
+            });
         }
     }
     group.finish();
@@ -102,6 +127,22 @@ fn sampling_round(c: &mut Criterion) {
         );
     }
     drop(real);
+}
+
+/// The agent's sampler over `parent_rel/c0..cN`, with the parent gate.
+fn gated_sampler(root: &CgroupRoot, parent_rel: &str, n: usize) -> CgroupfsCounters {
+    let root = Arc::new(root.clone());
+    let mut c = CgroupfsCounters::with_root(root.clone());
+    for i in 0..n {
+        let info = ContainerInfo {
+            id: ContainerId::new(format!("c{i}")),
+            name: format!("c{i}"),
+            labels: BTreeMap::new(),
+            cgroup: Some(root.resolve_relative(&format!("{parent_rel}/c{i}")).unwrap()),
+        };
+        c.attach_now(&info).unwrap();
+    }
+    c
 }
 
 /// A plain cross-check of criterion's figure, less sensitive to a busy machine: (median, minimum) of 200 timed
