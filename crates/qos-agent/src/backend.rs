@@ -97,7 +97,8 @@ impl BackendError {
 }
 
 /// Reads cumulative I/O counters. Holds per-container handles between rounds (e.g. open files), so a round costs
-/// one read per container and no runtime API call.
+/// at most one read per container and no runtime API call. A round may leave out containers that cannot have done
+/// I/O since the previous one (no entry in `out`): the daemon treats that like unchanged counters.
 pub trait CounterSource: Send {
     /// Starts sampling a container. Called once per container, before its first sample.
     fn attach(&mut self, info: &ContainerInfo) -> impl Future<Output = Result<(), BackendError>> + Send;
