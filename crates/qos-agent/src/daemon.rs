@@ -79,6 +79,8 @@ pub enum DaemonError {
 struct Tracked {
     info: ContainerInfo,
     labels: ContainerLabels,
+    /// This container's `container_bytes` series, kept so a sample does not look it up by its labels.
+    bytes: prometheus_client::metrics::gauge::Gauge,
     /// The weight it had before the agent first wrote one (read at discovery, or from the state file).
     original: Option<Weight>,
     /// What the engine wants; `None` = leave/restore the original.
@@ -332,11 +334,13 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             },
         };
         let labels = ContainerLabels { id: id.short().to_string(), name: info.name.clone() };
+        let bytes = self.metrics.bytes.get_or_create(&labels).clone();
         self.tracked.insert(
             id.clone(),
             Tracked {
                 info,
                 labels,
+                bytes,
                 original,
                 desired: None,
                 applied: None,
@@ -446,7 +450,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                     tr.last_counters = Some(counters);
                     self.engine.handle_sample(&id, counters, t);
                     if let Some(v) = self.engine.container(&id, t) {
-                        self.metrics.bytes.get_or_create(&tr.labels).set(v.total_bytes.min(i64::MAX as u64) as i64);
+                        tr.bytes.set(v.total_bytes.min(i64::MAX as u64) as i64);
                     }
                 }
                 Err(e) if e.is_vanished() => vanished.push(id),

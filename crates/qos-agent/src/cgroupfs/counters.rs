@@ -312,8 +312,10 @@ mod tests {
 
     const STAT: &str = "blkio.bfq.io_service_bytes_recursive";
 
+    /// Writes both the v1 file and v2 `io.stat`, so one tree serves either version's reader.
     fn write_stat(dir: &Path, read: u64) {
         fs::write(dir.join(STAT), format!("7:0 Read {read}\n7:0 Write 0\n7:0 Total {read}\nTotal {read}\n")).unwrap();
+        fs::write(dir.join("io.stat"), format!("7:0 rbytes={read} wbytes=0 rios=1 wios=0 dbytes=0 dios=0\n")).unwrap();
     }
 
     fn ids(out: &[Sample]) -> Vec<String> {
@@ -334,11 +336,15 @@ mod tests {
 
     impl Tree {
         fn new(names: &[&str]) -> Self {
+            Self::with_version(CgroupVersion::V1, names)
+        }
+
+        fn with_version(version: CgroupVersion, names: &[&str]) -> Self {
             let tmp = tempfile::tempdir().unwrap();
             let parent = tmp.path().join("pods");
             fs::create_dir(&parent).unwrap();
             write_stat(&parent, 0);
-            let root = Arc::new(CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap());
+            let root = Arc::new(CgroupRoot::from_dir(version, tmp.path()).unwrap());
             let mut t =
                 Self { counters: CgroupfsCounters::with_root(root), parent, _tmp: tmp, bytes: BTreeMap::new(), own: 0 };
             for n in names {
@@ -512,6 +518,26 @@ mod tests {
         t.io("a", 1); // rewrites a's file correctly
         write_stat(&t.parent, t.bytes.values().sum::<u64>());
         assert_eq!(t.round(), ["a", "b"]);
+    }
+
+    #[test]
+    fn the_gate_works_the_same_on_v2_io_stat() {
+        let mut t = Tree::with_version(CgroupVersion::V2, &["busy", "idle"]);
+        let reader = &t.counters.readers[&ContainerId::new("busy")].reader;
+        assert_eq!(reader.source(), crate::cgroup::CounterSource::V2IoStat);
+        t.round();
+        for _ in 0..=ACTIVE_ROUNDS {
+            t.quiet_until_full();
+            t.io("busy", 4096);
+            t.round();
+        }
+        t.io("busy", 4096);
+        assert_eq!(t.round(), ["busy"]);
+        t.io("idle", 1);
+        assert_eq!(t.round(), ["busy", "idle"]);
+        t.quiet_until_full();
+        assert_eq!(t.round().len(), 2, "the periodic full read");
+        assert!(t.round().is_empty(), "nothing moved");
     }
 
     #[test]
