@@ -389,6 +389,16 @@ mod tests {
             ids(&out)
         }
 
+        /// Rounds in which only `name` does I/O (`n` bytes each), until every other child counts as idle; the
+        /// last of them is a full read, so the caller's next round is the first after it.
+        fn settle_with_busy(&mut self, name: &str, n: u64) {
+            for _ in 0..=ACTIVE_ROUNDS {
+                self.quiet_until_full();
+                self.io(name, n);
+                self.round();
+            }
+        }
+
         /// Rounds until just before the next full read, each reading nothing (callers make sure nothing moved).
         fn quiet_until_full(&mut self) {
             while self.counters.rounds != 0 {
@@ -419,11 +429,7 @@ mod tests {
         let mut t = Tree::new(&names);
         t.round();
         // c0 keeps reading; the others stay idle long enough to count as idle.
-        for _ in 0..=ACTIVE_ROUNDS {
-            t.quiet_until_full();
-            t.io("c0", 4096);
-            t.round();
-        }
+        t.settle_with_busy("c0", 4096);
         for i in 0..3 * FULL_READ_EVERY {
             t.io("c0", 1 << 20);
             let read = t.round();
@@ -439,11 +445,7 @@ mod tests {
     fn io_of_an_idle_child_is_seen_in_the_same_round() {
         let mut t = Tree::new(&["busy", "idle1", "idle2"]);
         t.round();
-        for _ in 0..=ACTIVE_ROUNDS {
-            t.quiet_until_full();
-            t.io("busy", 4096);
-            t.round();
-        }
+        t.settle_with_busy("busy", 4096);
         t.io("busy", 4096);
         assert_eq!(t.round(), ["busy"]);
         t.io("busy", 4096);
@@ -461,11 +463,7 @@ mod tests {
     fn unmanaged_io_under_the_parent_reads_every_child_then_settles() {
         let mut t = Tree::new(&["a", "b"]);
         t.round();
-        for _ in 0..=ACTIVE_ROUNDS {
-            t.quiet_until_full();
-            t.io("a", 1);
-            t.round();
-        }
+        t.settle_with_busy("a", 1);
         t.own += 100; // a process in the parent itself, or a child cgroup the agent does not manage
         t.sync_parent();
         assert_eq!(t.round(), ["a", "b"], "the parent moved and no active child explains it");
@@ -477,11 +475,7 @@ mod tests {
     fn parent_going_down_or_membership_changing_reads_every_child() {
         let mut t = Tree::new(&["a", "b", "c"]);
         t.round();
-        for _ in 0..=ACTIVE_ROUNDS {
-            t.quiet_until_full();
-            t.io("a", 10);
-            t.round();
-        }
+        t.settle_with_busy("a", 10);
         t.io("a", 10);
         assert_eq!(t.round(), ["a"]);
         // The kernel drops a removed child's bytes from its parent: the parent's counters go down.
@@ -504,11 +498,7 @@ mod tests {
     fn a_failed_child_read_reads_every_child_next_round() {
         let mut t = Tree::new(&["a", "b"]);
         t.round();
-        for _ in 0..=ACTIVE_ROUNDS {
-            t.quiet_until_full();
-            t.io("a", 1);
-            t.round();
-        }
+        t.settle_with_busy("a", 1);
         fs::write(t.parent.join("a").join(STAT), "garbage\n").unwrap();
         write_stat(&t.parent, 999);
         let mut out = Vec::new();
@@ -526,11 +516,7 @@ mod tests {
         let reader = &t.counters.readers[&ContainerId::new("busy")].reader;
         assert_eq!(reader.source(), crate::cgroup::CounterSource::V2IoStat);
         t.round();
-        for _ in 0..=ACTIVE_ROUNDS {
-            t.quiet_until_full();
-            t.io("busy", 4096);
-            t.round();
-        }
+        t.settle_with_busy("busy", 4096);
         t.io("busy", 4096);
         assert_eq!(t.round(), ["busy"]);
         t.io("idle", 1);
