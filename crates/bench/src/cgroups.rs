@@ -13,19 +13,16 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use qos_agent::cgroup::{CgroupDir, CgroupRoot, CgroupVersion, CounterReader, WeightFile};
+use qos_agent::cgroup::{parse_blkio_stat, CgroupDir, CgroupRoot, CgroupVersion, CounterReader, WeightFile};
 use qos_core::{IoCounters, Weight};
 
 use crate::sys;
 
 /// The v1 blkio hierarchy.
 pub const V1_BLKIO: &str = "/sys/fs/cgroup/blkio";
-/// Per-cgroup bytes served by BFQ (the only v1 counter that counts I/O to a BFQ device without a throttle rule).
-pub const V1_BFQ_BYTES: &str = "blkio.bfq.io_service_bytes_recursive";
-/// Per-cgroup BFQ weight (1..=1000, default 100).
-pub const V1_BFQ_WEIGHT: &str = "blkio.bfq.weight";
-/// BFQ's default weight, what every cgroup has unless someone writes another.
-pub const DEFAULT_WEIGHT: u64 = 100;
+/// Per-cgroup bytes served by BFQ (the only v1 counter that counts I/O to a BFQ device without a throttle rule),
+/// and per-cgroup BFQ weight (1..=1000, default 100): the agent's names for the two files.
+pub use qos_agent::cgroup::{V1_BFQ_BYTES, V1_BFQ_WEIGHT};
 
 /// Reads counters and writes weights of cgroup directories.
 pub trait CgroupBackend: Send + Sync + std::fmt::Debug {
@@ -44,6 +41,8 @@ pub trait CgroupBackend: Send + Sync + std::fmt::Debug {
     }
     /// Writes the weight without checking.
     fn write_weight(&self, dir: &Path, weight: Weight) -> Result<()>;
+    /// The cgroup is done (removed, or no longer read): drops whatever the backend keeps open for it.
+    fn forget(&self, _dir: &Path) {}
 }
 
 /// cgroup v1 `blkio` with BFQ: `blkio.bfq.io_service_bytes_recursive` and `blkio.bfq.weight`.
@@ -131,6 +130,10 @@ impl CgroupBackend for AgentCgroups {
     fn write_weight_verified(&self, dir: &Path, weight: Weight) -> Result<()> {
         Ok(WeightFile::open(&self.dir(dir)?)?.write_verified(weight)?)
     }
+
+    fn forget(&self, dir: &Path) {
+        self.readers.lock().unwrap_or_else(|p| p.into_inner()).remove(dir);
+    }
 }
 
 /// The backend the bench uses: the agent's library when it detects the v1 blkio hierarchy, else the private
@@ -145,22 +148,10 @@ pub fn default_backend() -> (Arc<dyn CgroupBackend>, &'static str) {
     }
 }
 
-/// Sums the `Read` and `Write` lines of every device in a v1 rwstat file (`7:0 Read 123`).
+/// Sums the `Read` and `Write` lines of every device in a v1 rwstat file (`7:0 Read 123`), with the agent's parser
+/// (`qos_agent::cgroup::parse_blkio_stat`).
 pub fn parse_v1_rwstat(text: &str) -> Result<IoCounters> {
-    let mut c = IoCounters::default();
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        let (Some(_dev), Some(op), Some(value)) = (words.next(), words.next(), words.next()) else {
-            continue; // the trailing "Total N" line has two words
-        };
-        let value: u64 = value.parse().with_context(|| format!("bad number in {line:?}"))?;
-        match op {
-            "Read" => c.read = c.read.saturating_add(value),
-            "Write" => c.write = c.write.saturating_add(value),
-            _ => {}
-        }
-    }
-    Ok(c)
+    Ok(parse_blkio_stat(Path::new(V1_BFQ_BYTES), text.as_bytes())?)
 }
 
 /// Parses a weight file: `100` (v1) or `default 100` (v2 `io.bfq.weight`).
@@ -278,6 +269,23 @@ mod tests {
         assert_eq!(V1Bfq.read_weight(&cg).unwrap(), 1000);
         assert_eq!(agent.read_weight(&cg).unwrap(), 1000);
         assert!(agent.read_counters(Path::new("/elsewhere")).is_err(), "paths outside the root are refused");
+    }
+
+    /// `forget` closes the counter file kept open for a cgroup; the next read reopens it.
+    #[test]
+    fn agent_backend_forgets_readers() {
+        let root_dir = tempfile::tempdir().unwrap();
+        let cg = root_dir.path().join("fg-1");
+        std::fs::create_dir(&cg).unwrap();
+        std::fs::write(cg.join(V1_BFQ_BYTES), SAMPLE).unwrap();
+        let root = CgroupRoot::from_dir(CgroupVersion::V1, root_dir.path()).unwrap();
+        let cg = root.path().join("fg-1");
+        let agent = AgentCgroups::with_root(root);
+        agent.read_counters(&cg).unwrap();
+        assert_eq!(agent.readers.lock().unwrap().len(), 1);
+        agent.forget(&cg);
+        assert!(agent.readers.lock().unwrap().is_empty());
+        assert_eq!(agent.read_counters(&cg).unwrap().read, 1_048_586);
     }
 
     #[derive(Debug)]

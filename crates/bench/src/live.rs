@@ -25,7 +25,7 @@ use anyhow::{Context, Result};
 use qos_core::{Config, ContainerId, Engine, Weight};
 use serde::Serialize;
 
-use crate::cgroups::{CgroupBackend, DEFAULT_WEIGHT};
+use crate::cgroups::CgroupBackend;
 
 /// At most this many weight events are kept in [`LiveStats::events`].
 const MAX_EVENTS: usize = 200_000;
@@ -34,12 +34,8 @@ const MAX_EVENTS: usize = 200_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct LiveOptions {
     /// How often every cgroup's counters are read.
-    #[serde(serialize_with = "ser_ms")]
+    #[serde(serialize_with = "crate::report::json::ser_ms")]
     pub sample_interval: Duration,
-}
-
-fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(d.as_secs_f64() * 1e3)
 }
 
 /// One decision of the engine and what became of it.
@@ -160,7 +156,9 @@ impl LiveEngine {
     /// The container is gone (or leaves the experiment).
     pub fn remove(&self, id: &ContainerId) {
         let mut st = self.lock();
-        st.members.remove(id);
+        if let Some(dir) = st.members.remove(id) {
+            self.shared.backend.forget(&dir);
+        }
         st.engine.handle_removed(id, Instant::now());
     }
 
@@ -174,7 +172,7 @@ impl LiveEngine {
             .iter()
             .map(|(id, dir)| (id.clone(), dir.clone(), st.engine.container(id, now).and_then(|v| v.weight)))
             .collect();
-        let default = Weight::new(DEFAULT_WEIGHT).expect("valid");
+        let default = Weight::KERNEL_DEFAULT;
         let t_ms = st.t0.elapsed().as_secs_f64() * 1e3;
         for (id, dir, weight) in targets {
             let w = if active { weight.unwrap_or(default) } else { default };
@@ -210,7 +208,7 @@ impl LiveEngine {
         self.halt();
         let mut st = self.lock();
         st.active = false;
-        let default = Weight::new(DEFAULT_WEIGHT).expect("valid");
+        let default = Weight::KERNEL_DEFAULT;
         let dirs: Vec<PathBuf> = st.members.values().cloned().collect();
         for dir in dirs {
             if self.shared.backend.write_weight(&dir, default).is_ok() {
@@ -257,7 +255,7 @@ fn apply_changes(st: &mut State, backend: &dyn CgroupBackend, strict: bool) -> R
             read_back: None,
         };
         if let (true, Some(dir)) = (st.active, dir) {
-            let w = change.weight.unwrap_or_else(|| Weight::new(DEFAULT_WEIGHT).expect("valid"));
+            let w = change.weight.unwrap_or(Weight::KERNEL_DEFAULT);
             match backend.write_weight_verified(&dir, w) {
                 Ok(()) => {
                     event.applied = true;
@@ -303,23 +301,28 @@ fn sampler(shared: &Shared) {
         let mut st = shared.state.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         if now >= next_sample {
-            let round_start = Instant::now();
-            let members: Vec<(ContainerId, PathBuf)> = st.members.iter().map(|(i, d)| (i.clone(), d.clone())).collect();
-            for (id, dir) in members {
-                st.stats.counter_reads += 1;
-                match shared.backend.read_counters(&dir) {
-                    Ok(c) => st.engine.handle_sample(&id, c, now),
+            // `now` is the round's start: the engine's sample time and the origin of the round's duration.
+            let State { engine, members, stats, .. } = &mut *st;
+            let mut vanished: Vec<ContainerId> = Vec::new();
+            for (id, dir) in members.iter() {
+                stats.counter_reads += 1;
+                match shared.backend.read_counters(dir) {
+                    Ok(c) => engine.handle_sample(id, c, now),
                     Err(_) if !dir.exists() => {
-                        st.members.remove(&id);
-                        st.engine.handle_removed(&id, now);
+                        shared.backend.forget(dir);
+                        engine.handle_removed(id, now);
+                        vanished.push(id.clone());
                     }
                     Err(e) => {
-                        st.stats.counter_errors += 1;
-                        st.stats.last_error = Some(format!("{e:#}"));
+                        stats.counter_errors += 1;
+                        stats.last_error = Some(format!("{e:#}"));
                     }
                 }
             }
-            let took = round_start.elapsed();
+            for id in &vanished {
+                members.remove(id);
+            }
+            let took = now.elapsed();
             st.stats.rounds += 1;
             st.total_round += took;
             st.stats.max_round_us = st.stats.max_round_us.max(took.as_secs_f64() * 1e6);

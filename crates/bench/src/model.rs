@@ -200,13 +200,6 @@ impl CaseReport {
     }
 }
 
-impl Summary {
-    /// The summary of no samples.
-    pub fn empty() -> Self {
-        Latency::new().summary()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -135,6 +135,7 @@ pub fn run_mode(env: &Env<'_>, cfg: &RunConfig, mode: BfqMode, progress: &Progre
     })();
     bg.thaw();
     let stopped = env.runtime.stop_background(&bg);
+    env.backend.forget(&bg.cgroup);
     let ended = env.runtime.end_mode();
     let report = result?;
     stopped?;

@@ -75,7 +75,7 @@ impl Latency {
     pub fn summary(&self) -> Summary {
         let ms = |us: u64| us as f64 / 1e3;
         if self.hist.is_empty() {
-            return Summary { n: 0, mean_ms: 0.0, p50_ms: 0.0, p90_ms: 0.0, p99_ms: 0.0, max_ms: 0.0, min_ms: 0.0 };
+            return Summary::empty();
         }
         Summary {
             n: self.hist.len(),
@@ -122,6 +122,13 @@ impl Latency {
                 (us as f64 / 1e3, acc as f64 / total)
             })
             .collect()
+    }
+}
+
+impl Summary {
+    /// The summary of no samples: all zeros.
+    pub const fn empty() -> Self {
+        Summary { n: 0, mean_ms: 0.0, p50_ms: 0.0, p90_ms: 0.0, p99_ms: 0.0, max_ms: 0.0, min_ms: 0.0 }
     }
 }
 

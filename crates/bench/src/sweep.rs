@@ -27,14 +27,10 @@ pub struct Setting {
     /// Engine configuration.
     pub engine: Config,
     /// Sampling interval.
-    #[serde(serialize_with = "ser_ms")]
+    #[serde(serialize_with = "crate::report::json::ser_ms")]
     pub sample_interval: Duration,
     /// BFQ tunables set for this setting only (`KEY=VALUE`).
     pub bfq: Vec<String>,
-}
-
-fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(d.as_secs_f64() * 1e3)
 }
 
 /// The settings: the baseline, then each knob varied alone.

@@ -24,6 +24,8 @@
 
 #[path = "../tests/support/dockerd.rs"]
 mod dockerd;
+#[path = "../tests/fixtures/mod.rs"]
+mod fixtures;
 #[path = "../tests/support/probe.rs"]
 mod probe;
 
@@ -33,7 +35,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dockerd::{CountingProxy, Dockerd, TEST_IMAGE};
+use dockerd::{CountingProxy, Dockerd};
+use fixtures::{run_in_cgroup, CgroupGuard, LoopDevice};
 use probe::*;
 
 const BLKIO: &str = "/sys/fs/cgroup/blkio";
@@ -225,78 +228,24 @@ fn read_weight(dir: &Path) -> Option<u32> {
     fs::read_to_string(dir.join("blkio.bfq.weight")).ok()?.trim().parse().ok()
 }
 
-/// A BFQ loop device on a sparse file, detached on drop.
-struct Loop {
-    dev: String,
-    file: PathBuf,
-}
-
-impl Loop {
-    fn new() -> Self {
-        let file = PathBuf::from(format!("/var/tmp/ddiskqos-scale-{}.img", std::process::id()));
-        fs::File::create(&file).unwrap().set_len(64 << 20).unwrap();
-        let out = Command::new("losetup").args(["--find", "--show", "--direct-io=on"]).arg(&file).output().unwrap();
-        assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
-        let dev = String::from_utf8(out.stdout).unwrap().trim().to_string();
-        let name = dev.trim_start_matches("/dev/");
-        fs::write(format!("/sys/block/{name}/queue/scheduler"), "bfq").unwrap();
-        Self { dev, file }
-    }
-}
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
-        let _ = fs::remove_file(&self.file);
-    }
-}
-
-/// N real blkio cgroups under one parent, removed on drop.
+/// N real blkio cgroups `c0000`.. under one parent, removed with it.
 struct CgroupSet {
-    parent: PathBuf,
-    rel: String,
+    parent: CgroupGuard,
     dirs: Vec<PathBuf>,
 }
 
 impl CgroupSet {
-    fn new(n: usize, io: Option<&Loop>) -> Self {
-        let rel = format!("ddq-scale-{}-{n}", std::process::id());
-        let parent = Path::new(BLKIO).join(&rel);
-        fs::create_dir(&parent).unwrap();
-        let mut dirs = Vec::with_capacity(n);
-        for i in 0..n {
-            let d = parent.join(format!("c{i:04}"));
-            fs::create_dir(&d).unwrap();
-            dirs.push(d);
-        }
-        let set = Self { parent, rel, dirs };
+    fn new(n: usize, io: Option<&LoopDevice>) -> Self {
+        let parent = CgroupGuard::new(&format!("ddq-scale-{n}"));
+        let dirs: Vec<PathBuf> = (0..n).map(|i| parent.child(&format!("c{i:04}"))).collect();
         if let Some(lo) = io {
-            // One 4 KiB direct read per cgroup, done by a shell that moved itself in first.
-            for d in &set.dirs {
-                let script = format!(
-                    "echo $$ > {}/cgroup.procs && exec dd if={} of=/dev/null bs=4k count=1 iflag=direct 2>/dev/null",
-                    d.display(),
-                    lo.dev
-                );
-                let st = Command::new("sh").arg("-c").arg(script).status().unwrap();
-                assert!(st.success(), "I/O in {}", d.display());
+            // One 4 KiB direct read per cgroup, so each counter file lists a device like a busy container's.
+            for d in &dirs {
+                let dev = lo.dev.display();
+                run_in_cgroup(d, &format!("dd if={dev} of=/dev/null bs=4k count=1 iflag=direct status=none"));
             }
         }
-        set
-    }
-}
-
-impl Drop for CgroupSet {
-    fn drop(&mut self) {
-        for d in self.dirs.iter().chain(std::iter::once(&self.parent)) {
-            for _ in 0..100 {
-                match fs::remove_dir(d) {
-                    Ok(()) => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        }
+        Self { parent, dirs }
     }
 }
 
@@ -339,12 +288,12 @@ struct Walker {
 }
 
 impl Walker {
-    fn start(dirs: Vec<PathBuf>, dev: &str) -> Self {
+    fn start(dirs: Vec<PathBuf>, dev: &Path) -> Self {
         use std::os::unix::fs::{FileExt, OpenOptionsExt};
         use std::sync::atomic::Ordering;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
-        let dev = dev.to_string();
+        let dev = dev.to_path_buf();
         let thread = std::thread::spawn(move || {
             let tid = fs::read_link("/proc/thread-self").unwrap();
             let tid = tid.file_name().unwrap().to_str().unwrap().to_string();
@@ -376,10 +325,10 @@ impl Drop for Walker {
 
 /// Rows per N: an idle host (no I/O under the parent: the agent's parent gate skips every child), then I/O in
 /// one cgroup, in every tenth, and in all of them (each busy cgroup reads 4 KiB every 250 ms).
-fn run_cgroups(n: usize, o: &Options, lo: Option<&Loop>) -> Vec<Row> {
+fn run_cgroups(n: usize, o: &Options, lo: Option<&LoopDevice>) -> Vec<Row> {
     eprintln!("cgroups N={n}: creating");
     let set = CgroupSet::new(n, lo);
-    let runtime = format!("runtime = \"cgroup-dir\"\n[cgroup]\nroot = \"auto\"\nparent = \"{}\"", set.rel);
+    let runtime = format!("runtime = \"cgroup-dir\"\n[cgroup]\nroot = \"auto\"\nparent = \"{}\"", set.parent.rel);
     let agent = AgentProc::start(&o.agent, &runtime, &o.interval);
     eprintln!("cgroups N={n}: measuring {} s idle", o.seconds);
     let idle = measure("cgroups, idle", &agent, &set.dirs, o, None);
@@ -399,19 +348,7 @@ fn run_cgroups(n: usize, o: &Options, lo: Option<&Loop>) -> Vec<Row> {
 fn run_docker(n: usize, o: &Options) -> Row {
     eprintln!("docker N={n}: starting a dedicated dockerd and {n} containers");
     let d = Dockerd::start("scale");
-    let ids = std::sync::Mutex::new(Vec::with_capacity(n));
-    std::thread::scope(|s| {
-        for w in 0..4 {
-            let (d, ids) = (&d, &ids);
-            s.spawn(move || {
-                for _ in (w..n).step_by(4) {
-                    let id = d.run(&["--log-driver", "none", TEST_IMAGE, "sleep", "86400"]);
-                    ids.lock().unwrap().push(id);
-                }
-            });
-        }
-    });
-    let dirs: Vec<PathBuf> = ids.into_inner().unwrap().iter().map(|id| d.cgroup(id)).collect();
+    let dirs: Vec<PathBuf> = d.run_sleepers(n, 86400).iter().map(|id| d.cgroup(id)).collect();
     let proxy = CountingProxy::start(d.base.join("proxy.sock"), d.socket.clone());
     let runtime = format!("runtime = \"docker\"\n[docker]\nsocket = \"{}\"", proxy.socket.display());
     let agent = AgentProc::start(&o.agent, &runtime, &o.interval);
@@ -425,7 +362,7 @@ fn main() {
     let o = options();
     assert!(Path::new(BLKIO).join("cgroup.procs").exists(), "needs cgroup v1 blkio at {BLKIO} (and root)");
     assert!(o.agent.exists(), "{} missing: cargo build --release -p qos-agent", o.agent.display());
-    let lo = o.io.then(Loop::new);
+    let lo = o.io.then(|| LoopDevice::with_bfq(64));
     let mut rows = Vec::new();
     for &n in &o.cgroups {
         rows.extend(run_cgroups(n, &o, lo.as_ref()));

@@ -120,6 +120,16 @@ pub enum AppliedVia {
     CgroupFile,
 }
 
+impl AppliedVia {
+    /// The actuator's name in logs and status: `docker` or `cgroupfs`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RuntimeApi => "docker",
+            Self::CgroupFile => "cgroupfs",
+        }
+    }
+}
+
 /// Applies weights and proves they arrived by reading the cgroup file back.
 pub trait WeightWriter: Send {
     /// The weight the container has now, read from its cgroup (used to restore it later).

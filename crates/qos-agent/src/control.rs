@@ -2,7 +2,7 @@
 //! JSON. Root-only (mode 0600), since the table names every container.
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
@@ -87,9 +87,4 @@ fn truncate(s: &str, n: usize) -> String {
     } else {
         s.chars().take(n - 1).chain(std::iter::once('~')).collect()
     }
-}
-
-/// Default socket path, for the client when no config is given.
-pub fn default_socket() -> PathBuf {
-    crate::config::AgentConfig::default().control_socket
 }

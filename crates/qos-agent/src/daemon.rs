@@ -285,9 +285,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 self.metrics.runtime_up.set(1);
                 let alive: std::collections::HashSet<ContainerId> = list.iter().map(|c| c.id.clone()).collect();
                 let gone: Vec<ContainerId> = self.tracked.keys().filter(|id| !alive.contains(*id)).cloned().collect();
-                for id in gone {
-                    self.forget(&id);
-                }
+                self.forget_all(&gone);
                 for c in list {
                     if self.tracked.contains_key(&c.id) {
                         self.reverify(&c.id).await;
@@ -357,22 +355,30 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             _ => self.engine.set_policy(&id, policy, t),
         }
         if policy == Policy::Excluded && self.originals.get(&id).is_some() {
-            // A previous agent changed it before it was excluded: put the original back.
-            if let Some(t) = self.tracked.get_mut(&id) {
-                t.applied = Some(Weight::MIN); // unknown: force the restore write
-            }
-            self.release(&id).await;
+            // A previous agent changed it before it was excluded: put the original back, whatever the file holds.
+            self.restore_original(&id, true).await;
         }
     }
 
     fn forget(&mut self, id: &ContainerId) {
-        self.engine.handle_removed(id, now());
-        self.counters.detach(id);
-        if let Some(t) = self.tracked.remove(id) {
-            self.metrics.forget(&t.labels);
-            debug!(container = %id.short(), name = %t.info.name, "container gone");
+        self.forget_all(std::slice::from_ref(id));
+    }
+
+    /// Drops containers that are gone, with one state-file save for all of them.
+    fn forget_all(&mut self, ids: &[ContainerId]) {
+        if ids.is_empty() {
+            return;
         }
-        if let Err(e) = self.originals.forget(id) {
+        let t = now();
+        for id in ids {
+            self.engine.handle_removed(id, t);
+            self.counters.detach(id);
+            if let Some(t) = self.tracked.remove(id) {
+                self.metrics.forget(&t.labels);
+                debug!(container = %id.short(), name = %t.info.name, "container gone");
+            }
+        }
+        if let Err(e) = self.originals.forget_all(ids) {
             warn!(error = %e, "cannot update state file");
         }
         self.metrics.containers.set(self.tracked.len() as i64);
@@ -416,16 +422,17 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         let transition = self.pacer.after_round(cpu);
         let (period, per_round) = (self.pacer.period(), self.pacer.cpu_per_round());
         self.metrics.round_interval_seconds.set(period.as_secs_f64());
-        let budget = self.cfg.cpu_budget.map(|b| b.to_string()).unwrap_or_default();
+        // Only formatted when a transition is logged (rare), not every round.
+        let budget = || self.cfg.cpu_budget.map(|b| b.to_string()).unwrap_or_default();
         match transition {
             Transition::None => {}
             Transition::Stretched => {
-                info!(?period, cpu_per_round = ?per_round, %budget, containers = self.tracked.len(),
+                info!(?period, cpu_per_round = ?per_round, budget = %budget(), containers = self.tracked.len(),
                 "sampling rounds cost more CPU than the budget: spreading them out")
             }
-            Transition::Relaxed => info!(?period, cpu_per_round = ?per_round, %budget,
+            Transition::Relaxed => info!(?period, cpu_per_round = ?per_round, budget = %budget(),
                 "sampling rounds back within the CPU budget at sample_interval"),
-            Transition::OverBudget => warn!(?period, cpu_per_round = ?per_round, %budget,
+            Transition::OverBudget => warn!(?period, cpu_per_round = ?per_round, budget = %budget(),
                 containers = self.tracked.len(),
                 "sampling rounds exceed the CPU budget even at the longest period (8 x sample_interval)"),
         }
@@ -449,8 +456,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                     }
                     tr.last_counters = Some(counters);
                     self.engine.handle_sample(&id, counters, t);
-                    if let Some(v) = self.engine.container(&id, t) {
-                        tr.bytes.set(v.total_bytes.min(i64::MAX as u64) as i64);
+                    if let Some(total) = self.engine.total_bytes(&id) {
+                        tr.bytes.set(total.min(i64::MAX as u64) as i64);
                     }
                 }
                 Err(e) if e.is_vanished() => vanished.push(id),
@@ -467,9 +474,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             }
         }
         self.samples = samples;
-        for id in vanished {
-            self.forget(&id);
-        }
+        self.forget_all(&vanished);
         if self.engine.poll_timeout().is_some_and(|d| d <= t) {
             self.engine.handle_timeout(t);
         }
@@ -523,9 +528,16 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         self.apply_one(&change.id).await;
     }
 
+    /// Puts the original weight back if the agent wrote one.
     async fn release(&mut self, id: &ContainerId) {
+        self.restore_original(id, false).await;
+    }
+
+    /// Writes the original weight back if the agent wrote one (or always, with `force`), then forgets it; a failed
+    /// write keeps it wanted (retried every round) and on file.
+    async fn restore_original(&mut self, id: &ContainerId, force: bool) {
         let Some(t) = self.tracked.get_mut(id) else { return };
-        t.desired = t.original.filter(|_| t.applied.is_some());
+        t.desired = t.original.filter(|_| force || t.applied.is_some());
         if t.desired.is_some() {
             self.apply_one(id).await;
         }
@@ -571,11 +583,10 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             t.applied = Some(want);
             return;
         }
-        let info = t.info.clone();
         if t.original.is_none() {
             // The read at discovery failed. A weight changed now could never be put back: read it first, and
             // write nothing until that works (retried every round, like a failed write).
-            match self.writer.read(&info).await {
+            match self.writer.read(&self.tracked[id].info).await {
                 Ok(w) => self.tracked.get_mut(id).expect("still tracked").original = Some(w),
                 Err(e) if e.is_vanished() => return self.forget(id),
                 Err(e) => {
@@ -595,16 +606,13 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 warn!(error = %e, "cannot record original weight; it may not be restorable after a crash");
             }
         }
-        match self.writer.write(&info, want).await {
+        match self.writer.write(&self.tracked[id].info, want).await {
             Ok(via) => {
                 let t = self.tracked.get_mut(id).expect("still tracked");
                 t.applied = Some(want);
                 t.write_error_logged = false;
                 self.metrics.weight.get_or_create(&t.labels).set(want.get().into());
-                let label = match via {
-                    AppliedVia::RuntimeApi => "docker",
-                    AppliedVia::CgroupFile => "cgroupfs",
-                };
+                let label = via.as_str();
                 if self.actuator_label != label {
                     self.actuator_label = label.into();
                 }
@@ -743,8 +751,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
 fn log_decision(t: &mut Tracked, old: Option<Weight>, weight: Weight, via: Option<AppliedVia>, unchanged: bool) {
     let Some(c) = t.pending.take() else { return };
     let via = match via {
-        Some(AppliedVia::RuntimeApi) => "docker",
-        Some(AppliedVia::CgroupFile) => "cgroupfs",
+        Some(via) => via.as_str(),
         None if unchanged => "unchanged",
         None => "dry-run",
     };
@@ -767,9 +774,4 @@ async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
     }
-}
-
-/// Sampling interval as a duration, exposed for the status output.
-pub fn describe_interval(d: Duration) -> String {
-    qos_core::units::format_duration(d)
 }

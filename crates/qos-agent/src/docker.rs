@@ -401,11 +401,6 @@ impl DockerWriter {
         Self { docker, mode, docker_delivers: None }
     }
 
-    /// Whether the Docker API was found to deliver weights (`None`: not tried yet).
-    pub fn docker_delivers(&self) -> Option<bool> {
-        self.docker_delivers
-    }
-
     async fn via_docker(&self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
         if weight.get() < 10 {
             return Err(BackendError::Runtime {

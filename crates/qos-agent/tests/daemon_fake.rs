@@ -72,6 +72,15 @@ impl World {
         f(&mut self.0.lock().unwrap())
     }
 
+    /// A world of containers whose cgroup files all hold `weight`.
+    fn with_containers(ids: &[&str], weight: u32) -> Self {
+        let world = Self::default();
+        for id in ids {
+            world.add(id, weight);
+        }
+        world
+    }
+
     /// A container whose cgroup file holds `weight`.
     fn add(&self, id: &str, weight: u32) {
         self.with(|w| w.weights.insert(id.into(), weight));
@@ -355,8 +364,7 @@ impl LogBuffer {
 
 #[tokio::test(start_paused = true)]
 async fn started_container_gets_the_top_weight_before_any_sampling_round() {
-    let world = World::default();
-    world.add("a", KERNEL_DEFAULT);
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
     let h = Harness::start(cfg(), &world, vec![]);
     h.settle().await; // the first round (t = 0) ran with no container
     let t0 = tokio::time::Instant::now();
@@ -373,9 +381,7 @@ async fn started_container_gets_the_top_weight_before_any_sampling_round() {
 
 #[tokio::test(start_paused = true)]
 async fn heavy_container_is_demoted_through_every_level_then_boosted() {
-    let world = World::default();
-    world.add("heavy", KERNEL_DEFAULT);
-    world.add("light", KERNEL_DEFAULT);
+    let world = World::with_containers(&["heavy", "light"], KERNEL_DEFAULT);
     let t0 = tokio::time::Instant::now();
     let h = Harness::start(cfg(), &world, vec![]);
     h.settle().await;
@@ -411,10 +417,7 @@ async fn heavy_container_is_demoted_through_every_level_then_boosted() {
 
 #[tokio::test(start_paused = true)]
 async fn stopped_container_is_dropped() {
-    let world = World::default();
-    for id in ["a", "b"] {
-        world.add(id, KERNEL_DEFAULT);
-    }
+    let world = World::with_containers(&["a", "b"], KERNEL_DEFAULT);
     let h = Harness::start(cfg(), &world, vec![info("a", &[]), info("b", &[])]);
     h.settle().await;
     assert_eq!(h.ids().await, vec!["a", "b"]);
@@ -434,10 +437,7 @@ async fn stopped_container_is_dropped() {
 
 #[tokio::test(start_paused = true)]
 async fn vanished_cgroup_on_sample_is_a_removal() {
-    let world = World::default();
-    for id in ["a", "b"] {
-        world.add(id, KERNEL_DEFAULT);
-    }
+    let world = World::with_containers(&["a", "b"], KERNEL_DEFAULT);
     let logs = LogBuffer::default();
     let _guard = logs.install();
     let h = Harness::start(cfg(), &world, vec![info("a", &[]), info("b", &[])]);
@@ -455,10 +455,7 @@ async fn vanished_cgroup_on_sample_is_a_removal() {
 
 #[tokio::test(start_paused = true)]
 async fn vanished_cgroup_on_write_is_a_removal() {
-    let world = World::default();
-    for id in ["a", "b"] {
-        world.add(id, KERNEL_DEFAULT);
-    }
+    let world = World::with_containers(&["a", "b"], KERNEL_DEFAULT);
     let h = Harness::start(cfg(), &world, vec![info("a", &[]), info("b", &[])]);
     h.settle().await;
     world.fail_writes("a", Some(Fault::Vanished));
@@ -476,10 +473,7 @@ async fn vanished_cgroup_on_write_is_a_removal() {
 
 #[tokio::test(start_paused = true)]
 async fn failed_write_is_retried_every_round_logged_once_and_others_go_on() {
-    let world = World::default();
-    for id in ["bad", "good"] {
-        world.add(id, KERNEL_DEFAULT);
-    }
+    let world = World::with_containers(&["bad", "good"], KERNEL_DEFAULT);
     let logs = LogBuffer::default();
     let _guard = logs.install();
     let h = Harness::start(cfg(), &world, vec![]);
@@ -517,8 +511,7 @@ async fn failed_write_is_retried_every_round_logged_once_and_others_go_on() {
 
 #[tokio::test(start_paused = true)]
 async fn failed_sample_is_logged_once_and_does_not_remove() {
-    let world = World::default();
-    world.add("a", KERNEL_DEFAULT);
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
     let logs = LogBuffer::default();
     let _guard = logs.install();
     let h = Harness::start(cfg(), &world, vec![info("a", &[])]);
@@ -538,10 +531,7 @@ async fn failed_sample_is_logged_once_and_does_not_remove() {
 
 #[tokio::test(start_paused = true)]
 async fn pinned_and_excluded_labels() {
-    let world = World::default();
-    for id in ["pinned", "excluded", "plain"] {
-        world.add(id, 700);
-    }
+    let world = World::with_containers(&["pinned", "excluded", "plain"], 700);
     let h = Harness::start(cfg(), &world, vec![]);
     h.settle().await;
     h.send(DiscoveryEvent::Started(info("pinned", &[(WEIGHT_LABEL, "300")]))).await;
@@ -602,8 +592,7 @@ async fn malformed_labels_are_ignored_and_the_container_is_managed() {
 
 #[tokio::test(start_paused = true)]
 async fn dry_run_decides_but_writes_nothing() {
-    let world = World::default();
-    world.add("a", KERNEL_DEFAULT);
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
     let mut c = cfg();
     c.dry_run = true;
     let h = Harness::start(c, &world, vec![]);
@@ -772,9 +761,7 @@ fn levels(weights: &[u64], thresholds_mib: &[u64]) -> Vec<LevelConfig> {
 
 #[tokio::test(start_paused = true)]
 async fn reload_with_new_levels_changes_weights() {
-    let world = World::default();
-    world.add("a", KERNEL_DEFAULT);
-    world.add("b", KERNEL_DEFAULT);
+    let world = World::with_containers(&["a", "b"], KERNEL_DEFAULT);
     let h = Harness::start(cfg(), &world, vec![info("a", &[]), info("b", &[])]);
     h.settle().await;
     world.set_read("a", 3 * MIB);
@@ -801,8 +788,7 @@ async fn reload_with_new_levels_changes_weights() {
 
 #[tokio::test(start_paused = true)]
 async fn reload_the_engine_rejects_keeps_the_old_config() {
-    let world = World::default();
-    world.add("a", KERNEL_DEFAULT);
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
     let logs = LogBuffer::default();
     let _guard = logs.install();
     let h = Harness::start(cfg(), &world, vec![info("a", &[])]);
@@ -827,8 +813,7 @@ async fn reload_the_engine_rejects_keeps_the_old_config() {
 
 #[tokio::test(start_paused = true)]
 async fn reload_applies_a_new_sampling_interval_and_dry_run() {
-    let world = World::default();
-    world.add("a", KERNEL_DEFAULT);
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
     let h = Harness::start(cfg(), &world, vec![info("a", &[])]);
     h.settle().await;
     let mut new = cfg();
@@ -867,8 +852,7 @@ async fn reload_into_dry_run_still_restores_what_was_written() {
 
 #[tokio::test(start_paused = true)]
 async fn reload_out_of_dry_run_writes_the_decided_weights() {
-    let world = World::default();
-    world.add("a", KERNEL_DEFAULT);
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
     let mut dry = cfg();
     dry.dry_run = true;
     let h = Harness::start(dry, &world, vec![info("a", &[])]);
@@ -889,10 +873,7 @@ async fn reload_out_of_dry_run_writes_the_decided_weights() {
 
 #[tokio::test(start_paused = true)]
 async fn resync_drops_containers_not_listed_and_adopts_new_ones() {
-    let world = World::default();
-    for id in ["a", "b", "c"] {
-        world.add(id, KERNEL_DEFAULT);
-    }
+    let world = World::with_containers(&["a", "b", "c"], KERNEL_DEFAULT);
     let h = Harness::start(cfg(), &world, vec![info("a", &[]), info("b", &[])]);
     h.settle().await;
     world.set_read("b", 3 * MIB);
@@ -912,8 +893,7 @@ async fn resync_drops_containers_not_listed_and_adopts_new_ones() {
 
 #[tokio::test(start_paused = true)]
 async fn lost_runtime_is_reported_and_weights_stay() {
-    let world = World::default();
-    world.add("a", KERNEL_DEFAULT);
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
     let h = Harness::start(cfg(), &world, vec![info("a", &[])]);
     h.settle().await;
     assert_eq!(h.metrics.runtime_up.get(), 1);
@@ -935,8 +915,7 @@ async fn lost_runtime_is_reported_and_weights_stay() {
 
 #[tokio::test(start_paused = true)]
 async fn weight_changed_behind_the_agents_back_is_rewritten_on_update() {
-    let world = World::default();
-    world.add("a", KERNEL_DEFAULT);
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
     let h = Harness::start(cfg(), &world, vec![info("a", &[])]);
     h.settle().await;
     world.add("a", 555); // `docker update --blkio-weight 555`
@@ -949,10 +928,7 @@ async fn weight_changed_behind_the_agents_back_is_rewritten_on_update() {
 
 #[tokio::test(start_paused = true)]
 async fn status_table_shows_level_weight_and_bytes_at_level() {
-    let world = World::default();
-    for id in ["a", "b", "p"] {
-        world.add(id, KERNEL_DEFAULT);
-    }
+    let world = World::with_containers(&["a", "b", "p"], KERNEL_DEFAULT);
     let initial = vec![info("b", &[]), info("a", &[]), info("p", &[(WEIGHT_LABEL, "250")])];
     // Adopted containers count from their first sample (the round at start): earlier I/O is not held against them.
     world.set_read("a", 5 * MIB);
@@ -1163,8 +1139,7 @@ proptest! {
 
 #[tokio::test(start_paused = true)]
 async fn metrics_export_the_names_the_readme_lists() {
-    let world = World::default();
-    world.add("a", KERNEL_DEFAULT);
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
     let h = Harness::start(cfg(), &world, vec![info("a", &[])]);
     h.settle().await;
     world.set_read("a", 3 * MIB);
@@ -1193,8 +1168,7 @@ fn costly_clock(per_call: Duration) -> CpuClock {
 
 #[tokio::test(start_paused = true)]
 async fn rounds_costlier_than_the_cpu_budget_are_spread_out() {
-    let world = World::default();
-    world.add("a", KERNEL_DEFAULT);
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
     let originals = OriginalWeights::load(None).unwrap();
     // 8 ms of CPU per round against the default 0.8 % budget: one round per second instead of two.
     let h = Harness::start_clocked(cfg(), &world, vec![info("a", &[])], originals, costly_clock(MS * 8));
@@ -1224,8 +1198,7 @@ async fn rounds_costlier_than_the_cpu_budget_are_spread_out() {
 
 #[tokio::test(start_paused = true)]
 async fn cheap_rounds_keep_the_sampling_interval() {
-    let world = World::default();
-    world.add("a", KERNEL_DEFAULT);
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
     let originals = OriginalWeights::load(None).unwrap();
     // 1 ms per round is 0.2 % of a core at 500 ms: within the budget.
     let h = Harness::start_clocked(cfg(), &world, vec![info("a", &[])], originals, costly_clock(MS));

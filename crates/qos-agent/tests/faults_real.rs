@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use dockerd::{can_run_dockerd, CountingProxy, Dockerd, TEST_IMAGE};
 use probe::*;
 use support::{bfq_weight, has_blkio_v1, is_root, require, wait_for, Agent, LoopDevice};
+use support::{remove_cgroup_tree, CgroupGuard};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -99,14 +100,7 @@ fn dockerd_restart_is_noticed_and_survived() {
     let pid = pid(&agent);
 
     // Reader: 12 MiB puts it at level 3 (2 MiB at 1000, 8 MiB at 200, then 40), where it stays (no boost).
-    let reader = d.run(&[
-        "--device",
-        &dev,
-        TEST_IMAGE,
-        "sh",
-        "-c",
-        &format!("dd if={dev} of=/dev/null bs=1M count=12 iflag=direct; sleep 600"),
-    ]);
+    let reader = run_reader(&d, &dev, 0, 600);
     let idle = d.run(&[TEST_IMAGE, "sleep", "600"]);
     let doomed = d.run(&[TEST_IMAGE, "sleep", "600"]);
     let excluded = d.run(&["--label", "ddiskqos.exclude=true", TEST_IMAGE, "sleep", "600"]);
@@ -228,14 +222,7 @@ fn container_churn_leaves_nothing_behind() {
 
     // Long-lived containers: idle ones at the top, one reader demoted to level 3 (weight 40).
     let mut living: Vec<(String, u32)> = (0..6).map(|_| (d.run(&[TEST_IMAGE, "sleep", "3600"]), 1000)).collect();
-    let reader = d.run(&[
-        "--device",
-        &dev,
-        TEST_IMAGE,
-        "sh",
-        "-c",
-        &format!("sleep 1; dd if={dev} of=/dev/null bs=1M count=12 iflag=direct; sleep 3600"),
-    ]);
+    let reader = run_reader(&d, &dev, 1, 3600);
     living.push((reader, 40));
     check_weights(&d, &agent, &living, "before the churn");
     std::thread::sleep(Duration::from_secs(2)); // let allocations settle
@@ -372,14 +359,7 @@ fn agent_sigkilled_and_restarted_adopts_and_restores() {
     let pre = d.run(&[TEST_IMAGE, "sleep", "600"]);
     std::fs::write(d.cgroup(&pre).join("blkio.bfq.weight"), "250").unwrap();
     let mut first = Agent::start(&config);
-    let reader = d.run(&[
-        "--device",
-        &dev,
-        TEST_IMAGE,
-        "sh",
-        "-c",
-        &format!("sleep 1; dd if={dev} of=/dev/null bs=1M count=12 iflag=direct; sleep 600"),
-    ]);
+    let reader = run_reader(&d, &dev, 1, 600);
     let fresh = d.run(&[TEST_IMAGE, "sleep", "600"]);
     let removed = d.run(&[TEST_IMAGE, "sleep", "600"]);
     check_weights(&d, &first, &[(pre.clone(), 1000), (reader.clone(), 40), (fresh.clone(), 1000)], "first agent");
@@ -586,7 +566,7 @@ fn real_cgroups_vanishing_under_fast_sampling() {
         return;
     }
     let _serial = serial();
-    let parent = RealCgroup::new("ddq-vanish");
+    let parent = CgroupGuard::new("ddq-vanish");
     let stable: Vec<PathBuf> = (0..5).map(|i| parent.child(&format!("stable{i}"))).collect();
     let addr = metrics_addr();
     let config = fixture_config(Path::new("/sys/fs/cgroup/blkio"), &parent.rel, addr, "10ms")
@@ -604,7 +584,7 @@ fn real_cgroups_vanishing_under_fast_sampling() {
                     let dir = parent.path.join(format!("eph-{w}-{i}"));
                     std::fs::create_dir(&dir).unwrap();
                     std::thread::sleep(Duration::from_micros((i as u64 * 7919 % 30) * 1000));
-                    remove_cgroup(&dir);
+                    remove_cgroup_tree(&dir);
                 }
             });
         }
@@ -629,50 +609,6 @@ fn real_cgroups_vanishing_under_fast_sampling() {
     assert!(code.success(), "agent exit {code:?}\n{}", agent.log_text());
     for s in &stable {
         assert_eq!(bfq_weight(s), Some(100), "{} not restored", s.display());
-    }
-}
-
-/// A blkio cgroup under the real hierarchy, removed (children first) on drop.
-struct RealCgroup {
-    path: PathBuf,
-    rel: String,
-}
-
-impl RealCgroup {
-    fn new(prefix: &str) -> Self {
-        let rel = format!("{prefix}-{}-{}", std::process::id(), support::rand_suffix());
-        let path = Path::new("/sys/fs/cgroup/blkio").join(&rel);
-        std::fs::create_dir(&path).unwrap();
-        Self { path, rel }
-    }
-
-    fn child(&self, name: &str) -> PathBuf {
-        let p = self.path.join(name);
-        std::fs::create_dir(&p).unwrap();
-        p
-    }
-}
-
-impl Drop for RealCgroup {
-    fn drop(&mut self) {
-        if let Ok(rd) = std::fs::read_dir(&self.path) {
-            for e in rd.flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    remove_cgroup(&e.path());
-                }
-            }
-        }
-        remove_cgroup(&self.path);
-    }
-}
-
-fn remove_cgroup(dir: &Path) {
-    for _ in 0..100 {
-        match std::fs::remove_dir(dir) {
-            Ok(()) => return,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
-        }
     }
 }
 
@@ -867,4 +803,11 @@ fn unusable_runtime_is_refused_before_anything_starts() {
             "metrics still served"
         );
     }
+}
+
+/// A container that waits `delay` seconds, reads 12 MiB of `dev` with O_DIRECT (which puts it at level 3: 2 MiB at
+/// 1000, 8 MiB at 200, then 40), then sleeps `linger` seconds.
+fn run_reader(d: &Dockerd, dev: &str, delay: u32, linger: u32) -> String {
+    let script = format!("sleep {delay}; dd if={dev} of=/dev/null bs=1M count=12 iflag=direct; sleep {linger}");
+    d.run(&["--device", dev, TEST_IMAGE, "sh", "-c", &script])
 }

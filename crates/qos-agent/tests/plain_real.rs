@@ -12,21 +12,17 @@ use support::*;
 
 /// A blkio cgroup tree made by the test; processes killed and directories removed on drop.
 struct TestCgroups {
-    parent: PathBuf,
+    parent: CgroupGuard,
     procs: Vec<Child>,
 }
 
 impl TestCgroups {
     fn new() -> Self {
-        let parent = PathBuf::from(format!("/sys/fs/cgroup/blkio/ddiskqos-plain-{}", rand_suffix()));
-        std::fs::create_dir(&parent).unwrap();
-        Self { parent, procs: Vec::new() }
+        Self { parent: CgroupGuard::new("ddiskqos-plain"), procs: Vec::new() }
     }
 
     fn child(&self, name: &str) -> PathBuf {
-        let dir = self.parent.join(name);
-        std::fs::create_dir(&dir).unwrap();
-        dir
+        self.parent.child(name)
     }
 
     /// Runs `script` inside cgroup `dir` (the shell joins it before exec'ing the work).
@@ -43,18 +39,11 @@ impl TestCgroups {
 
 impl Drop for TestCgroups {
     fn drop(&mut self) {
+        // The processes first; the cgroups are removed after this, when `parent` drops.
         for p in &mut self.procs {
             let _ = p.kill();
             let _ = p.wait();
         }
-        if let Ok(rd) = std::fs::read_dir(&self.parent) {
-            for e in rd.flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    let _ = std::fs::remove_dir(e.path());
-                }
-            }
-        }
-        let _ = std::fs::remove_dir(&self.parent);
     }
 }
 
@@ -66,7 +55,7 @@ fn agent_manages_plain_cgroups() {
     let disk = LoopDevice::new(1024);
     let dev = disk.dev.clone();
     let mut cgs = TestCgroups::new();
-    let rel = cgs.parent.file_name().unwrap().to_str().unwrap().to_string();
+    let rel = cgs.parent.rel.clone();
 
     // A cgroup that exists before the agent, with a weight someone set: adopted at the top, restored at the end.
     let pre = cgs.child("pre");

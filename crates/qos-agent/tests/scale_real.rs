@@ -14,61 +14,21 @@ mod probe;
 mod support;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use dockerd::{can_run_dockerd, CountingProxy, Dockerd, TEST_IMAGE};
+use dockerd::{can_run_dockerd, CountingProxy, Dockerd};
 use probe::*;
 use support::{bfq_weight, has_blkio_v1, is_root, require, run_in_cgroup, wait_for, Agent, LoopDevice};
+use support::{remove_cgroup_tree, CgroupGuard};
 
 fn env_count(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// A parent blkio cgroup for the test; its children and itself are removed on drop.
-struct Parent {
-    path: PathBuf,
-    rel: String,
-}
-
-impl Parent {
-    fn new() -> Self {
-        let rel = format!("ddq-scale-{}-{}", std::process::id(), support::rand_suffix());
-        let path = Path::new("/sys/fs/cgroup/blkio").join(&rel);
-        std::fs::create_dir(&path).unwrap();
-        Self { path, rel }
-    }
-
-    fn children(&self, prefix: &str, n: usize) -> Vec<PathBuf> {
-        (0..n)
-            .map(|i| {
-                let p = self.path.join(format!("{prefix}{i:04}"));
-                std::fs::create_dir(&p).unwrap();
-                p
-            })
-            .collect()
-    }
-}
-
-fn rmdir(dir: &Path) {
-    for _ in 0..100 {
-        match std::fs::remove_dir(dir) {
-            Ok(()) => return,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
-        }
-    }
-}
-
-impl Drop for Parent {
-    fn drop(&mut self) {
-        if let Ok(rd) = std::fs::read_dir(&self.path) {
-            for e in rd.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())) {
-                rmdir(&e.path());
-            }
-        }
-        rmdir(&self.path);
-    }
+/// `n` child cgroups `<prefix>0000`.. of `parent` (removed with it).
+fn children(parent: &CgroupGuard, prefix: &str, n: usize) -> Vec<PathBuf> {
+    (0..n).map(|i| parent.child(&format!("{prefix}{i:04}"))).collect()
 }
 
 fn all_at(dirs: &[PathBuf], weight: u32) -> bool {
@@ -94,8 +54,8 @@ fn a_thousand_cgroups_are_managed_and_forgotten() {
         return;
     }
     let n = env_count("DDISKQOS_SCALE_CGROUPS", 1024);
-    let parent = Parent::new();
-    let dirs = parent.children("c", n);
+    let parent = CgroupGuard::new("ddq-scale");
+    let dirs = children(&parent, "c", n);
     let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let config = format!(
         "runtime = \"cgroup-dir\"\nstate_file = \"{{dir}}/state.json\"\ncontrol_socket = \"{{dir}}/agent.sock\"\n\
@@ -134,12 +94,12 @@ fn a_thousand_cgroups_are_managed_and_forgotten() {
     // Half go away: the agent's table and metrics shrink with them.
     let (gone, kept) = dirs.split_at(n / 2);
     for d in gone {
-        rmdir(d);
+        remove_cgroup_tree(d);
     }
     assert!(wait_size(&agent, metrics, kept.len(), 3), "not back to {}: {:?}", kept.len(), status(&agent.socket()));
 
     // A burst of new ones, each a separate event.
-    let burst = parent.children("b", 128);
+    let burst = children(&parent, "b", 128);
     let t = Instant::now();
     let managed = wait_for(Duration::from_secs(60), Duration::from_millis(50), || all_at(&burst, 1000).then_some(()));
     assert!(managed.is_some(), "burst not managed:\n{}", agent.log_text());
@@ -166,19 +126,7 @@ fn docker_containers_at_scale_cost_no_api_call_per_round() {
     }
     let n = env_count("DDISKQOS_SCALE_DOCKER", 32);
     let d = Dockerd::start("scale");
-    let ids = std::sync::Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for w in 0..4 {
-            let (d, ids) = (&d, &ids);
-            s.spawn(move || {
-                for _ in (w..n).step_by(4) {
-                    let id = d.run(&["--log-driver", "none", TEST_IMAGE, "sleep", "3600"]);
-                    ids.lock().unwrap().push(id);
-                }
-            });
-        }
-    });
-    let dirs: Vec<PathBuf> = ids.into_inner().unwrap().iter().map(|id| d.cgroup(id)).collect();
+    let dirs: Vec<PathBuf> = d.run_sleepers(n, 3600).iter().map(|id| d.cgroup(id)).collect();
     let proxy = CountingProxy::start(d.base.join("proxy.sock"), d.socket.clone());
     let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let config = format!(

@@ -190,6 +190,11 @@ impl Engine {
         self.containers.get(id).map(|c| self.view(id, c, now))
     }
 
+    /// Bytes counted for a container since it entered (cheaper than [`Engine::container`] when that is all).
+    pub fn total_bytes(&self, id: &ContainerId) -> Option<u64> {
+        self.containers.get(id).map(|c| c.total_bytes)
+    }
+
     /// State of every container, in id order.
     pub fn containers(&self, now: Instant) -> impl Iterator<Item = ContainerView> + '_ {
         self.containers.iter().map(move |(id, c)| self.view(id, c, now))
@@ -264,9 +269,9 @@ impl Engine {
             if old_level == 0 {
                 c.left_top = Some(now);
             }
-            let deadline = self.container_deadline(&self.containers[id]);
+            let (deadline, new_level) = (deadline_of(&self.config, c), c.level);
             self.lower_deadline(deadline);
-            self.push_level_change(id, old_level, self.containers[id].level, Reason::Demoted, used);
+            self.push_level_change(id, old_level, new_level, Reason::Demoted, used);
         }
     }
 
@@ -319,22 +324,18 @@ impl Engine {
             self.last_periodic_boost = now;
         }
         let mut next: Option<Instant> = self.periodic_deadline();
-        let mut moves: Vec<(ContainerId, usize, usize, Reason, u64)> = Vec::new();
+        let (config, changes) = (&self.config, &mut self.changes);
         for (id, c) in self.containers.iter_mut() {
-            if c.policy != Policy::Managed {
+            // Only managed containers below the top have timers.
+            if c.policy != Policy::Managed || c.level == 0 {
                 continue;
             }
             let old = c.level;
             let used = c.bytes_at_level;
-            let boost_due = c.left_top.and_then(|t| t.checked_add(self.config.boost_after)).is_some_and(|d| now >= d);
-            let idle_due = self
-                .config
-                .idle_promote_after
-                .and_then(|d| c.last_io.max(c.entered_level).checked_add(d))
-                .is_some_and(|d| now >= d);
-            let reason = if old == 0 {
-                None
-            } else if periodic.is_some() {
+            let (boost, idle) = timers(config, c);
+            let boost_due = boost.is_some_and(|d| now >= d);
+            let idle_due = idle.is_some_and(|d| now >= d);
+            let reason = if periodic.is_some() {
                 Some(Reason::PeriodicBoost)
             } else if boost_due {
                 Some(Reason::Boosted)
@@ -343,23 +344,25 @@ impl Engine {
             } else {
                 None
             };
-            if let Some(reason) = reason {
-                c.level = if reason == Reason::IdlePromoted { old - 1 } else { 0 };
-                c.entered_level = now;
-                c.bytes_at_level = 0;
-                if c.level == 0 {
-                    c.left_top = None;
+            let deadline = match reason {
+                Some(reason) => {
+                    c.level = if reason == Reason::IdlePromoted { old - 1 } else { 0 };
+                    c.entered_level = now;
+                    c.bytes_at_level = 0;
+                    if c.level == 0 {
+                        c.left_top = None;
+                    }
+                    changes.push_back(level_change(config, id, old, c.level, reason, used));
+                    deadline_of(config, c)
                 }
-                moves.push((id.clone(), old, c.level, reason, used));
-            }
-            if let Some(d) = deadline_of(&self.config, c) {
+                // Nothing moved: the timers just computed are still the container's.
+                None => earliest(boost, idle),
+            };
+            if let Some(d) = deadline {
                 next = Some(next.map_or(d, |n| n.min(d)));
             }
         }
         self.next_deadline = next;
-        for (id, old, new, reason, used) in moves {
-            self.push_level_change(&id, old, new, reason, used);
-        }
     }
 
     /// Replaces the config. On error the old config stays in force. Containers keep their level (clamped to the
@@ -428,9 +431,7 @@ impl Engine {
             // managed container becomes excluded).
             Policy::Excluded => return,
         };
-        let c = &self.containers[id];
-        let deadline = deadline_of(&self.config, c);
-        self.lower_deadline(deadline);
+        // An entering container is at the top (`Container::enter`): it has no timer, no deadline to lower.
         self.changes.push_back(WeightChange {
             id: id.clone(),
             weight,
@@ -442,18 +443,7 @@ impl Engine {
     }
 
     fn push_level_change(&mut self, id: &ContainerId, old: usize, new: usize, reason: Reason, used: u64) {
-        self.changes.push_back(WeightChange {
-            id: id.clone(),
-            weight: Some(self.config.levels[new].weight),
-            old_level: Some(old),
-            new_level: Some(new),
-            reason,
-            bytes_at_old_level: used,
-        });
-    }
-
-    fn container_deadline(&self, c: &Container) -> Option<Instant> {
-        deadline_of(&self.config, c)
+        self.changes.push_back(level_change(&self.config, id, old, new, reason, used));
     }
 
     fn lower_deadline(&mut self, d: Option<Instant>) {
@@ -467,17 +457,39 @@ impl Engine {
     }
 }
 
+/// The change for a managed container moving from level `old` to `new`.
+fn level_change(config: &Config, id: &ContainerId, old: usize, new: usize, reason: Reason, used: u64) -> WeightChange {
+    WeightChange {
+        id: id.clone(),
+        weight: Some(config.levels[new].weight),
+        old_level: Some(old),
+        new_level: Some(new),
+        reason,
+        bytes_at_old_level: used,
+    }
+}
+
+/// When a container's starvation boost and idle promotion fall due (either may be unset).
+fn timers(config: &Config, c: &Container) -> (Option<Instant>, Option<Instant>) {
+    let boost = c.left_top.and_then(|t| t.checked_add(config.boost_after));
+    let idle = config.idle_promote_after.and_then(|d| c.last_io.max(c.entered_level).checked_add(d));
+    (boost, idle)
+}
+
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Earliest timer of one managed container below the top: its boost or its idle promotion.
 fn deadline_of(config: &Config, c: &Container) -> Option<Instant> {
     if c.policy != Policy::Managed || c.level == 0 {
         return None;
     }
-    let boost = c.left_top.and_then(|t| t.checked_add(config.boost_after));
-    let idle = config.idle_promote_after.and_then(|d| c.last_io.max(c.entered_level).checked_add(d));
-    match (boost, idle) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    let (boost, idle) = timers(config, c);
+    earliest(boost, idle)
 }
 
 /// Bytes counted between two samples; a counter that went down restarted from zero.

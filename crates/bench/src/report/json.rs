@@ -2,12 +2,18 @@
 //! histograms, live-engine decisions), pretty-printed, and its consistency check.
 
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
 use crate::model::RunReport;
 use crate::stats::{Latency, Ratios, Summary};
 use crate::workload::Variant;
+
+/// Serializes a duration as milliseconds (`#[serde(serialize_with = "crate::report::json::ser_ms")]`).
+pub(crate) fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1e3)
+}
 
 /// Writes the report.
 pub fn write(run: &RunReport, path: &Path) -> Result<()> {

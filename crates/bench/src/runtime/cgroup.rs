@@ -184,7 +184,9 @@ impl Runtime for CgroupRuntime {
             Ok(ReadOutcome { id: id.to_string(), report, wall, charged_bytes: charged })
         })();
         hooks.finished(&id);
-        self.cleanup.run(token)?;
+        let removed = self.cleanup.run(token);
+        self.backend.forget(&dir);
+        removed?;
         result
     }
 }

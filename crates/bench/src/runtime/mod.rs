@@ -103,15 +103,11 @@ pub struct ReadOutcome {
     /// The reader's own report (bytes, read time).
     pub report: ReadReport,
     /// From creating the cgroup/container to the reader's exit, as the bench saw it.
-    #[serde(serialize_with = "ser_ms")]
+    #[serde(serialize_with = "crate::report::json::ser_ms")]
     pub wall: Duration,
     /// Bytes the kernel charged to the reader's cgroup (cgroup runtime; the container's cgroup is gone in time
     /// for Docker).
     pub charged_bytes: Option<u64>,
-}
-
-fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(d.as_secs_f64() * 1e3)
 }
 
 /// The long-lived background reader.

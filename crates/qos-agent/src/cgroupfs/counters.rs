@@ -141,14 +141,16 @@ impl CgroupfsCounters {
         let dir = info.cgroup.as_ref().ok_or_else(|| BackendError::NoCgroup(info.id.clone()))?;
         let reader = CounterReader::open(dir)?;
         debug!(container = %info.id.short(), file = %reader.source_file().display(), "sampling counters");
+        // Attached again: leave the old gate first, so a gate whose only member this is is not dropped under it.
+        if let Some(old) = self.readers.remove(&info.id) {
+            self.leave(&old);
+        }
         let parent = self.gate_for(dir);
         if parent.is_none() {
             self.ungated += 1;
         }
         let member = Member { reader, parent, last: None, moved: self.round, round: 0 };
-        if let Some(old) = self.readers.insert(info.id.clone(), member) {
-            self.leave(&old);
-        }
+        self.readers.insert(info.id.clone(), member);
         if let Some(Some(p)) = parent.map(|i| &mut self.parents[i]) {
             p.members += 1;
             p.dirty = true;

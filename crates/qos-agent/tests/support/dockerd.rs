@@ -157,6 +157,24 @@ impl Dockerd {
         self.cli(&full)
     }
 
+    /// Starts `n` containers running `sleep SECONDS` (no log driver), four `docker run`s at a time; their full ids.
+    pub fn run_sleepers(&self, n: usize, seconds: u32) -> Vec<String> {
+        let ids = std::sync::Mutex::new(Vec::with_capacity(n));
+        let secs = seconds.to_string();
+        std::thread::scope(|s| {
+            for w in 0..4 {
+                let (ids, secs) = (&ids, &secs);
+                s.spawn(move || {
+                    for _ in (w..n).step_by(4) {
+                        let id = self.run(&["--log-driver", "none", TEST_IMAGE, "sleep", secs]);
+                        ids.lock().unwrap().push(id);
+                    }
+                });
+            }
+        });
+        ids.into_inner().unwrap()
+    }
+
     /// The container's blkio cgroup directory.
     pub fn cgroup(&self, id: &str) -> PathBuf {
         Path::new("/sys/fs/cgroup/blkio/docker").join(id)

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 mod fixtures;
 
 #[allow(unused_imports)] // not every test binary uses it
-pub use fixtures::run_in_cgroup;
+pub use fixtures::{remove_cgroup_tree, run_in_cgroup, CgroupGuard};
 
 /// Whether real tests must run (CI, or the README's test command): then a missing prerequisite fails the test.
 pub fn must_run() -> bool {
@@ -74,11 +74,6 @@ impl LoopDevice {
     pub fn name(&self) -> &str {
         &self.inner.name
     }
-}
-
-pub fn rand_suffix() -> String {
-    let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
-    format!("{n:08x}")
 }
 
 /// The agent binary running with a config file; killed on drop.
