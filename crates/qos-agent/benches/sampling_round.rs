@@ -7,7 +7,7 @@
 //!   BFQ loop device (so its file shows a device, like a busy container's). Only when running as root on a
 //!   cgroup v1 host; removed afterwards.
 //!
-//! - `gated_idle_real_v1` (N = 1,024 only): the agent's own sampler (`CgroupfsCounters` with the parent gate) over
+//! - `gated_idle_real_v1` (N = 1,024 only): the agent's own sampler (`CgroupDirCounters` with the parent gate) over
 //!   the same real cgroups when none does I/O: a round is one read of the parent's recursive counters, which the
 //!   kernel sums over every child (so it still grows with N), plus every 8th round a read of every child.
 //!
@@ -27,8 +27,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use qos_agent::backend::ContainerInfo;
-use qos_agent::cgroup::{CgroupRoot, CgroupVersion, CounterReader, CounterSource};
-use qos_agent::cgroupfs::CgroupfsCounters;
+use qos_agent::cgroup::{CgroupRoot, CgroupVersion, CounterFileKind, CounterReader};
+use qos_agent::runtime::cgroup_dir::CgroupDirCounters;
 use qos_core::ContainerId;
 
 const SIZES: [usize; 3] = [64, 256, 1024];
@@ -64,7 +64,7 @@ fn open_readers(root: &CgroupRoot, parent_rel: &str, n: usize) -> Vec<CounterRea
         .map(|i| {
             let dir = root.resolve_relative(&format!("{parent_rel}/c{i}")).unwrap();
             let reader = CounterReader::open(&dir).unwrap();
-            assert_eq!(reader.source(), CounterSource::V1Bfq);
+            assert_eq!(reader.kind(), CounterFileKind::V1Bfq);
             reader
         })
         .collect()
@@ -130,9 +130,9 @@ fn sampling_round(c: &mut Criterion) {
 }
 
 /// The agent's sampler over `parent_rel/c0..cN`, with the parent gate.
-fn gated_sampler(root: &CgroupRoot, parent_rel: &str, n: usize) -> CgroupfsCounters {
+fn gated_sampler(root: &CgroupRoot, parent_rel: &str, n: usize) -> CgroupDirCounters {
     let root = Arc::new(root.clone());
-    let mut c = CgroupfsCounters::with_root(root.clone());
+    let mut c = CgroupDirCounters::with_root(root.clone());
     for i in 0..n {
         let info = ContainerInfo {
             id: ContainerId::new(format!("c{i}")),

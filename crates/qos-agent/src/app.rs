@@ -5,21 +5,20 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use crate::backend::{CounterSource, Discovery, WeightWriter};
 use crate::cgroup::{CgroupRoot, CgroupVersion};
-use crate::cgroupfs::{CgroupfsCounters, CgroupfsWriter};
-use crate::config::{ActuatorMode, AgentConfig, RuntimeKind};
+use crate::config::{AgentConfig, RuntimeKind};
 use crate::daemon::{Command, Daemon, Summary};
-use crate::docker::{DockerCounters, DockerDiscovery, DockerWriter};
 use crate::metrics::Metrics;
-use crate::plain::CgroupDirDiscovery;
+use crate::runtime::cgroup_dir::{CgroupDirCounters, CgroupDirDiscovery, CgroupDirWriter};
+use crate::runtime::docker::{self, DockerCounters, DockerDiscovery, DockerWriter};
 use crate::state::OriginalWeights;
-use crate::{control, devices, metrics};
+use crate::{blockdev, control, metrics};
 
 /// Runs the agent until SIGTERM/SIGINT; `config_path` is re-read on SIGHUP.
 pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summary> {
@@ -37,8 +36,9 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
     // The runtime first: an agent that cannot reach it stops here, before it serves anything or writes anything.
     let summary = match cfg.runtime {
         RuntimeKind::Docker => {
-            let docker = crate::docker::connect(&cfg.docker.socket).await?;
-            devices::check_at_start(&cfg, &root, Some(&docker)).await?;
+            let docker = docker::connect(&cfg.docker.socket).await?;
+            let data_disk = if cfg.devices.check.is_empty() { docker::data_disk(&docker).await } else { None };
+            blockdev::check::check_at_start(&cfg, &root, data_disk)?;
             let discovery = DockerDiscovery::new(docker.clone(), root.clone()).await?;
             let counters = DockerCounters::with_root(docker.clone(), root.clone());
             let writer = DockerWriter::new(docker, cfg.actuator);
@@ -47,10 +47,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?
         }
         RuntimeKind::CgroupDir => {
-            if cfg.actuator == ActuatorMode::Docker {
-                bail!("actuator = docker needs runtime = docker");
-            }
-            devices::check_at_start(&cfg, &root, None).await?;
+            blockdev::check::check_at_start(&cfg, &root, None)?;
             let discovery = CgroupDirDiscovery::new(root.clone(), &cfg.cgroup.parent).with_context(|| {
                 format!("cgroup.parent = {:?}: no such cgroup under {}", cfg.cgroup.parent, root.path().display())
             })?;
@@ -58,8 +55,8 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             let daemon = Daemon::new(
                 cfg.clone(),
                 discovery,
-                CgroupfsCounters::with_root(root.clone()),
-                CgroupfsWriter,
+                CgroupDirCounters::with_root(root.clone()),
+                CgroupDirWriter,
                 originals,
                 metrics.clone(),
             )?;

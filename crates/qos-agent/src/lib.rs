@@ -8,31 +8,33 @@
 //!   [`backend::CounterSource`], [`backend::WeightWriter`]) and the types they exchange.
 //! - [`daemon`]: the loop, generic over those traits: discover → sample → decide → apply → verify;
 //!   [`pacing`]: when the next round starts (the interval, stretched to a CPU budget).
-//! - [`cgroup`]: cgroup v1/v2 files: mount detection (once), confined paths, counters, weight files, devices.
-//! - [`cgroupfs`]: backends over plain cgroup files; [`plain`]: discovery of child cgroups of one cgroup;
-//!   [`docker`]: Docker discovery, counters and actuator through `bollard`.
-//! - [`config`], [`labels`], [`state`], [`metrics`], [`control`], [`devices`], [`app`]: configuration,
-//!   per-container policy labels, the originals file, Prometheus, the status socket, start-up device checks,
-//!   and the wiring used by the binary.
+//! - [`runtime`]: one folder per container runtime, each with its discovery, counters, writer and cgroup naming:
+//!   [`runtime::docker`] (through `bollard`) and [`runtime::cgroup_dir`] (the children of one cgroup; its
+//!   counters and writer work on any container with a cgroup directory and the other runtimes reuse them).
+//! - [`cgroup`]: runtime-agnostic cgroup v1/v2 file primitives: mount detection (once), confined directories,
+//!   counter-file parsers and reader, weight files with verified writes, errors naming files.
+//! - [`blockdev`]: block-device facts (scheduler, io.cost, the disk of a path or device number) and the guarded
+//!   switch; the start-up check that weights can act ([`blockdev::check`]). The bench uses it too.
+//! - [`config`], [`labels`], [`state`], [`metrics`], [`control`], [`app`]: configuration, per-container policy
+//!   labels, the originals file, Prometheus, the status socket, and the wiring used by the binary.
 //!
 //! ## Embedding
 //! Another runtime implements [`backend::Discovery`] (and, if its containers are not plain cgroups, the other two
-//! traits), then runs `Daemon::new(cfg, discovery, CgroupfsCounters::new(), CgroupfsWriter, ..).run(commands)`.
+//! traits), then runs `Daemon::new(cfg, discovery, CgroupDirCounters::new(), CgroupDirWriter, ..).run(commands)`
+//! with the cgroup-dir runtime's counters and writer (`qos_agent::runtime::cgroup_dir`).
 //! See `examples/slice_runtime.rs`.
 
 pub mod app;
 pub mod backend;
+pub mod blockdev;
 pub mod cgroup;
-pub mod cgroupfs;
 pub mod config;
 pub mod control;
 pub mod daemon;
-pub mod devices;
-pub mod docker;
 pub mod labels;
 pub mod metrics;
 pub mod pacing;
-pub mod plain;
+pub mod runtime;
 pub mod state;
 
 pub use backend::{AppliedVia, BackendError, ContainerInfo, CounterSource, Discovery, DiscoveryEvent, WeightWriter};

@@ -10,8 +10,9 @@ use std::path::Path;
 
 use fixtures::{make_cgroup, Layout};
 use qos_agent::cgroup::{
-    CgroupDriver, CgroupError, CgroupRoot, CgroupVersion, CounterReader, CounterSource, WeightFile, WeightFileKind,
+    CgroupError, CgroupRoot, CgroupVersion, CounterFileKind, CounterReader, WeightFile, WeightFileKind,
 };
+use qos_agent::runtime::docker::{container_cgroup, CgroupDriver};
 use qos_core::{IoCounters, Weight};
 
 const ID: &str = "4f1c0a9be2d3c4b5a697887766554433221100ffeeddccbbaa99887766554433";
@@ -33,12 +34,12 @@ fn setup(version: CgroupVersion, layout: Layout) -> (tempfile::TempDir, CgroupRo
 fn v1_bfq_counters_and_weights() {
     let (_tmp, root) = setup(CgroupVersion::V1, Layout::V1Bfq);
     assert_eq!(root.version(), CgroupVersion::V1);
-    let dir = root.resolve_docker(ID, CgroupDriver::Cgroupfs, None).unwrap();
+    let dir = container_cgroup(&root, ID, CgroupDriver::Cgroupfs, None).unwrap();
     assert_eq!(dir.path(), root.path().join("docker").join(ID));
-    assert_eq!(dir, root.resolve_docker(ID, CgroupDriver::Cgroupfs, Some("/docker/")).unwrap());
+    assert_eq!(dir, container_cgroup(&root, ID, CgroupDriver::Cgroupfs, Some("/docker/")).unwrap());
 
     let mut reader = CounterReader::open(&dir).unwrap();
-    assert_eq!(reader.source(), CounterSource::V1Bfq);
+    assert_eq!(reader.kind(), CounterFileKind::V1Bfq);
     assert_eq!(reader.source_file(), dir.path().join("blkio.bfq.io_service_bytes_recursive"));
     assert_eq!(reader.read().unwrap(), IoCounters::new(64 << 20, 0));
     // The same open reader sees new content: it re-reads from offset 0.
@@ -63,7 +64,7 @@ fn v1_without_bfq_uses_throttle_counters_and_blkio_weight() {
     let (_tmp, root) = setup(CgroupVersion::V1, Layout::V1Legacy);
     let dir = root.resolve_relative(&format!("docker/{ID}")).unwrap();
     let mut reader = CounterReader::open(&dir).unwrap();
-    assert_eq!(reader.source(), CounterSource::V1Throttle);
+    assert_eq!(reader.kind(), CounterFileKind::V1Throttle);
     assert_eq!(reader.read().unwrap(), IoCounters::new(4096, 8192));
 
     let wf = WeightFile::open(&dir).unwrap();
@@ -78,10 +79,10 @@ fn v1_without_bfq_uses_throttle_counters_and_blkio_weight() {
 #[test]
 fn v2_prefers_io_bfq_weight() {
     let (_tmp, root) = setup(CgroupVersion::V2, Layout::V2Bfq);
-    let dir = root.resolve_docker(ID, CgroupDriver::Cgroupfs, None).unwrap();
+    let dir = container_cgroup(&root, ID, CgroupDriver::Cgroupfs, None).unwrap();
     assert_eq!(dir.version(), CgroupVersion::V2);
     let mut reader = CounterReader::open(&dir).unwrap();
-    assert_eq!(reader.source(), CounterSource::V2IoStat);
+    assert_eq!(reader.kind(), CounterFileKind::V2IoStat);
     assert_eq!(reader.read().unwrap(), IoCounters::new(1001, 2002));
 
     let wf = WeightFile::open(&dir).unwrap();
@@ -95,7 +96,7 @@ fn v2_prefers_io_bfq_weight() {
 #[test]
 fn v2_io_weight_only() {
     let (_tmp, root) = setup(CgroupVersion::V2, Layout::V2Io);
-    let dir = root.resolve_docker(ID, CgroupDriver::Cgroupfs, None).unwrap();
+    let dir = container_cgroup(&root, ID, CgroupDriver::Cgroupfs, None).unwrap();
     assert_eq!(CounterReader::open(&dir).unwrap().read().unwrap(), IoCounters::new(5, 7));
     let wf = WeightFile::open(&dir).unwrap();
     assert_eq!(wf.kind(), WeightFileKind::V2Io);
@@ -121,12 +122,12 @@ fn systemd_driver_paths() {
     make_cgroup(&tmp.path().join("system.slice").join(&scope), Layout::V2Io);
     make_cgroup(&tmp.path().join("my.slice/my-app.slice").join(&scope), Layout::V2Io);
     let root = CgroupRoot::from_dir(CgroupVersion::V2, tmp.path()).unwrap();
-    let dir = root.resolve_docker(ID, CgroupDriver::Systemd, None).unwrap();
+    let dir = container_cgroup(&root, ID, CgroupDriver::Systemd, None).unwrap();
     assert_eq!(dir.path(), root.path().join("system.slice").join(&scope));
-    let dir = root.resolve_docker(ID, CgroupDriver::Systemd, Some("my-app.slice")).unwrap();
+    let dir = container_cgroup(&root, ID, CgroupDriver::Systemd, Some("my-app.slice")).unwrap();
     assert_eq!(dir.path(), root.path().join("my.slice/my-app.slice").join(&scope));
     for bad in ["/docker", "my.slice/x", "a--b.slice"] {
-        let err = root.resolve_docker(ID, CgroupDriver::Systemd, Some(bad)).unwrap_err();
+        let err = container_cgroup(&root, ID, CgroupDriver::Systemd, Some(bad)).unwrap_err();
         assert!(matches!(err, CgroupError::InvalidName { what: "cgroup parent", .. }), "{bad}: {err}");
     }
 }
@@ -135,7 +136,7 @@ fn systemd_driver_paths() {
 fn implausible_container_ids_are_refused() {
     let (_tmp, root) = setup(CgroupVersion::V1, Layout::V1Bfq);
     for bad in [&ID[..12], &ID.to_uppercase(), "..", &format!("../{}", &ID[3..])] {
-        let err = root.resolve_docker(bad, CgroupDriver::Cgroupfs, None).unwrap_err();
+        let err = container_cgroup(&root, bad, CgroupDriver::Cgroupfs, None).unwrap_err();
         assert!(matches!(err, CgroupError::InvalidName { what: "container id", .. }), "{bad}: {err}");
     }
 }
@@ -162,9 +163,9 @@ fn confinement() {
     assert_eq!(refused("escape/victim"), "a component is a symlink");
     assert_eq!(refused("escape"), "a component is a symlink");
     assert_eq!(refused(&format!("docker/{ID}")), "a component is a symlink");
-    let err = root.resolve_docker(ID, CgroupDriver::Cgroupfs, None).unwrap_err();
+    let err = container_cgroup(&root, ID, CgroupDriver::Cgroupfs, None).unwrap_err();
     assert!(matches!(err, CgroupError::OutsideRoot { .. }), "{err}");
-    let err = root.resolve_docker(ID, CgroupDriver::Cgroupfs, Some("/../outside")).unwrap_err();
+    let err = container_cgroup(&root, ID, CgroupDriver::Cgroupfs, Some("/../outside")).unwrap_err();
     assert!(matches!(err, CgroupError::OutsideRoot { .. }), "{err}");
     assert!(err.to_string().contains("outside the cgroup root"), "{err}");
     assert!(matches!(root.resolve_relative("a\0b"), Err(CgroupError::InvalidName { .. })));
@@ -235,7 +236,7 @@ fn missing_files_are_errors_and_never_created() {
 #[test]
 fn cgroup_removed_between_read_and_write_is_vanished() {
     let (_tmp, root) = setup(CgroupVersion::V1, Layout::V1Bfq);
-    let dir = root.resolve_docker(ID, CgroupDriver::Cgroupfs, None).unwrap();
+    let dir = container_cgroup(&root, ID, CgroupDriver::Cgroupfs, None).unwrap();
     let wf = WeightFile::open(&dir).unwrap();
     assert_eq!(wf.read().unwrap(), Weight::KERNEL_DEFAULT);
     fs::remove_dir_all(dir.path()).unwrap();
@@ -245,13 +246,13 @@ fn cgroup_removed_between_read_and_write_is_vanished() {
     assert!(!dir.path().exists(), "write must not recreate anything");
     assert!(CounterReader::open(&dir).unwrap_err().is_vanished());
     assert!(WeightFile::open(&dir).unwrap_err().is_vanished());
-    assert!(root.resolve_docker(ID, CgroupDriver::Cgroupfs, None).unwrap_err().is_vanished());
+    assert!(container_cgroup(&root, ID, CgroupDriver::Cgroupfs, None).unwrap_err().is_vanished());
 }
 
 #[test]
 fn malformed_files_name_file_and_line() {
     let (_tmp, root) = setup(CgroupVersion::V2, Layout::V2Bfq);
-    let dir = root.resolve_docker(ID, CgroupDriver::Cgroupfs, None).unwrap();
+    let dir = container_cgroup(&root, ID, CgroupDriver::Cgroupfs, None).unwrap();
     let mut reader = CounterReader::open(&dir).unwrap();
     fs::write(reader.source_file(), b"8:16 rbytes=1 wbytes=2\n8:0 rbytes=oops\n").unwrap();
     match reader.read().unwrap_err() {
@@ -277,7 +278,7 @@ fn malformed_files_name_file_and_line() {
 #[test]
 fn large_counter_files_grow_the_buffer_once() {
     let (_tmp, root) = setup(CgroupVersion::V1, Layout::V1Bfq);
-    let dir = root.resolve_docker(ID, CgroupDriver::Cgroupfs, None).unwrap();
+    let dir = container_cgroup(&root, ID, CgroupDriver::Cgroupfs, None).unwrap();
     let mut reader = CounterReader::open(&dir).unwrap();
     let mut text = String::new();
     for minor in 0..500u64 {

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use fixtures::{require_root_cgroup_v1, run_in_cgroup, CgroupGuard, ChildGuard, LoopDevice, BLKIO};
 use qos_agent::backend::ContainerInfo;
-use qos_agent::cgroup::{device, CgroupRoot, CgroupVersion, CounterReader, CounterSource, WeightFile, WeightFileKind};
-use qos_agent::cgroupfs::{CgroupfsCounters, FULL_READ_EVERY};
+use qos_agent::blockdev;
+use qos_agent::cgroup::{CgroupRoot, CgroupVersion, CounterFileKind, CounterReader, WeightFile, WeightFileKind};
+use qos_agent::runtime::cgroup_dir::{CgroupDirCounters, FULL_READ_EVERY};
 use qos_core::{ContainerId, IoCounters, Weight};
 
 const MIB: u64 = 1 << 20;
@@ -41,7 +42,7 @@ fn counters_see_direct_io_and_pread_regenerates() {
     let dir = root.resolve_relative(&cg.rel).unwrap();
 
     let mut reader = CounterReader::open(&dir).unwrap();
-    assert_eq!(reader.source(), CounterSource::V1Bfq, "BFQ is loaded, so its counters must be chosen");
+    assert_eq!(reader.kind(), CounterFileKind::V1Bfq, "BFQ is loaded, so its counters must be chosen");
     assert_eq!(reader.read().unwrap(), IoCounters::default());
     assert_eq!(fs::read_to_string(reader.source_file()).unwrap(), "Total 0\n");
 
@@ -144,7 +145,7 @@ fn weights_are_written_and_read_back() {
     assert_eq!(fs::read_to_string(dir.path().join("blkio.bfq.weight_device")).unwrap(), "default 500\n");
 }
 
-/// The parent gate of `CgroupfsCounters` on the kernel's own aggregation: with one child reading all the time
+/// The parent gate of `CgroupDirCounters` on the kernel's own aggregation: with one child reading all the time
 /// and the others idle, a round reads only the busy child (besides the periodic full read), and an idle child's
 /// I/O is seen in the very next round, with its exact bytes.
 #[test]
@@ -157,7 +158,7 @@ fn parent_gate_reads_busy_children_and_finds_idle_ones_that_wake() {
     let dev = disk.dev.display().to_string();
     let cg = CgroupGuard::new("ddiskqos-gate");
     let root = Arc::new(CgroupRoot::detect().unwrap());
-    let mut counters = CgroupfsCounters::with_root(root.clone());
+    let mut counters = CgroupDirCounters::with_root(root.clone());
     for i in 0..N {
         let child = cg.child(&format!("c{i}"));
         run_in_cgroup(&child, &format!("dd if={dev} of=/dev/null bs=4k count=1 skip={i} iflag=direct status=none"));
@@ -259,25 +260,25 @@ fn device_scheduler_and_refusals() {
         return;
     }
     let disk = LoopDevice::with_bfq(64);
-    assert_eq!(device::scheduler(&disk.name).unwrap(), "bfq");
-    assert_eq!(device::name_of(disk.devnum.parse().unwrap()).unwrap(), disk.name);
+    assert_eq!(blockdev::scheduler(&disk.name).unwrap().active, "bfq");
+    assert_eq!(blockdev::disk_of_dev(disk.devnum.parse().unwrap()).unwrap(), disk.name);
     // Already BFQ and allowed: a no-op success. Not allowed: refused, naming the device.
-    device::switch_to_bfq(&disk.name, std::slice::from_ref(&disk.name)).unwrap();
-    let err = device::switch_to_bfq(&disk.name, &[]).unwrap_err();
+    blockdev::switch_to_bfq(&disk.name, std::slice::from_ref(&disk.name)).unwrap();
+    let err = blockdev::switch_to_bfq(&disk.name, &[]).unwrap_err();
     assert!(err.to_string().contains(&disk.name), "{err}");
 
     // Back to none, then an allowed switch really switches.
     fs::write(Path::new("/sys/block").join(&disk.name).join("queue/scheduler"), "none").unwrap();
-    assert_eq!(device::scheduler(&disk.name).unwrap(), "none");
-    device::switch_to_bfq(&disk.name, std::slice::from_ref(&disk.name)).unwrap();
-    assert_eq!(device::scheduler(&disk.name).unwrap(), "bfq");
+    assert_eq!(blockdev::scheduler(&disk.name).unwrap().active, "none");
+    blockdev::switch_to_bfq(&disk.name, std::slice::from_ref(&disk.name)).unwrap();
+    assert_eq!(blockdev::scheduler(&disk.name).unwrap().active, "bfq");
 
     // The disk backing / is refused even when explicitly allowed, and left as it was.
     let root_disk = root_disk_name();
-    let before = device::scheduler(&root_disk).unwrap();
-    let err = device::switch_to_bfq(&root_disk, std::slice::from_ref(&root_disk)).unwrap_err();
+    let before = blockdev::scheduler(&root_disk).unwrap().active;
+    let err = blockdev::switch_to_bfq(&root_disk, std::slice::from_ref(&root_disk)).unwrap_err();
     assert!(err.to_string().contains(&format!("device {root_disk}: backs the root filesystem")), "{err}");
-    assert_eq!(device::scheduler(&root_disk).unwrap(), before);
+    assert_eq!(blockdev::scheduler(&root_disk).unwrap().active, before);
 }
 
 /// The disk under `/`, found independently of the library: `stat -c %d` style via /proc/self/mountinfo is what

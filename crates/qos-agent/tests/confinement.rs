@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use probe::*;
-use qos_agent::cgroup::{CgroupDriver, CgroupError, CgroupRoot, CgroupVersion};
+use qos_agent::cgroup::{CgroupError, CgroupRoot, CgroupVersion};
+use qos_agent::runtime::docker::{container_cgroup, CgroupDriver};
 use support::{wait_for, Agent};
 
 /// What a path is, for a before/after comparison: file content, symlink target, or a directory.
@@ -155,7 +156,7 @@ fn paths_leading_outside_the_root_are_refused() {
         other => panic!("{what}: {other:?}"),
     };
     let cgroupfs = CgroupDriver::Cgroupfs;
-    assert!(root.resolve_docker(&id, cgroupfs, None).is_ok());
+    assert!(container_cgroup(&root, &id, cgroupfs, None).is_ok());
     for bad in [
         format!("../../outside/{}", &id[..50]),
         format!("{}/..", &id[..61]),
@@ -164,13 +165,13 @@ fn paths_leading_outside_the_root_are_refused() {
         format!("{id}/"),
         format!("/{}", &id[1..]),
     ] {
-        refused(root.resolve_docker(&bad, cgroupfs, None), &bad);
+        refused(container_cgroup(&root, &bad, cgroupfs, None), &bad);
     }
     for parent in ["/../outside", "/docker/../..", "../..", "/ctr/evil"] {
-        refused(root.resolve_docker(&id, cgroupfs, Some(parent)), parent);
+        refused(container_cgroup(&root, &id, cgroupfs, Some(parent)), parent);
     }
     for slice in ["../x.slice", "a-..-b.slice", "a/b.slice", "x"] {
-        refused(root.resolve_docker(&id, CgroupDriver::Systemd, Some(slice)), slice);
+        refused(container_cgroup(&root, &id, CgroupDriver::Systemd, Some(slice)), slice);
     }
     let proc = Path::new("/proc/1/cgroup");
     for text in ["7:blkio:/../outside/victim\n", "7:blkio:/ctr/../../outside\n", "7:blkio:/ctr/evil\n"] {

@@ -71,10 +71,10 @@ pub enum CgroupError {
         /// Why it was refused.
         reason: &'static str,
     },
-    /// An identifier that cannot be right: a container id, a systemd slice, a pid, a device name.
+    /// An identifier that cannot be right: a container id, a systemd slice, a pid.
     #[error("invalid {what} {value:?}: {reason}")]
     InvalidName {
-        /// What kind of name: "container id", "cgroup parent", "pid", "device name".
+        /// What kind of name: "container id", "cgroup parent", "pid".
         what: &'static str,
         /// The rejected value.
         value: String,
@@ -114,14 +114,6 @@ pub enum CgroupError {
     #[error("no usable block-I/O cgroup controller: {reason}")]
     NoController {
         /// What was found instead.
-        reason: String,
-    },
-    /// A device operation was refused or did not take effect.
-    #[error("device {device}: {reason}")]
-    Device {
-        /// The device name (or major:minor).
-        device: String,
-        /// Why.
         reason: String,
     },
 }

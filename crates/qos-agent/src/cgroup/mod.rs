@@ -1,15 +1,16 @@
-//! Block-I/O cgroup access for cgroup v1 (`blkio`) and v2 (`io`): mount detection, confined path resolution,
-//! per-container counters and verified weight writes.
+//! Runtime-agnostic block-I/O cgroup file primitives for cgroup v1 (`blkio`) and v2 (`io`): mount detection,
+//! confined directories, the counter-file parsers and reader, the weight files with verified writes, and their
+//! errors. Nothing here knows a container runtime: how a runtime names its cgroups lives with the runtime
+//! (`crate::runtime`), and block devices in `crate::blockdev`.
 //!
 //! ## Use
 //! ```no_run
-//! use qos_agent::cgroup::{CgroupDriver, CgroupRoot, CounterReader, WeightFile};
+//! use qos_agent::cgroup::{CgroupRoot, CounterReader, WeightFile};
 //! use qos_core::Weight;
 //!
 //! # fn main() -> Result<(), qos_agent::cgroup::CgroupError> {
 //! let root = CgroupRoot::detect()?; // once, at start-up
-//! let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-//! let dir = root.resolve_docker(id, CgroupDriver::Cgroupfs, None)?;
+//! let dir = root.resolve_relative("docker/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")?;
 //! let mut counters = CounterReader::open(&dir)?; // picks and opens the counter file once
 //! let weight = WeightFile::open(&dir)?;
 //! let sample = counters.read()?; // one pread per sampling round
@@ -22,11 +23,10 @@
 //!
 //! ## Layout
 //! - `mount.rs`: [`CgroupRoot`] (which hierarchy, where), detected once from `/proc/self/mountinfo`.
-//! - `path.rs`: [`CgroupDir`], resolved from a pid, a relative path or a Docker id, and confined to the root.
+//! - `dir.rs`: [`CgroupDir`], resolved from a relative path or a pid, and confined to the root.
 //! - `stat.rs`: pure parsers of the counter files (v1 blkio rwstat, v2 `io.stat`).
-//! - `counters.rs`: [`CounterReader`], one `pread` per sample.
+//! - `counter_file.rs`: [`CounterReader`], one `pread` per sample of one counter file ([`CounterFileKind`]).
 //! - `weight_file.rs`: [`WeightFile`], the four weight files, their formats and read-back verification.
-//! - [`device`]: active scheduler, io.cost, opt-in switch to BFQ.
 //! - `error.rs`: [`CgroupError`].
 //!
 //! ## Why not cgroups-rs
@@ -38,17 +38,17 @@
 //! the model of youki's libcgroups: file names as constants, every error naming its file, writes that never
 //! create files.
 
-mod counters;
-pub mod device;
+mod counter_file;
+mod dir;
 mod error;
 mod mount;
-mod path;
 mod stat;
 mod weight_file;
 
-pub use counters::{CounterReader, CounterSource, V1_BFQ_BYTES, V1_THROTTLE_BYTES, V2_IO_STAT};
+pub use counter_file::{CounterFileKind, CounterReader, V1_BFQ_BYTES, V1_THROTTLE_BYTES, V2_IO_STAT};
+pub use dir::CgroupDir;
 pub use error::{CgroupError, Result};
+pub(crate) use mount::root_device;
 pub use mount::{CgroupRoot, CgroupVersion};
-pub use path::{CgroupDir, CgroupDriver};
 pub use stat::{parse_blkio_stat, parse_io_stat};
 pub use weight_file::{WeightFile, WeightFileKind, V1_BFQ_WEIGHT, V1_BLKIO_WEIGHT, V2_BFQ_WEIGHT, V2_IO_WEIGHT};

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use qos_core::IoCounters;
 
+use super::dir::CgroupDir;
 use super::error::{CgroupError, Result};
 use super::mount::CgroupVersion;
-use super::path::CgroupDir;
 use super::stat::{parse_blkio_stat, parse_io_stat};
 
 /// v1 counters of BFQ: the devices where BFQ weights act.
@@ -30,7 +30,7 @@ const MAX_BUFFER: usize = 16 << 20;
 /// Which file a [`CounterReader`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum CounterSource {
+pub enum CounterFileKind {
     /// v1 `blkio.bfq.io_service_bytes_recursive`.
     V1Bfq,
     /// v1 `blkio.throttle.io_service_bytes_recursive` (when BFQ is not available).
@@ -39,7 +39,7 @@ pub enum CounterSource {
     V2IoStat,
 }
 
-impl CounterSource {
+impl CounterFileKind {
     /// The file name inside the cgroup directory.
     pub fn file_name(self) -> &'static str {
         match self {
@@ -69,7 +69,7 @@ pub struct CounterReader {
     file: File,
     path: PathBuf,
     dir: PathBuf,
-    source: CounterSource,
+    kind: CounterFileKind,
     buf: Vec<u8>,
 }
 
@@ -90,14 +90,14 @@ impl CounterReader {
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) && dir.path().is_dir() => continue,
                 Err(e) => return Err(CgroupError::on_cgroup_file("open", &path, dir.path(), e)),
             };
-            let source = CounterSource::from_file_name(name);
-            match source {
-                CounterSource::V1Throttle => tracing::debug!(path = %path.display(),
+            let kind = CounterFileKind::from_file_name(name);
+            match kind {
+                CounterFileKind::V1Throttle => tracing::debug!(path = %path.display(),
                     "no BFQ counters (BFQ not loaded?): using throttle counters, which only count devices with a \
                      throttle limit"),
                 _ => tracing::debug!(path = %path.display(), "counter file"),
             }
-            return Ok(Self { file, path, dir: dir.path().to_owned(), source, buf: vec![0; INITIAL_BUFFER] });
+            return Ok(Self { file, path, dir: dir.path().to_owned(), kind, buf: vec![0; INITIAL_BUFFER] });
         }
         if !dir.path().is_dir() {
             let source = std::io::Error::from_raw_os_error(libc::ENOENT);
@@ -122,9 +122,9 @@ impl CounterReader {
             }
         };
         let bytes = &self.buf[..len];
-        match self.source {
-            CounterSource::V2IoStat => parse_io_stat(&self.path, bytes),
-            CounterSource::V1Bfq | CounterSource::V1Throttle => parse_blkio_stat(&self.path, bytes),
+        match self.kind {
+            CounterFileKind::V2IoStat => parse_io_stat(&self.path, bytes),
+            CounterFileKind::V1Bfq | CounterFileKind::V1Throttle => parse_blkio_stat(&self.path, bytes),
         }
     }
 
@@ -134,7 +134,7 @@ impl CounterReader {
     }
 
     /// Which of the known counter files is being read.
-    pub fn source(&self) -> CounterSource {
-        self.source
+    pub fn kind(&self) -> CounterFileKind {
+        self.kind
     }
 }

@@ -1,44 +1,22 @@
-//! Docker backends through `bollard`: discovery (events subscribed before listing, reconnect with backoff),
-//! counters (cgroup files, Docker stats only as a logged fallback) and the weight actuator (`docker update
-//! --blkio-weight`, verified in the cgroup file, falling back to the file where Docker discards the weight).
+//! [`DockerDiscovery`]: containers from dockerd's events and listings.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bollard::models::{ContainerInspectResponse, ContainerUpdateBody, EventMessage};
-use bollard::query_parameters::{EventsOptions, ListContainersOptions, StatsOptions};
+use bollard::models::{ContainerInspectResponse, EventMessage};
+use bollard::query_parameters::{EventsOptions, ListContainersOptions};
 use bollard::Docker;
 use futures_util::{Stream, StreamExt};
-use qos_core::{ContainerId, IoCounters, Weight};
+use qos_core::ContainerId;
 use tracing::{debug, info, warn};
 
-use crate::backend::{AppliedVia, BackendError, ContainerInfo, CounterSource, Discovery, DiscoveryError};
-use crate::backend::{DiscoveryEvent, WeightWriter};
-use crate::cgroup::{CgroupDriver, CgroupRoot, CgroupVersion};
-use crate::cgroupfs::{CgroupfsCounters, CgroupfsWriter};
-use crate::config::ActuatorMode;
+use super::naming::{container_cgroup, CgroupDriver};
+use crate::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
+use crate::cgroup::CgroupRoot;
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<EventMessage, bollard::errors::Error>> + Send>>;
-
-/// Connects to dockerd and agrees on an API version (Docker 20.10 speaks 1.41; bollard defaults newer).
-pub async fn connect(socket: &Path) -> Result<Docker, DiscoveryError> {
-    let what = format!("docker socket {}", socket.display());
-    if !socket.exists() {
-        return Err(DiscoveryError::Runtime {
-            what,
-            detail: "does not exist (is dockerd running? see [docker] socket)".into(),
-        });
-    }
-    let path = socket
-        .to_str()
-        .ok_or_else(|| DiscoveryError::Runtime { what: what.clone(), detail: "path is not UTF-8".into() })?;
-    let docker = Docker::connect_with_unix(path, 30, bollard::API_DEFAULT_VERSION)
-        .map_err(|e| DiscoveryError::Runtime { what: what.clone(), detail: e.to_string() })?;
-    docker.negotiate_version().await.map_err(|e| DiscoveryError::Runtime { what, detail: e.to_string() })
-}
 
 /// Discovers Docker containers.
 pub struct DockerDiscovery {
@@ -157,7 +135,7 @@ fn unix_ns() -> i64 {
 impl Inspector {
     /// Builds the container's info from a start event alone, if its cgroup is at the driver's default place.
     fn info_from_event(&self, id: &str, mut attributes: HashMap<String, String>) -> Option<ContainerInfo> {
-        let cgroup = self.root.resolve_docker(id, self.driver, None).ok()?;
+        let cgroup = container_cgroup(&self.root, id, self.driver, None).ok()?;
         let name = attributes.remove("name").unwrap_or_default();
         // Event attributes are the container's labels plus `image` and `name` (and `exitCode` on die).
         attributes.remove("image");
@@ -226,7 +204,7 @@ impl Inspector {
                 if let Some(Err(e)) = other {
                     debug!(container = %id.short(), error = %e, "cgroup from pid failed; trying the driver's layout");
                 }
-                match self.root.resolve_docker(id.as_str(), self.driver, parent.as_deref()) {
+                match container_cgroup(&self.root, id.as_str(), self.driver, parent.as_deref()) {
                     Ok(dir) => Some(dir),
                     Err(e) => {
                         warn!(container = %id.short(), name = %name, error = %e, "cannot find the container's cgroup");
@@ -281,182 +259,6 @@ impl Discovery for DockerDiscovery {
                 Some("die") | Some("destroy") => return Ok(DiscoveryEvent::Stopped(ContainerId::from(id))),
                 Some("update") => return Ok(DiscoveryEvent::Updated(ContainerId::from(id))),
                 _ => {}
-            }
-        }
-    }
-}
-
-/// Counters from cgroup files; for a container whose cgroup files cannot be opened, the Docker stats API (one
-/// call per round for that container, logged when it starts).
-pub struct DockerCounters {
-    docker: Docker,
-    files: CgroupfsCounters,
-    via_stats: HashSet<ContainerId>,
-    /// Set with a root: warn once when containers sit below a parent cgroup on cgroup v1 (see `attach`).
-    nested_check: Option<Arc<CgroupRoot>>,
-}
-
-impl std::fmt::Debug for DockerCounters {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DockerCounters")
-            .field("files", &self.files.len())
-            .field("via_stats", &self.via_stats.len())
-            .finish()
-    }
-}
-
-impl DockerCounters {
-    /// Counters for containers of `docker`.
-    pub fn new(docker: Docker) -> Self {
-        Self { docker, files: CgroupfsCounters::new(), via_stats: HashSet::new(), nested_check: None }
-    }
-
-    /// Like [`DockerCounters::new`], with the parent-cgroup gate of [`CgroupfsCounters::with_root`].
-    pub fn with_root(docker: Docker, root: Arc<CgroupRoot>) -> Self {
-        let nested_check = Some(root.clone());
-        Self { docker, files: CgroupfsCounters::with_root(root), via_stats: HashSet::new(), nested_check }
-    }
-
-    async fn stats(&self, id: &ContainerId) -> Result<IoCounters, BackendError> {
-        let runtime = |detail: String| BackendError::Runtime { id: id.clone(), what: "docker stats", detail };
-        let opts = StatsOptions { stream: false, one_shot: true };
-        let resp =
-            self.docker.stats(id.as_str(), Some(opts)).next().await.ok_or_else(|| runtime("no answer".into()))?;
-        let resp = resp.map_err(|e| runtime(e.to_string()))?;
-        let mut c = IoCounters::default();
-        for e in resp.blkio_stats.and_then(|b| b.io_service_bytes_recursive).unwrap_or_default() {
-            let v = e.value.unwrap_or(0);
-            match e.op.as_deref().map(str::to_ascii_lowercase).as_deref() {
-                Some("read") => c.read = c.read.saturating_add(v),
-                Some("write") => c.write = c.write.saturating_add(v),
-                _ => {}
-            }
-        }
-        Ok(c)
-    }
-}
-
-impl CounterSource for DockerCounters {
-    async fn attach(&mut self, info: &ContainerInfo) -> Result<(), BackendError> {
-        if let (Some(root), Some(dir)) = (self.nested_check.as_ref(), info.cgroup.as_ref()) {
-            let parent_is_root = dir.path().parent() == Some(root.path());
-            if root.version() == CgroupVersion::V1 && !parent_is_root {
-                // Measured by the bench (crates/bench/README.md, "Findings"): BFQ lets a newly busy group preempt
-                // the one in service only at the root level, so below a shared parent a new container at weight
-                // 1000 still waits for the background's slot (1 MiB read: 37 ms nested vs 2 ms at the root).
-                warn!(cgroup = %dir.path().display(),
-                      "containers sit below a parent cgroup: on cgroup v1 with BFQ, weights then barely shorten a \
-                       new container's first reads; run dockerd with \"cgroup-parent\": \"/\" in daemon.json (or \
-                       docker run --cgroup-parent=/) for the full effect");
-                self.nested_check = None;
-            }
-        }
-        match self.files.attach_now(info) {
-            Ok(()) => Ok(()),
-            Err(e) if e.is_vanished() => Err(e),
-            Err(e) => {
-                warn!(container = %info.id.short(), name = %info.name, error = %e,
-                      "cgroup counter files unreachable; using the Docker stats API for this container \
-                       (one API call per round)");
-                self.via_stats.insert(info.id.clone());
-                Ok(())
-            }
-        }
-    }
-
-    fn detach(&mut self, id: &ContainerId) {
-        self.files.detach(id);
-        self.via_stats.remove(id);
-    }
-
-    async fn sample(&mut self, out: &mut Vec<(ContainerId, Result<IoCounters, BackendError>)>) {
-        self.files.sample_now(out);
-        for id in &self.via_stats {
-            out.push((id.clone(), self.stats(id).await));
-        }
-    }
-}
-
-/// Applies weights through `docker update --blkio-weight` and/or the cgroup file, per [`ActuatorMode`]; every
-/// write is verified by reading the cgroup file back.
-pub struct DockerWriter {
-    docker: Docker,
-    mode: ActuatorMode,
-    /// `Some(false)` once Docker was seen to discard a weight: `auto` then writes the file directly.
-    docker_delivers: Option<bool>,
-}
-
-impl std::fmt::Debug for DockerWriter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DockerWriter")
-            .field("mode", &self.mode)
-            .field("docker_delivers", &self.docker_delivers)
-            .finish()
-    }
-}
-
-impl DockerWriter {
-    /// A writer in the given mode.
-    pub fn new(docker: Docker, mode: ActuatorMode) -> Self {
-        Self { docker, mode, docker_delivers: None }
-    }
-
-    async fn via_docker(&self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
-        if weight.get() < 10 {
-            return Err(BackendError::Runtime {
-                id: info.id.clone(),
-                what: "docker update --blkio-weight",
-                detail: format!("Docker accepts weights 10..=1000 only, not {weight}"),
-            });
-        }
-        let body = ContainerUpdateBody { blkio_weight: Some(weight.to_docker()), ..Default::default() };
-        self.docker.update_container(info.id.as_str(), body).await.map_err(|e| BackendError::Runtime {
-            id: info.id.clone(),
-            what: "docker update --blkio-weight",
-            detail: e.to_string(),
-        })?;
-        // Trust only the kernel's file: Docker 20.10 answers success and discards the weight on BFQ kernels.
-        let have = CgroupfsWriter::read_now(info)?;
-        let want = weight;
-        if have != want {
-            let path = info.cgroup.as_ref().map(|d| d.path().display().to_string()).unwrap_or_default();
-            return Err(BackendError::Runtime {
-                id: info.id.clone(),
-                what: "docker update --blkio-weight",
-                detail: format!("dockerd answered success but {path} reads weight {have}, not {want}"),
-            });
-        }
-        Ok(AppliedVia::RuntimeApi)
-    }
-}
-
-impl WeightWriter for DockerWriter {
-    async fn read(&mut self, info: &ContainerInfo) -> Result<Weight, BackendError> {
-        CgroupfsWriter::read_now(info)
-    }
-
-    async fn write(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
-        match self.mode {
-            ActuatorMode::Cgroupfs => CgroupfsWriter::write_now(info, weight),
-            ActuatorMode::Docker => self.via_docker(info, weight).await,
-            ActuatorMode::Auto => {
-                if self.docker_delivers != Some(false) && weight.get() >= 10 {
-                    match self.via_docker(info, weight).await {
-                        Ok(via) => {
-                            self.docker_delivers = Some(true);
-                            return Ok(via);
-                        }
-                        Err(e) if e.is_vanished() => return Err(e),
-                        Err(e) => {
-                            warn!(container = %info.id.short(), error = %e,
-                                  "actuator auto: the Docker API did not deliver the weight to the kernel \
-                                   (Docker discards --blkio-weight on kernels without blkio.weight, e.g. BFQ-only \
-                                   cgroup v1); writing cgroup weight files directly from now on");
-                            self.docker_delivers = Some(false);
-                        }
-                    }
-                }
-                CgroupfsWriter::write_now(info, weight)
             }
         }
     }

@@ -1,5 +1,5 @@
-//! A runtime that is not Docker: every child directory of one cgroup (a systemd slice, another runtime's parent
-//! cgroup) is a container. Discovery watches the parent with inotify, so a new cgroup is seen at once.
+//! [`CgroupDirDiscovery`]: every child directory of one cgroup (a systemd slice, another runtime's parent cgroup)
+//! is a container. Discovery watches the parent with inotify, so a new cgroup is seen at once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

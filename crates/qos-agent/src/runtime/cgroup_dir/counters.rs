@@ -1,4 +1,4 @@
-//! [`CgroupfsCounters`]: each container's cumulative I/O counters, read from its cgroup stat file, with the
+//! [`CgroupDirCounters`]: each container's cumulative I/O counters, read from its cgroup stat file, with the
 //! parent gate that keeps a round's cost proportional to the containers that did I/O rather than to all of them.
 
 use std::collections::HashMap;
@@ -22,7 +22,7 @@ pub const ACTIVE_ROUNDS: u64 = 4;
 ///
 /// Reading a cgroup stat file costs the kernel a few microseconds (measured on kernel 6.18: 4.3 µs per file when
 /// the round's 1,024 files are cache-cold), so at a thousand containers reading every file every round is
-/// most of the agent's cost. With a cgroup root ([`CgroupfsCounters::with_root`]) each round uses the
+/// most of the agent's cost. With a cgroup root ([`CgroupDirCounters::with_root`]) each round uses the
 /// *parent* cgroups' recursive counters (e.g. `docker/`, the sum over all Docker containers):
 ///
 /// 1. each parent's counters are read first; a parent that did not move since the previous round means none of
@@ -42,7 +42,7 @@ pub const ACTIVE_ROUNDS: u64 = 4;
 /// active children did between the two reads of a full round. No I/O is lost either way: counters are
 /// cumulative, so a child read late reports everything since its previous read.
 #[derive(Debug, Default)]
-pub struct CgroupfsCounters {
+pub struct CgroupDirCounters {
     root: Option<Arc<CgroupRoot>>,
     readers: HashMap<ContainerId, Member>,
     /// Parent gates by slot; a member holds its slot index (hashing a path per member per round cost more than
@@ -50,8 +50,8 @@ pub struct CgroupfsCounters {
     parents: Vec<Option<Parent>>,
     /// Members without a gate: read every round.
     ungated: usize,
-    /// Rounds since the last full read.
-    rounds: u32,
+    /// Rounds since the last full read, modulo [`FULL_READ_EVERY`] (0: this round reads every child).
+    since_full_read: u32,
     /// Rounds since the start.
     round: u64,
 }
@@ -124,13 +124,13 @@ fn total(c: &IoCounters) -> u64 {
 
 type Sample = (ContainerId, Result<IoCounters, BackendError>);
 
-impl CgroupfsCounters {
+impl CgroupDirCounters {
     /// No container attached yet; every container is read every round.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Like [`CgroupfsCounters::new`], with the parent gate: a container is read only when its parent cgroup
+    /// Like [`CgroupDirCounters::new`], with the parent gate: a container is read only when its parent cgroup
     /// (under `root`) shows I/O that may be its own.
     pub fn with_root(root: Arc<CgroupRoot>) -> Self {
         Self { root: Some(root), ..Self::default() }
@@ -225,8 +225,8 @@ impl CgroupfsCounters {
 
     /// One round, synchronously. Containers the gate skipped get no entry in `out`.
     pub fn sample_now(&mut self, out: &mut Vec<Sample>) {
-        let full = self.rounds == 0;
-        self.rounds = (self.rounds + 1) % FULL_READ_EVERY;
+        let full = self.since_full_read == 0;
+        self.since_full_read = (self.since_full_read + 1) % FULL_READ_EVERY;
         self.round += 1;
         let mut any = self.ungated > 0;
         for p in self.parents.iter_mut().flatten() {
@@ -287,7 +287,7 @@ impl CgroupfsCounters {
     }
 }
 
-impl CounterSource for CgroupfsCounters {
+impl CounterSource for CgroupDirCounters {
     async fn attach(&mut self, info: &ContainerInfo) -> Result<(), BackendError> {
         self.attach_now(info)
     }
@@ -330,7 +330,7 @@ mod tests {
     struct Tree {
         _tmp: tempfile::TempDir,
         parent: PathBuf,
-        counters: CgroupfsCounters,
+        counters: CgroupDirCounters,
         /// Each child's bytes, and the parent's own (processes in the parent, removed children).
         bytes: BTreeMap<String, u64>,
         own: u64,
@@ -347,8 +347,13 @@ mod tests {
             fs::create_dir(&parent).unwrap();
             write_stat(&parent, 0);
             let root = Arc::new(CgroupRoot::from_dir(version, tmp.path()).unwrap());
-            let mut t =
-                Self { counters: CgroupfsCounters::with_root(root), parent, _tmp: tmp, bytes: BTreeMap::new(), own: 0 };
+            let mut t = Self {
+                counters: CgroupDirCounters::with_root(root),
+                parent,
+                _tmp: tmp,
+                bytes: BTreeMap::new(),
+                own: 0,
+            };
             for n in names {
                 t.add(n);
             }
@@ -403,7 +408,7 @@ mod tests {
 
         /// Rounds until just before the next full read, each reading nothing (callers make sure nothing moved).
         fn quiet_until_full(&mut self) {
-            while self.counters.rounds != 0 {
+            while self.counters.since_full_read != 0 {
                 assert!(self.round().is_empty(), "a quiet parent: no child read");
             }
         }
@@ -435,7 +440,7 @@ mod tests {
         for i in 0..3 * FULL_READ_EVERY {
             t.io("c0", 1 << 20);
             let read = t.round();
-            if t.counters.rounds == 1 {
+            if t.counters.since_full_read == 1 {
                 assert_eq!(read.len(), 10, "round {i} was a full read");
             } else {
                 assert_eq!(read, ["c0"], "round {i}: the parent's bytes are c0's, nobody else is read");
@@ -516,7 +521,7 @@ mod tests {
     fn the_gate_works_the_same_on_v2_io_stat() {
         let mut t = Tree::with_version(CgroupVersion::V2, &["busy", "idle"]);
         let reader = &t.counters.readers[&ContainerId::new("busy")].reader;
-        assert_eq!(reader.source(), crate::cgroup::CounterSource::V2IoStat);
+        assert_eq!(reader.kind(), crate::cgroup::CounterFileKind::V2IoStat);
         t.round();
         t.settle_with_busy("busy", 4096);
         t.io("busy", 4096);
@@ -534,7 +539,7 @@ mod tests {
         let root = CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap();
         fs::create_dir(tmp.path().join("x")).unwrap();
         write_stat(&tmp.path().join("x"), 1);
-        let mut c = CgroupfsCounters::new();
+        let mut c = CgroupDirCounters::new();
         let info = ContainerInfo {
             id: ContainerId::new("x"),
             name: "x".into(),

@@ -1,10 +1,4 @@
-//! Backends that work on cgroup files directly: [`CgroupfsCounters`] (one open file per container, read in a
-//! round when its parent cgroup's counters say it may have done I/O) and [`CgroupfsWriter`] (write the weight
-//! file, read it back).
-
-mod counters;
-
-pub use counters::{CgroupfsCounters, ACTIVE_ROUNDS, FULL_READ_EVERY};
+//! [`CgroupDirWriter`]: writes a container's cgroup weight file and reads it back.
 
 use qos_core::Weight;
 
@@ -14,9 +8,9 @@ use crate::cgroup::WeightFile;
 /// Writes the cgroup weight file (`blkio.bfq.weight`, `blkio.weight`, `io.bfq.weight` or `io.weight`, whichever
 /// the cgroup has) and reads it back.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct CgroupfsWriter;
+pub struct CgroupDirWriter;
 
-impl CgroupfsWriter {
+impl CgroupDirWriter {
     /// Reads the current weight synchronously.
     pub fn read_now(info: &ContainerInfo) -> Result<Weight, BackendError> {
         let dir = info.cgroup.as_ref().ok_or_else(|| BackendError::NoCgroup(info.id.clone()))?;
@@ -31,7 +25,7 @@ impl CgroupfsWriter {
     }
 }
 
-impl WeightWriter for CgroupfsWriter {
+impl WeightWriter for CgroupDirWriter {
     async fn read(&mut self, info: &ContainerInfo) -> Result<Weight, BackendError> {
         Self::read_now(info)
     }

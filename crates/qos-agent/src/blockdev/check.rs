@@ -1,0 +1,52 @@
+//! Start-up check that weights can matter: the disks containers use must run BFQ (cgroup v1 and v2), or have
+//! io.cost enabled (v2). Otherwise the agent warns loudly, naming the device and the fix. Devices listed in
+//! `[devices] switch_to_bfq` are switched first; no other device is touched.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use tracing::{info, warn};
+
+use super::{io_cost_enabled, scheduler, switch_to_bfq, DevNum};
+use crate::cgroup::{CgroupRoot, CgroupVersion};
+use crate::config::AgentConfig;
+
+/// Switches the opted-in devices, then checks the devices that matter and warns about each one where weights
+/// cannot act. `runtime_disk` is the disk holding the runtime's data (Docker's data root), checked when the
+/// config names no device.
+pub fn check_at_start(cfg: &AgentConfig, root: &CgroupRoot, runtime_disk: Option<String>) -> Result<()> {
+    for name in &cfg.devices.switch_to_bfq {
+        switch_to_bfq(name, &cfg.devices.switch_to_bfq)
+            .with_context(|| format!("devices.switch_to_bfq: cannot switch {name} to bfq"))?;
+        info!(device = %name, "scheduler is bfq, as configured");
+    }
+    let mut check = cfg.devices.check.clone();
+    if check.is_empty() {
+        check.extend(runtime_disk);
+    }
+    for name in check {
+        match scheduler(&name) {
+            Ok(s) if s.active == "bfq" => info!(device = %name, "scheduler is bfq: weights act on this device"),
+            Ok(s) => {
+                let iocost = root.version() == CgroupVersion::V2 && iocost_enabled(root, &name);
+                if iocost {
+                    info!(device = %name, scheduler = %s.active, "io.cost is enabled: io.weight acts on this device");
+                } else {
+                    warn!(device = %name, scheduler = %s.active,
+                          "BLOCK-I/O WEIGHTS HAVE NO EFFECT ON THIS DEVICE: it does not use the bfq scheduler{}. \
+                           Fix: `echo bfq > /sys/block/{name}/queue/scheduler`, or add \"{name}\" to \
+                           [devices] switch_to_bfq", if root.version() == CgroupVersion::V2 { " and io.cost is off" } else { "" });
+                }
+            }
+            Err(e) => warn!(device = %name, error = %e, "cannot read the device's scheduler"),
+        }
+    }
+    Ok(())
+}
+
+/// Whether v2 io.cost is enabled for device `name` (root `io.cost.qos` says `enable=1`).
+fn iocost_enabled(root: &CgroupRoot, name: &str) -> bool {
+    let Ok(text) = std::fs::read_to_string(Path::new("/sys/block").join(name).join("dev")) else { return false };
+    let Ok(dev) = text.trim().parse::<DevNum>() else { return false };
+    io_cost_enabled(root.path(), dev).unwrap_or(false)
+}

@@ -1,0 +1,105 @@
+//! [`DockerCounters`]: the cgroup-dir runtime's counters, with Docker's stats API as a logged fallback.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use bollard::query_parameters::StatsOptions;
+use bollard::Docker;
+use futures_util::StreamExt;
+use qos_core::{ContainerId, IoCounters};
+use tracing::warn;
+
+use crate::backend::{BackendError, ContainerInfo, CounterSource};
+use crate::cgroup::{CgroupRoot, CgroupVersion};
+use crate::runtime::cgroup_dir::CgroupDirCounters;
+
+/// Counters from cgroup files; for a container whose cgroup files cannot be opened, the Docker stats API (one
+/// call per round for that container, logged when it starts).
+pub struct DockerCounters {
+    docker: Docker,
+    files: CgroupDirCounters,
+    via_stats: HashSet<ContainerId>,
+    /// Set with a root: warn once when containers sit below a parent cgroup on cgroup v1 (see `attach`).
+    nested_check: Option<Arc<CgroupRoot>>,
+}
+
+impl std::fmt::Debug for DockerCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerCounters")
+            .field("files", &self.files.len())
+            .field("via_stats", &self.via_stats.len())
+            .finish()
+    }
+}
+
+impl DockerCounters {
+    /// Counters for containers of `docker`.
+    pub fn new(docker: Docker) -> Self {
+        Self { docker, files: CgroupDirCounters::new(), via_stats: HashSet::new(), nested_check: None }
+    }
+
+    /// Like [`DockerCounters::new`], with the parent-cgroup gate of [`CgroupDirCounters::with_root`].
+    pub fn with_root(docker: Docker, root: Arc<CgroupRoot>) -> Self {
+        let nested_check = Some(root.clone());
+        Self { docker, files: CgroupDirCounters::with_root(root), via_stats: HashSet::new(), nested_check }
+    }
+
+    async fn stats(&self, id: &ContainerId) -> Result<IoCounters, BackendError> {
+        let runtime = |detail: String| BackendError::Runtime { id: id.clone(), what: "docker stats", detail };
+        let opts = StatsOptions { stream: false, one_shot: true };
+        let resp =
+            self.docker.stats(id.as_str(), Some(opts)).next().await.ok_or_else(|| runtime("no answer".into()))?;
+        let resp = resp.map_err(|e| runtime(e.to_string()))?;
+        let mut c = IoCounters::default();
+        for e in resp.blkio_stats.and_then(|b| b.io_service_bytes_recursive).unwrap_or_default() {
+            let v = e.value.unwrap_or(0);
+            match e.op.as_deref().map(str::to_ascii_lowercase).as_deref() {
+                Some("read") => c.read = c.read.saturating_add(v),
+                Some("write") => c.write = c.write.saturating_add(v),
+                _ => {}
+            }
+        }
+        Ok(c)
+    }
+}
+
+impl CounterSource for DockerCounters {
+    async fn attach(&mut self, info: &ContainerInfo) -> Result<(), BackendError> {
+        if let (Some(root), Some(dir)) = (self.nested_check.as_ref(), info.cgroup.as_ref()) {
+            let parent_is_root = dir.path().parent() == Some(root.path());
+            if root.version() == CgroupVersion::V1 && !parent_is_root {
+                // Measured by the bench (crates/bench/README.md, "Findings"): BFQ lets a newly busy group preempt
+                // the one in service only at the root level, so below a shared parent a new container at weight
+                // 1000 still waits for the background's slot (1 MiB read: 37 ms nested vs 2 ms at the root).
+                warn!(cgroup = %dir.path().display(),
+                      "containers sit below a parent cgroup: on cgroup v1 with BFQ, weights then barely shorten a \
+                       new container's first reads; run dockerd with \"cgroup-parent\": \"/\" in daemon.json (or \
+                       docker run --cgroup-parent=/) for the full effect");
+                self.nested_check = None;
+            }
+        }
+        match self.files.attach_now(info) {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_vanished() => Err(e),
+            Err(e) => {
+                warn!(container = %info.id.short(), name = %info.name, error = %e,
+                      "cgroup counter files unreachable; using the Docker stats API for this container \
+                       (one API call per round)");
+                self.via_stats.insert(info.id.clone());
+                Ok(())
+            }
+        }
+    }
+
+    fn detach(&mut self, id: &ContainerId) {
+        self.files.detach(id);
+        self.via_stats.remove(id);
+    }
+
+    async fn sample(&mut self, out: &mut Vec<(ContainerId, Result<IoCounters, BackendError>)>) {
+        self.files.sample_now(out);
+        for id in &self.via_stats {
+            out.push((id.clone(), self.stats(id).await));
+        }
+    }
+}

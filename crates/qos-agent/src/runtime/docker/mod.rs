@@ -1,0 +1,54 @@
+//! The Docker runtime through `bollard`: discovery (events subscribed before listing, reconnect with backoff),
+//! counters (cgroup files, Docker stats only as a logged fallback) and the weight actuator (`docker update
+//! --blkio-weight`, verified in the cgroup file, falling back to the file where Docker discards the weight).
+//!
+//! - `discovery.rs`: [`DockerDiscovery`]; `naming.rs`: where Docker puts a container's cgroup
+//!   ([`container_cgroup`], [`CgroupDriver`]);
+//! - `counters.rs`: [`DockerCounters`] (the cgroup-dir runtime's counters plus the stats fallback);
+//! - `writer.rs`: [`DockerWriter`] (per [`ActuatorMode`](crate::config::ActuatorMode)).
+
+mod counters;
+mod discovery;
+mod naming;
+mod writer;
+
+use std::path::Path;
+
+use bollard::Docker;
+
+pub use counters::DockerCounters;
+pub use discovery::DockerDiscovery;
+pub use naming::{container_cgroup, CgroupDriver};
+pub use writer::DockerWriter;
+
+use crate::backend::DiscoveryError;
+
+/// Connects to dockerd and agrees on an API version (Docker 20.10 speaks 1.41; bollard defaults newer).
+pub async fn connect(socket: &Path) -> Result<Docker, DiscoveryError> {
+    let what = format!("docker socket {}", socket.display());
+    if !socket.exists() {
+        return Err(DiscoveryError::Runtime {
+            what,
+            detail: "does not exist (is dockerd running? see [docker] socket)".into(),
+        });
+    }
+    let path = socket
+        .to_str()
+        .ok_or_else(|| DiscoveryError::Runtime { what: what.clone(), detail: "path is not UTF-8".into() })?;
+    let docker = Docker::connect_with_unix(path, 30, bollard::API_DEFAULT_VERSION)
+        .map_err(|e| DiscoveryError::Runtime { what: what.clone(), detail: e.to_string() })?;
+    docker.negotiate_version().await.map_err(|e| DiscoveryError::Runtime { what, detail: e.to_string() })
+}
+
+/// The disk holding Docker's data root (`docker info`), for the start-up device check; `None` (logged) when it
+/// cannot be told.
+pub async fn data_disk(docker: &Docker) -> Option<String> {
+    let dir = docker.info().await.ok()?.docker_root_dir?;
+    match crate::blockdev::disk_of_path(Path::new(&dir)) {
+        Ok(disk) => Some(disk),
+        Err(e) => {
+            tracing::warn!(dir = %dir, error = %e, "cannot tell which disk holds Docker's data");
+            None
+        }
+    }
+}

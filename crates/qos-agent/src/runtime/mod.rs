@@ -1,0 +1,9 @@
+//! The container runtimes the agent can manage, one folder each; every runtime implements the three traits of
+//! [`crate::backend`] (its discovery, counters and weight writer) and knows how it names its cgroups.
+//!
+//! - [`docker`]: Docker through its API socket (`runtime = "docker"`, the default);
+//! - [`cgroup_dir`]: every child directory of one cgroup is a container (`runtime = "cgroup-dir"`). Its counters
+//!   and writer work on any container with a cgroup directory, and the other runtimes build on them.
+
+pub mod cgroup_dir;
+pub mod docker;
