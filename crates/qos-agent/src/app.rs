@@ -12,7 +12,7 @@ use tracing::{error, info, warn};
 
 use crate::backend::{CounterSource, Discovery, WeightWriter};
 use crate::cgroup::{CgroupRoot, CgroupVersion};
-use crate::config::{AgentConfig, RuntimeKind};
+use crate::config::{ActuatorMode, AgentConfig, RuntimeKind};
 use crate::daemon::{Command, Daemon, Summary};
 use crate::metrics::Metrics;
 use crate::runtime::cgroup_dir::{CgroupDirCounters, CgroupDirDiscovery, CgroupDirWriter};
@@ -39,9 +39,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             let docker = docker::connect(&cfg.docker.socket).await?;
             let data_disk = if cfg.devices.check.is_empty() { docker::data_disk(&docker).await } else { None };
             blockdev::check::check_at_start(&cfg, &root, data_disk)?;
-            let discovery = DockerDiscovery::new(docker.clone(), root.clone()).await?;
-            let counters = DockerCounters::with_root(docker.clone(), root.clone());
-            let writer = DockerWriter::new(docker, cfg.actuator);
+            let (discovery, counters, writer) = docker_backends(docker, root.clone(), cfg.actuator).await?;
             info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
             let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?;
             serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?
@@ -65,6 +63,20 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
     };
     info!(restored = summary.restored, failures = summary.restore_failures, "stopped");
     Ok(summary)
+}
+
+/// The Docker runtime's discovery, counters and writer, assembled as [`run`] assembles them (the bench runs the
+/// daemon on these too, so it measures the shipped wiring): discovery by events, counters from the cgroup files
+/// behind the parent gate, the writer in `actuator` mode.
+pub async fn docker_backends(
+    docker: bollard::Docker,
+    root: Arc<CgroupRoot>,
+    actuator: ActuatorMode,
+) -> Result<(DockerDiscovery, DockerCounters, DockerWriter)> {
+    let discovery = DockerDiscovery::new(docker.clone(), root.clone()).await?;
+    let counters = DockerCounters::with_root(docker.clone(), root);
+    let writer = DockerWriter::new(docker, actuator);
+    Ok((discovery, counters, writer))
 }
 
 /// Serves metrics and the status socket, installs the signal handlers, and runs the daemon; the control socket
