@@ -34,6 +34,7 @@ pub mod daemon;
 pub mod labels;
 pub mod metrics;
 pub mod pacing;
+pub mod preflight;
 pub mod runtime;
 pub mod state;
 
