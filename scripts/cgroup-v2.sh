@@ -41,8 +41,10 @@ remove_children() {
     if [ -n "$(cat "$dir/cgroup.procs" 2>/dev/null)" ]; then
       die "cgroup $dir still has processes ($(tr '\n' ' ' < "$dir/cgroup.procs")); stop them first"
     fi
-    rmdir "$dir" 2>/dev/null || sleep 0.2
-    [ -d "$dir" ] && { rmdir "$dir" || die "cannot remove cgroup $dir"; }
+    if ! rmdir "$dir" 2>/dev/null && [ -d "$dir" ]; then
+      sleep 0.2
+      rmdir "$dir" || die "cannot remove cgroup $dir"
+    fi
   done < <(find "$root" -mindepth 1 -type d -printf '%d %p\n' | sort -rn | cut -d' ' -f2-)
 }
 
