@@ -33,6 +33,7 @@ pub mod labels;
 pub mod metrics;
 pub mod pacing;
 pub mod plain;
+pub mod reconcile;
 pub mod state;
 
 pub use backend::{AppliedVia, BackendError, ContainerInfo, CounterSource, Discovery, DiscoveryEvent, WeightWriter};
