@@ -167,7 +167,7 @@ pub enum Report {
         /// What the file holds now.
         have: Weight,
     },
-    /// A re-verify read failed (nothing else happens; the next `Updated` tries again).
+    /// A re-verify read failed; it is tried again on the next round.
     ReverifyFailed {
         /// The container.
         id: ContainerId,
@@ -228,6 +228,9 @@ struct Entry {
     applied: Option<Weight>,
     /// `desired` is the original being put back; once verified, it is forgotten from the file.
     restoring: bool,
+    /// The cgroup file may hold a weight the agent wrote (this agent, or a crashed one whose original is on file):
+    /// releasing, entering dry run and shutdown owe it its original.
+    changed_by_agent: bool,
     /// The decision waiting to take effect, for its report.
     pending: Option<WeightChange>,
     /// In `dirty`, waiting for its read or write.
@@ -241,6 +244,7 @@ struct Entry {
 impl Entry {
     fn new(original: Original) -> Self {
         let (original, on_file) = match original {
+            // An earlier agent recorded it, so that agent changed the weight.
             Original::OnFile(w) => (Some(w), true),
             Original::Read(w) => (Some(w), false),
             Original::Unknown => (None, false),
@@ -251,6 +255,7 @@ impl Entry {
             desired: None,
             applied: None,
             restoring: false,
+            changed_by_agent: on_file,
             pending: None,
             queued: false,
             blocked: false,
@@ -305,6 +310,8 @@ pub struct Reconciler {
     out: VecDeque<Output>,
     /// Containers to re-verify (`Updated`).
     reverify: VecDeque<ContainerId>,
+    /// Containers whose re-verify read failed: tried again on the next round.
+    reverify_next_round: Vec<ContainerId>,
     /// Containers about to be written whose original is not on file yet.
     unsaved: Vec<ContainerId>,
     /// Containers whose desired weight is not applied, in the order they became so.
@@ -407,6 +414,7 @@ impl Reconciler {
         if self.shut_down {
             return;
         }
+        self.reverify.extend(self.reverify_next_round.drain(..));
         for id in std::mem::take(&mut self.blocked) {
             if self.entries.get(&id).is_some_and(|e| e.blocked) {
                 self.make_dirty(&id);
@@ -447,6 +455,8 @@ impl Reconciler {
                 }
             }
             (Some(InFlight::Reverify(..)), Err(error)) => {
+                // Tried again next round: the weight may well have been changed, that is why it is checked.
+                self.reverify_next_round.push(id.clone());
                 self.out.push_back(Output::Report(Report::ReverifyFailed { id: id.clone(), error }));
             }
             _ => unreachable!("only reads are matched above"),
@@ -471,6 +481,7 @@ impl Reconciler {
                 let old = e.applied.or(e.original);
                 e.applied = Some(weight);
                 e.apply_failure_reported = false;
+                e.changed_by_agent = true;
                 if e.desired == Some(weight) {
                     self.report_decision(id, old, weight, Effect::Applied(via));
                     if self.entries[id].restoring {
@@ -612,11 +623,6 @@ impl Reconciler {
                 let old = e.applied.or(e.original);
                 e.applied = Some(want);
                 self.report_decision(&id, old, want, Effect::DryRun);
-                if self.entries[&id].restoring {
-                    // Nothing was written, so nothing is restored: the original stays on file for a later agent.
-                    let e = self.entries.get_mut(&id).expect("tracked");
-                    (e.restoring, e.desired, e.applied) = (false, None, None);
-                }
                 continue;
             }
             if e.original.is_none() {
@@ -680,9 +686,17 @@ impl Reconciler {
     }
 
     /// Puts the original back if the agent wrote something (or always, with `force`); otherwise just forgets it.
+    /// A restore still wanted (an earlier one failed) stays wanted.
     fn start_restore(&mut self, id: &ContainerId, force: bool) {
         let Some(e) = self.entries.get_mut(id) else { return };
-        match e.original.filter(|_| force || e.applied.is_some()) {
+        match e.original.filter(|_| force || e.changed_by_agent || e.applied.is_some()) {
+            Some(original) if self.dry_run => {
+                // Decided, not written (a weight "applied" in dry run is not in the file either): the original
+                // stays on file, owed at shutdown or to a later agent.
+                let old = e.applied.or(e.original);
+                (e.desired, e.applied, e.restoring) = (None, None, false);
+                self.report_decision(id, old, original, Effect::DryRun);
+            }
             Some(original) => {
                 e.desired = Some(original);
                 e.restoring = true;
@@ -708,7 +722,7 @@ impl Reconciler {
     /// The original is verified back in the file: forget it.
     fn finish_restore(&mut self, id: &ContainerId, original: Weight) {
         let e = self.entries.get_mut(id).expect("restoring means tracked");
-        (e.desired, e.applied, e.restoring) = (None, None, false);
+        (e.desired, e.applied, e.restoring, e.changed_by_agent) = (None, None, false, false);
         let forget = std::mem::replace(&mut e.on_file, false);
         self.out.push_back(Output::Report(Report::OriginalRestored { id: id.clone(), weight: original }));
         if forget {
@@ -730,14 +744,14 @@ impl Reconciler {
         self.out.push_back(Output::Report(Report::Gone { id: id.clone() }));
     }
 
-    /// Restores of every original the agent changed (or is putting back), none in dry run.
+    /// Restores of every original the agent changed, none in dry run.
     fn start_batch(&mut self) {
         let mut batch = RestoreBatch::default();
         if !self.dry_run {
             for (id, e) in &self.entries {
                 let Some(original) = e.original else { continue };
-                if e.applied.is_none() && !e.restoring {
-                    continue; // never written by this agent
+                if !e.changed_by_agent {
+                    continue;
                 }
                 if e.applied == Some(original) {
                     batch.done.push(id.clone());
@@ -772,7 +786,7 @@ impl Reconciler {
         let batch = self.batch.take().expect("called with a batch");
         for id in &batch.done {
             if let Some(e) = self.entries.get_mut(id) {
-                (e.on_file, e.applied) = (false, None);
+                (e.on_file, e.applied, e.changed_by_agent) = (false, None, false);
             }
         }
         if !batch.done.is_empty() {
