@@ -12,11 +12,12 @@
 //! One clock: tokio's (`tokio::time::Instant`, converted to std for the engine), so paused-time tests see the
 //! same time everywhere.
 
+mod cpu_clock;
+mod report;
 mod status;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use qos_core::{ContainerId, Engine, IoCounters, Policy, WeightChange};
 use tokio::sync::{mpsc, oneshot};
@@ -28,10 +29,11 @@ use crate::config::AgentConfig;
 use crate::labels::policy_from_labels;
 use crate::metrics::{ContainerLabels, Metrics, ReasonLabels};
 use crate::pacing::{Pacer, Transition};
-use crate::reconcile::{FailedStep, Original, Output, Reconciler, Report, Tracking};
+use crate::reconcile::{Original, Output, Reconciler, Tracking};
 use crate::state::OriginalWeights;
 
 pub use crate::reconcile::Summary;
+pub use cpu_clock::CpuClock;
 pub use status::{display_level, Actuator, PolicyKind, Status, StatusRow};
 
 /// What the outside world can ask of a running daemon.
@@ -89,37 +91,6 @@ pub struct Daemon<D, C, W> {
     cpu_clock: CpuClock,
     /// What the last batch of restores (shutdown, or entering dry run) did.
     restores: Option<Summary>,
-}
-
-/// The CPU time a round is charged with, read before and after it (default: the daemon thread's CPU time; the
-/// daemon runs on a current-thread runtime, so that is all the work of the round).
-#[derive(Clone)]
-pub struct CpuClock(Arc<dyn Fn() -> Duration + Send + Sync>);
-
-impl CpuClock {
-    /// A clock from a function (tests: a fake one).
-    pub fn new(f: impl Fn() -> Duration + Send + Sync + 'static) -> Self {
-        Self(Arc::new(f))
-    }
-
-    /// `CLOCK_THREAD_CPUTIME_ID` of the calling thread.
-    pub fn thread() -> Self {
-        Self::new(|| {
-            nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
-                .map(Duration::from)
-                .unwrap_or_default()
-        })
-    }
-
-    fn now(&self) -> Duration {
-        (self.0)()
-    }
-}
-
-impl std::fmt::Debug for CpuClock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CpuClock")
-    }
 }
 
 /// Now on the daemon's one clock, as the engine takes it.
@@ -469,62 +440,6 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         }
     }
 
-    /// Turns a reconciler report into log lines and metrics.
-    fn report(&mut self, report: Report) {
-        let name = |tracked: &HashMap<ContainerId, Tracked>, id: &ContainerId| {
-            tracked.get(id).map(|t| t.info.name.clone()).unwrap_or_default()
-        };
-        match report {
-            Report::Decision { change, old_weight, weight, effect } => info!(
-                container = %change.id.short(),
-                name = %name(&self.tracked, &change.id),
-                reason = change.reason.as_str(),
-                old_level = change.old_level.map(display_level),
-                new_level = change.new_level.map(display_level),
-                old_weight = old_weight.map(qos_core::Weight::get),
-                weight = weight.get(),
-                bytes = change.bytes_at_old_level,
-                via = effect.as_str(),
-                "weight decision"
-            ),
-            Report::Written { id, weight, via } => {
-                if let Some(t) = self.tracked.get(&id) {
-                    self.metrics.weight.get_or_create(&t.labels).set(weight.get().into());
-                }
-                self.actuator.in_use = Some(via);
-            }
-            Report::ApplyFailed { id, weight, step, first, error } => {
-                self.metrics.write_failures.inc();
-                if first {
-                    let name = name(&self.tracked, &id);
-                    match step {
-                        FailedStep::Write => error!(container = %id.short(), %name, weight = weight.get(),
-                            error = %error, "cannot apply weight; will retry every round"),
-                        FailedStep::ReadOriginal => error!(container = %id.short(), %name, weight = weight.get(),
-                            error = %error, "cannot read the current weight, so it could not be restored: not \
-                            changing it; will retry every round"),
-                    }
-                }
-            }
-            Report::ChangedOutside { id, want, have } => warn!(container = %id.short(),
-                name = %name(&self.tracked, &id), want = want.get(), have = have.get(),
-                "weight changed outside the agent; writing it again"),
-            Report::ReverifyFailed { id, error } => {
-                debug!(container = %id.short(), error = %error, "cannot re-verify weight")
-            }
-            Report::OriginalRestored { id, weight } => info!(container = %id.short(),
-                name = %name(&self.tracked, &id), weight = weight.get(), "original weight restored"),
-            Report::RestoreFailed { id, weight, error } => error!(container = %id.short(),
-                name = %name(&self.tracked, &id), weight = weight.get(), error = %error,
-                "cannot restore original weight"),
-            Report::RestoresFinished(summary) => self.restores = Some(summary),
-            Report::SampleFailed { id, error } => warn!(container = %id.short(),
-                name = %name(&self.tracked, &id), error = %error,
-                "cannot read I/O counters; skipping this container until they read again"),
-            Report::Gone { id } => self.drop_tracked(&id),
-        }
-    }
-
     // ----- control -----
 
     async fn reload(&mut self, cfg: AgentConfig) {
@@ -555,33 +470,6 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         info!(sample_interval = ?self.cfg.sample_interval, cpu_budget = ?self.cfg.cpu_budget, dry_run = self.cfg.dry_run,
               "configuration reloaded");
         self.apply_changes().await;
-    }
-
-    fn status(&self) -> Status {
-        let t = now();
-        let mut rows: Vec<StatusRow> = self
-            .tracked
-            .iter()
-            .map(|(id, tr)| {
-                let v = self.engine.container(id, t);
-                let (policy, level) = match v.as_ref().map(|v| (v.policy, v.level)) {
-                    Some((Policy::Managed, l)) => (PolicyKind::Managed, Some(display_level(l))),
-                    Some((Policy::Pinned(_), _)) => (PolicyKind::Pinned, None),
-                    _ => (PolicyKind::Excluded, None),
-                };
-                StatusRow {
-                    id: id.short().to_string(),
-                    name: tr.info.name.clone(),
-                    policy,
-                    level,
-                    weight: self.reconciler.applied(id).map(qos_core::Weight::get),
-                    bytes_at_level: v.as_ref().map_or(0, |v| v.bytes_at_level),
-                    seconds_at_level: v.as_ref().map_or(0.0, |v| v.time_at_level.as_secs_f64()),
-                }
-            })
-            .collect();
-        rows.sort_by(|a, b| a.name.cmp(&b.name).then(a.id.cmp(&b.id)));
-        Status { actuator: self.actuator, dry_run: self.cfg.dry_run, containers: rows }
     }
 
     fn sd_notify(&self, state: &[sd_notify::NotifyState]) {

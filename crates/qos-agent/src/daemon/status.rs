@@ -1,8 +1,10 @@
 //! The status protocol (`ddiskqos-agent status`, JSON over the control socket) and the one level-numbering rule.
 
+use qos_core::Policy;
 use serde::{Deserialize, Serialize};
 
-use crate::backend::AppliedVia;
+use super::{now, Daemon};
+use crate::backend::{AppliedVia, CounterSource, Discovery, WeightWriter};
 use crate::config::ActuatorMode;
 
 /// The level numbering shown to people.
@@ -97,6 +99,36 @@ pub struct Status {
     pub dry_run: bool,
     /// One row per container, by name.
     pub containers: Vec<StatusRow>,
+}
+
+impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
+    /// The table, sorted by name.
+    pub(super) fn status(&self) -> Status {
+        let t = now();
+        let mut rows: Vec<StatusRow> = self
+            .tracked
+            .iter()
+            .map(|(id, tr)| {
+                let v = self.engine.container(id, t);
+                let (policy, level) = match v.as_ref().map(|v| (v.policy, v.level)) {
+                    Some((Policy::Managed, l)) => (PolicyKind::Managed, Some(display_level(l))),
+                    Some((Policy::Pinned(_), _)) => (PolicyKind::Pinned, None),
+                    _ => (PolicyKind::Excluded, None),
+                };
+                StatusRow {
+                    id: id.short().to_string(),
+                    name: tr.info.name.clone(),
+                    policy,
+                    level,
+                    weight: self.reconciler.applied(id).map(qos_core::Weight::get),
+                    bytes_at_level: v.as_ref().map_or(0, |v| v.bytes_at_level),
+                    seconds_at_level: v.as_ref().map_or(0.0, |v| v.time_at_level.as_secs_f64()),
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| a.name.cmp(&b.name).then(a.id.cmp(&b.id)));
+        Status { actuator: self.actuator, dry_run: self.cfg.dry_run, containers: rows }
+    }
 }
 
 #[cfg(test)]
