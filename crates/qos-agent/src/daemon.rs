@@ -411,6 +411,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     async fn drive(&mut self) {
         while let Some(output) = self.reconciler.poll_output() {
             match output {
+                // The table and the reconciler forget containers together, so an action always finds its
+                // container; were it missing, a fault keeps the reconciler's bookkeeping whole.
                 Output::ReadWeight { id } => {
                     let result = match self.tracked.get(&id) {
                         Some(t) => self.writer.read(&t.info).await,

@@ -29,7 +29,8 @@
 //!   [`Reconciler::handle_reload`], [`Reconciler::handle_shutdown`];
 //! - output: [`Reconciler::poll_output`].
 //!
-//! The rule for drivers: after every input, call [`Reconciler::poll_output`] until it returns `None`. Carry out
+//! The rule for drivers: after every input (or a run of inputs given back to back, as a round gives its decisions
+//! and then [`Reconciler::handle_round`]), call [`Reconciler::poll_output`] until it returns `None`. Carry out
 //! each action as it comes; a [`Output::ReadWeight`] or [`Output::Write`] must have its result fed back
 //! ([`Reconciler::handle_read_result`], [`Reconciler::handle_write_result`]) before the next poll (at most one is
 //! outstanding: until its result arrives, `poll_output` returns `None`). [`Output::SaveOriginals`] and
@@ -49,6 +50,7 @@ use crate::backend::{AppliedVia, BackendError};
 
 pub use protocol::{Effect, FailedStep, Original, Output, Report, Summary, Tracking};
 
+/// What the reconciler keeps of one container.
 #[derive(Debug)]
 struct Entry {
     /// The weight before the agent first wrote one.
@@ -70,7 +72,9 @@ struct Entry {
     queued: bool,
     /// A read or write failed: waits for the next round.
     blocked: bool,
+    /// A failed read or write was reported as the first since the last success.
     apply_failure_reported: bool,
+    /// A failed sample was reported as the first since the last good one.
     sample_failure_reported: bool,
 }
 
