@@ -1,0 +1,106 @@
+//! The one rule deciding whether a real test runs, fails or is skipped; see the crate docs.
+
+use std::path::Path;
+
+use crate::blkio::BLKIO;
+use crate::{docker, dockerd};
+
+/// Something a real test needs from the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Need {
+    /// Effective uid 0.
+    Root,
+    /// The cgroup v1 blkio hierarchy at `/sys/fs/cgroup/blkio`.
+    BlkioV1,
+    /// Loop devices: `/dev/loop-control` and `losetup`.
+    LoopDevices,
+    /// The BFQ I/O scheduler (built in, loaded, or available as a module).
+    Bfq,
+    /// The host's dockerd answering on its default socket, with the test image `ddiskqos-test:latest`
+    /// (`scripts/setup-host.sh` builds it).
+    HostDocker,
+    /// What a private dockerd ([`crate::dockerd::Dockerd`]) needs: dockerd, the Docker CLI, `unshare` and a static
+    /// busybox for the test image.
+    PrivateDockerd,
+    /// A program on `PATH`.
+    Program(&'static str),
+}
+
+impl Need {
+    /// `None` if the machine has it, otherwise what is missing, in words.
+    pub fn missing(self) -> Option<String> {
+        let ok = match self {
+            Self::Root => nix::unistd::Uid::effective().is_root(),
+            Self::BlkioV1 => Path::new(BLKIO).join("cgroup.procs").exists(),
+            Self::LoopDevices => Path::new("/dev/loop-control").exists() && on_path("losetup"),
+            Self::Bfq => bfq_available(),
+            Self::HostDocker => docker::image_ready(),
+            Self::PrivateDockerd => dockerd::can_run(),
+            Self::Program(name) => on_path(name),
+        };
+        (!ok).then(|| self.to_string())
+    }
+}
+
+impl std::fmt::Display for Need {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Root => f.write_str("root"),
+            Self::BlkioV1 => write!(f, "the cgroup v1 blkio hierarchy at {BLKIO}"),
+            Self::LoopDevices => f.write_str("loop devices (/dev/loop-control and losetup)"),
+            Self::Bfq => f.write_str("the BFQ I/O scheduler"),
+            Self::HostDocker => write!(f, "a running dockerd with the image {}", docker::IMAGE),
+            Self::PrivateDockerd => f.write_str("dockerd, the docker CLI, unshare and busybox-static"),
+            Self::Program(name) => write!(f, "{name} on PATH"),
+        }
+    }
+}
+
+/// Whether real tests must run: `CI=true` (CI) or `DDISKQOS_REQUIRE_REAL=1` (`./scripts/test.sh`). Then a missing
+/// prerequisite is a failure, never a skip.
+pub fn must_run() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true") || std::env::var("DDISKQOS_REQUIRE_REAL").is_ok_and(|v| v == "1")
+}
+
+/// Every need of `needs` this machine lacks, in words (empty: the test can run).
+pub fn missing(needs: &[Need]) -> Vec<String> {
+    needs.iter().filter_map(|n| n.missing()).collect()
+}
+
+/// The skip-or-fail rule: `true` if `test` can run here. If something of `needs` is missing: panics naming it
+/// when [`must_run`], otherwise prints `SKIPPED <test>: needs <what>` to stderr and returns `false`, and the test
+/// returns at once.
+pub fn require(test: &str, needs: &[Need]) -> bool {
+    let missing = missing(needs);
+    if missing.is_empty() {
+        return true;
+    }
+    if must_run() {
+        panic!(
+            "{test}: cannot run, missing {} (CI=true or DDISKQOS_REQUIRE_REAL=1: a missing prerequisite is a failure)",
+            missing.join(", ")
+        );
+    }
+    eprintln!("SKIPPED {test}: needs {} (./scripts/test.sh as root sets them up)", missing.join(", "));
+    false
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+}
+
+/// BFQ is offered by some block device, or loaded, or installed as a module (selecting it loads it).
+fn bfq_available() -> bool {
+    let offered = std::fs::read_dir("/sys/block").into_iter().flatten().flatten().any(|d| {
+        std::fs::read_to_string(d.path().join("queue/scheduler"))
+            .is_ok_and(|s| s.split_whitespace().any(|w| w.trim_matches(['[', ']']) == "bfq"))
+    });
+    offered || Path::new("/sys/module/bfq").exists() || bfq_module_installed()
+}
+
+fn bfq_module_installed() -> bool {
+    let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") else { return false };
+    let dir = Path::new("/lib/modules").join(release.trim()).join("kernel/block");
+    std::fs::read_dir(dir).into_iter().flatten().flatten().any(|e| e.file_name().to_string_lossy().starts_with("bfq."))
+}
