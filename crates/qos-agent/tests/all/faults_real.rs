@@ -1,6 +1,6 @@
 //! The agent under faults and churn, against a real dockerd and the real kernel (issue "The agent under faults,
 //! churn and scale"):
-//! - dockerd restarted under the agent (a dedicated dockerd with `--live-restore`, see `support/dockerd.rs`);
+//! - dockerd restarted under the agent (a dedicated dockerd with `--live-restore`, see `testbed::dockerd`);
 //! - hundreds of short-lived containers (`DDISKQOS_CHURN`, default 100; the full run is `DDISKQOS_CHURN=500`),
 //!   with the Docker API calls counted by a proxy socket;
 //! - the agent SIGKILLed and started again over the same state file;
