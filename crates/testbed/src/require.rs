@@ -1,5 +1,6 @@
 //! The one rule deciding whether a real test runs, fails or is skipped; see the crate docs.
 
+use std::io::Write;
 use std::path::Path;
 
 use crate::blkio::BLKIO;
@@ -69,8 +70,8 @@ pub fn missing(needs: &[Need]) -> Vec<String> {
 }
 
 /// The skip-or-fail rule: `true` if `test` can run here. If something of `needs` is missing: panics naming it
-/// when [`must_run`], otherwise prints `SKIPPED <test>: needs <what>` to stderr and returns `false`, and the test
-/// returns at once.
+/// when [`must_run`], otherwise prints `SKIPPED <test>: needs <what>` to stderr (uncaptured, so it shows in the
+/// test run's output) and returns `false`, and the test returns at once.
 pub fn require(test: &str, needs: &[Need]) -> bool {
     let missing = missing(needs);
     if missing.is_empty() {
@@ -82,7 +83,10 @@ pub fn require(test: &str, needs: &[Need]) -> bool {
             missing.join(", ")
         );
     }
-    eprintln!("SKIPPED {test}: needs {} (./scripts/test.sh as root sets them up)", missing.join(", "));
+    // Straight to the process's stderr, not through `eprintln!`, which the test harness captures and shows only
+    // for failing tests: a skip must be seen. One write, so that parallel tests do not interleave within a line.
+    let line = format!("SKIPPED {test}: needs {} (./scripts/test.sh as root sets them up)\n", missing.join(", "));
+    let _ = std::io::stderr().write_all(line.as_bytes());
     false
 }
 
