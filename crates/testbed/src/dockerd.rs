@@ -105,7 +105,7 @@ impl Dockerd {
     }
 
     /// Whether the host's `docker0` bridge is still there if it was before this daemon started (the host's
-    /// dockerd needs it; see [`Dockerd::command`]).
+    /// dockerd needs it; that is why the daemon runs in a network namespace of its own).
     pub fn host_bridge_intact(&self) -> bool {
         !self.host_bridge || Path::new("/sys/class/net/docker0").exists()
     }

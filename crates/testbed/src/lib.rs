@@ -4,7 +4,7 @@
 //! # The rule for real tests
 //! A test that needs root, cgroup v1 blkio, a loop device or Docker is `#[ignore = "needs …: run
 //! ./scripts/test.sh"]`, so a plain `cargo test` lists it as ignored. `./scripts/test.sh` runs every test with
-//! `--include-ignored` and `DDISKQOS_REQUIRE_REAL=1`. Inside, the test first calls [`require`]: with `CI=true` or
+//! `--include-ignored` and `DDISKQOS_REQUIRE_REAL=1`. Inside, the test first calls [`require()`]: with `CI=true` or
 //! `DDISKQOS_REQUIRE_REAL=1` a missing prerequisite fails the test, naming it; otherwise (someone ran
 //! `--include-ignored` by hand without root) it prints `SKIPPED <test>: <reason>` and the test returns.
 //!
@@ -22,7 +22,7 @@
 //! }
 //! ```
 //!
-//! Real tests also hold [`exclusive`] while they run: in one test binary, tests run in parallel threads of one
+//! Real tests also hold [`exclusive()`] while they run: in one test binary, tests run in parallel threads of one
 //! process, and real tests measure time, load both cores of the test machine or restart daemons.
 //!
 //! # Layout

@@ -73,21 +73,41 @@ pub fn missing(needs: &[Need]) -> Vec<String> {
 /// when [`must_run`], otherwise prints `SKIPPED <test>: needs <what>` to stderr (uncaptured, so it shows in the
 /// test run's output) and returns `false`, and the test returns at once.
 pub fn require(test: &str, needs: &[Need]) -> bool {
-    let missing = missing(needs);
+    match verdict(test, &missing(needs), must_run()) {
+        Verdict::Run => true,
+        Verdict::Fail(message) => panic!("{message}"),
+        Verdict::Skip(line) => {
+            // Straight to the process's stderr, not through `eprintln!`, which the test harness captures and shows
+            // only for failing tests: a skip must be seen. One write, so that parallel tests do not interleave
+            // within a line.
+            let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+            false
+        }
+    }
+}
+
+/// What [`require`] does.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Run,
+    /// Panic with this message.
+    Fail(String),
+    /// Print this line and return.
+    Skip(String),
+}
+
+fn verdict(test: &str, missing: &[String], must_run: bool) -> Verdict {
     if missing.is_empty() {
-        return true;
+        return Verdict::Run;
     }
-    if must_run() {
-        panic!(
-            "{test}: cannot run, missing {} (CI=true or DDISKQOS_REQUIRE_REAL=1: a missing prerequisite is a failure)",
-            missing.join(", ")
-        );
+    let what = missing.join(", ");
+    if must_run {
+        Verdict::Fail(format!(
+            "{test}: cannot run, missing {what} (CI=true or DDISKQOS_REQUIRE_REAL=1: a missing prerequisite is a failure)"
+        ))
+    } else {
+        Verdict::Skip(format!("SKIPPED {test}: needs {what} (./scripts/test.sh as root sets them up)"))
     }
-    // Straight to the process's stderr, not through `eprintln!`, which the test harness captures and shows only
-    // for failing tests: a skip must be seen. One write, so that parallel tests do not interleave within a line.
-    let line = format!("SKIPPED {test}: needs {} (./scripts/test.sh as root sets them up)\n", missing.join(", "));
-    let _ = std::io::stderr().write_all(line.as_bytes());
-    false
 }
 
 fn on_path(program: &str) -> bool {
@@ -107,4 +127,33 @@ fn bfq_module_installed() -> bool {
     let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") else { return false };
     let dir = Path::new("/lib/modules").join(release.trim()).join("kernel/block");
     std::fs::read_dir(dir).into_iter().flatten().flatten().any(|e| e.file_name().to_string_lossy().starts_with("bfq."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_missing_runs_whatever_the_mode() {
+        assert_eq!(verdict("t", &[], true), Verdict::Run);
+        assert_eq!(verdict("t", &[], false), Verdict::Run);
+        assert!(require("t", &[]));
+    }
+
+    #[test]
+    fn something_missing_fails_when_real_tests_must_run_and_skips_otherwise() {
+        let missing = vec!["root".to_string(), "lsblk on PATH".to_string()];
+        let Verdict::Fail(message) = verdict("detect", &missing, true) else { panic!("must fail") };
+        assert!(message.starts_with("detect: cannot run, missing root, lsblk on PATH"), "{message}");
+        let Verdict::Skip(line) = verdict("detect", &missing, false) else { panic!("must skip") };
+        assert!(line.starts_with("SKIPPED detect: needs root, lsblk on PATH"), "{line}");
+    }
+
+    #[test]
+    fn a_missing_program_is_named() {
+        let need = Need::Program("ddiskqos-no-such-program");
+        assert_eq!(need.missing().as_deref(), Some("ddiskqos-no-such-program on PATH"));
+        assert_eq!(missing(&[need, need]).len(), 2);
+        assert_eq!(Need::Program("sh").missing(), None);
+    }
 }

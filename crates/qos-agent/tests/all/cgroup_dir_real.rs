@@ -53,8 +53,8 @@ impl Drop for TestCgroups {
 
 #[test]
 #[ignore = "needs root, cgroup v1 blkio and a BFQ loop device: run ./scripts/test.sh"]
-fn agent_manages_plain_cgroups() {
-    if !require("agent_manages_plain_cgroups", &[Need::Root, Need::BlkioV1, Need::LoopDevices, Need::Bfq]) {
+fn agent_manages_child_cgroups() {
+    if !require("agent_manages_child_cgroups", &[Need::Root, Need::BlkioV1, Need::LoopDevices, Need::Bfq]) {
         return;
     }
     let _machine = testbed::exclusive();
