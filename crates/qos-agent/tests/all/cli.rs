@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use qos_agent::config::AgentConfig;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ddiskqos-agent");
+use crate::AGENT as BIN;
 
 fn agent(args: &[&str]) -> Output {
     Command::new(BIN).args(args).env_remove("DDISKQOS_CONFIG").env_remove("NOTIFY_SOCKET").output().unwrap()
