@@ -1,6 +1,7 @@
 //! qos-agent's integration tests, one binary with a module per area (one link instead of nine).
 //!
 //! Without root:
+//! - `daemon_fake`: the daemon on in-memory backends on tokio's paused clock, plus a model-based proptest.
 //! - `cgroup_fixtures`: the cgroup layer on fixture trees of the v1 and v2 layouts.
 //! - `cli`: the binary from outside: `check-config`, `status`, `run` errors, `deploy/`, the systemd notify protocol.
 //! - `confinement`: writes only to managed weight files, paths leading outside the root refused, metrics on
@@ -19,14 +20,15 @@
 //! Tests of this binary run in parallel threads of one process: a real test holds `testbed::exclusive()` for its
 //! whole run, so no two of them overlap (they measure latencies and CPU, and restart daemons).
 //!
-//! `tests/daemon_fake.rs` (the daemon on in-memory backends) is still a binary of its own; it will move in here as
-//! a module once the daemon rewrite has landed.
+//! `daemon_fake` installs this binary's one global tracing subscriber (lines routed to the emitting thread's
+//! buffer), so its log assertions cannot race with other tests.
 
 mod cgroup_dir_real;
 mod cgroup_fixtures;
 mod cgroup_real;
 mod cli;
 mod confinement;
+mod daemon_fake;
 mod docker_real;
 mod faults_real;
 mod fuzz_parsers;
