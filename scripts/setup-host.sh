@@ -31,7 +31,8 @@ DOCKER=/usr/bin/docker
 if ! "$DOCKER" version >/dev/null 2>&1; then
   log "starting dockerd"
   mkdir -p /var/log
-  nohup /usr/sbin/dockerd --host unix:///var/run/docker.sock >/var/log/ddiskqos-dockerd.log 2>&1 &
+  # setsid: the daemon must outlive the shell (and its process group) that started it.
+  setsid nohup /usr/sbin/dockerd --host unix:///var/run/docker.sock >/var/log/ddiskqos-dockerd.log 2>&1 </dev/null &
   for _ in $(seq 1 60); do
     "$DOCKER" version >/dev/null 2>&1 && break
     sleep 0.5

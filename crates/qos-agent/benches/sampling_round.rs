@@ -5,7 +5,8 @@
 //!   `blkio.bfq.io_service_bytes_recursive` (one device);
 //! - `real_v1`: real blkio cgroups under a dedicated parent, each of which has done one 4 KiB O_DIRECT read on a
 //!   BFQ loop device (so its file shows a device, like a busy container's). Only when running as root on a
-//!   cgroup v1 host; removed afterwards.
+//!   cgroup v1 host (`testbed::require`: elsewhere `SKIPPED`, a failure under `CI=true` or
+//!   `DDISKQOS_REQUIRE_REAL=1`); removed afterwards.
 //!
 //! - `gated_idle_real_v1` (N = 1,024 only): the agent's own sampler (`CgroupDirCounters` with the parent gate) over
 //!   the same real cgroups when none does I/O: a round is one read of the parent's recursive counters, which the
@@ -14,17 +15,16 @@
 //! Criterion reports time per round and, through `Throughput::Elements(N)`, containers per second; the
 //! per-container cost is time / N (also printed at the end).
 
-#[path = "../tests/fixtures/mod.rs"]
-mod fixtures;
-
+use std::collections::BTreeMap;
 use std::hint::black_box;
-use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use fixtures::{is_root, make_cgroup, run_in_cgroup, CgroupGuard, Layout, LoopDevice, BLKIO};
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use testbed::blkio::{run_in_cgroup, CgroupGuard};
+use testbed::fixture::{make_cgroup, Layout};
+use testbed::loopdev::LoopDevice;
+use testbed::{require, Need};
 
 use qos_agent::backend::ContainerInfo;
 use qos_agent::cgroup::{CgroupRoot, CgroupVersion, CounterFileKind, CounterReader};
@@ -42,8 +42,7 @@ struct RealSet {
 
 impl RealSet {
     fn new() -> Option<Self> {
-        if !is_root() || !Path::new(BLKIO).join("cgroup.procs").exists() {
-            eprintln!("sampling_round: real_v1 skipped (needs root and cgroup v1 blkio at {BLKIO})");
+        if !require("sampling_round real_v1", &[Need::Root, Need::BlkioV1, Need::LoopDevices, Need::Bfq]) {
             return None;
         }
         let disk = LoopDevice::with_bfq(64);

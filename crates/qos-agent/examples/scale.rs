@@ -5,7 +5,7 @@
 //! - `cgroups`: N real v1 blkio cgroups under a test parent, managed with `runtime = "cgroup-dir"`; by default
 //!   each has done one 4 KiB O_DIRECT read on a BFQ loop device, so its counter file lists a device like a busy
 //!   container's (`--no-io`: empty cgroups);
-//! - `docker`: N real `sleep` containers of a dedicated dockerd (`tests/support/dockerd.rs`), managed with
+//! - `docker`: N real `sleep` containers of a dedicated dockerd (`testbed::dockerd`), managed with
 //!   `runtime = "docker"` through a proxy socket that counts the agent's API requests.
 //!
 //! For each N the agent runs with the default sampling interval (500 ms) unless `--interval` says otherwise;
@@ -22,24 +22,17 @@
 //! cgroups do I/O in the rows after the idle one; default all three), `--agent PATH` (default: `ddiskqos-agent` next to
 //! the `examples/` directory of this binary). Needs root, cgroup v1 blkio, and for `--docker` dockerd.
 
-#[path = "../tests/support/dockerd.rs"]
-mod dockerd;
-#[path = "../tests/fixtures/mod.rs"]
-mod fixtures;
-#[path = "../tests/support/probe.rs"]
-mod probe;
-
 use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dockerd::{CountingProxy, Dockerd};
-use fixtures::{run_in_cgroup, CgroupGuard, LoopDevice};
-use probe::*;
-
-const BLKIO: &str = "/sys/fs/cgroup/blkio";
+use testbed::blkio::{run_in_cgroup, CgroupGuard, BLKIO};
+use testbed::dockerd::{CountingProxy, Dockerd};
+use testbed::loopdev::LoopDevice;
+use testbed::probe::*;
+use testbed::Need;
 
 struct Options {
     cgroups: Vec<usize>,
@@ -360,7 +353,15 @@ fn run_docker(n: usize, o: &Options) -> Row {
 
 fn main() {
     let o = options();
-    assert!(Path::new(BLKIO).join("cgroup.procs").exists(), "needs cgroup v1 blkio at {BLKIO} (and root)");
+    let mut needs = vec![Need::Root, Need::BlkioV1];
+    if o.io {
+        needs.extend([Need::LoopDevices, Need::Bfq]);
+    }
+    if !o.docker.is_empty() {
+        needs.push(Need::PrivateDockerd);
+    }
+    let missing = testbed::require::missing(&needs);
+    assert!(missing.is_empty(), "needs {} (scripts/setup-host.sh, as root)", missing.join(", "));
     assert!(o.agent.exists(), "{} missing: cargo build --release -p qos-agent", o.agent.display());
     let lo = o.io.then(|| LoopDevice::with_bfq(64));
     let mut rows = Vec::new();

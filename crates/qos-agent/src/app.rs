@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use crate::backend::{CounterSource, Discovery, WeightWriter};
-use crate::cgroup::{CgroupRoot, CgroupVersion};
+use crate::cgroup::CgroupRoot;
 use crate::config::{ActuatorMode, AgentConfig, RuntimeKind};
 use crate::daemon::{Command, Daemon, Summary};
 use crate::metrics::Metrics;
@@ -22,8 +22,8 @@ use crate::{blockdev, control, metrics};
 
 /// Runs the agent until SIGTERM/SIGINT; `config_path` is re-read on SIGHUP.
 pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summary> {
-    cfg.validate().context("invalid configuration")?;
-    let root = Arc::new(detect_root(&cfg)?);
+    // The same checks as `check-config`, so the two agree; nothing is written or served before they pass.
+    let root = Arc::new(crate::preflight::check(&cfg).context("invalid configuration")?.root);
     info!(version = ?root.version(), path = %root.path().display(), "cgroup root");
     let originals =
         OriginalWeights::load((!cfg.dry_run).then_some(cfg.state_file.as_path())).context("loading the state file")?;
@@ -112,18 +112,6 @@ struct RemoveOnDrop(PathBuf);
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn detect_root(cfg: &AgentConfig) -> Result<CgroupRoot> {
-    match cfg.cgroup.root.trim() {
-        "" | "auto" => CgroupRoot::detect().context("detecting the cgroup mount"),
-        path => {
-            let p = std::path::Path::new(path);
-            let version = if p.join("cgroup.controllers").exists() { CgroupVersion::V2 } else { CgroupVersion::V1 };
-            CgroupRoot::from_dir(version, p)
-                .with_context(|| format!("cgroup.root = {path:?} is not a usable cgroup mount"))
-        }
     }
 }
 

@@ -111,12 +111,14 @@ pub trait CounterSource: Send {
     ) -> impl Future<Output = ()> + Send;
 }
 
-/// How a weight reached the kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a weight reached the kernel. Serialized (status protocol) as [`AppliedVia::as_str`] says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum AppliedVia {
     /// Through the runtime's API (`docker update --blkio-weight`), confirmed in the cgroup file.
+    #[serde(rename = "docker")]
     RuntimeApi,
     /// By writing the cgroup weight file directly, confirmed by reading it back.
+    #[serde(rename = "cgroupfs")]
     CgroupFile,
 }
 

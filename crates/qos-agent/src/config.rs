@@ -198,6 +198,19 @@ pub enum ConfigFileError {
     },
 }
 
+/// A parser message cut to a readable size: the parser quotes the offending line, which in a garbage file can be
+/// megabytes long.
+fn bounded(mut message: String) -> String {
+    const MAX: usize = 2_000;
+    if message.len() > MAX {
+        let cut = (0..=MAX).rev().find(|&i| message.is_char_boundary(i)).unwrap_or(0);
+        let dropped = message.len() - cut;
+        message.truncate(cut);
+        message.push_str(&format!("… ({dropped} more bytes of the message left out)"));
+    }
+    message
+}
+
 fn invalid(field: &str, value: impl ToString, reason: &str) -> qos_core::ConfigError {
     qos_core::ConfigError::Invalid { field: field.into(), value: value.to_string(), reason: reason.into() }
 }
@@ -206,7 +219,7 @@ impl AgentConfig {
     /// Parses TOML text; `origin` names the file in errors.
     pub fn from_toml(text: &str, origin: &Path) -> Result<Self, ConfigFileError> {
         let cfg: AgentConfig = toml::from_str(text)
-            .map_err(|e| ConfigFileError::Parse { path: origin.to_path_buf(), message: e.to_string() })?;
+            .map_err(|e| ConfigFileError::Parse { path: origin.to_path_buf(), message: bounded(e.to_string()) })?;
         cfg.validate().map_err(|source| ConfigFileError::Invalid { path: origin.to_path_buf(), source })?;
         Ok(cfg)
     }

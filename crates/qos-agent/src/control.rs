@@ -52,11 +52,12 @@ pub async fn fetch(path: &Path) -> Result<Status, String> {
     serde_json::from_slice(&buf).map_err(|e| format!("bad answer from {}: {e}", path.display()))
 }
 
-/// Renders the table: container, level, weight, bytes at level, time at level.
+/// Renders the table: container, policy, level (1-based, see [`crate::daemon::display_level`]), weight, bytes at
+/// level, time at level.
 pub fn render(status: &Status) -> String {
     let mut out = format!(
         "actuator: {}{}\n{:<14} {:<24} {:<9} {:>5} {:>6} {:>14} {:>10}\n",
-        status.actuator,
+        status.actuator.describe(),
         if status.dry_run { " (dry run)" } else { "" },
         "CONTAINER",
         "NAME",

@@ -6,8 +6,10 @@
 //! ## Layout
 //! - [`backend`]: the three small traits a runtime implements ([`backend::Discovery`],
 //!   [`backend::CounterSource`], [`backend::WeightWriter`]) and the types they exchange.
-//! - [`daemon`]: the loop, generic over those traits: discover → sample → decide → apply → verify;
-//!   [`pacing`]: when the next round starts (the interval, stretched to a CPU budget).
+//! - [`daemon`]: the loop, generic over those traits: discover → sample → decide → apply → verify; it executes
+//!   what [`reconcile`] (a synchronous state machine in the engine's handle/poll shape: desired, applied and
+//!   original weights, retries, the log-once rules) asks for; [`pacing`]: when the next round starts (the
+//!   interval, stretched to a CPU budget); [`preflight`]: the checks `run` and `check-config` share.
 //! - [`runtime`]: one folder per container runtime, each with its discovery, counters, writer and cgroup naming:
 //!   [`runtime::docker`] (through `bollard`) and [`runtime::cgroup_dir`] (the children of one cgroup; its
 //!   counters and writer work on any container with a cgroup directory and the other runtimes reuse them).
@@ -34,6 +36,8 @@ pub mod daemon;
 pub mod labels;
 pub mod metrics;
 pub mod pacing;
+pub mod preflight;
+pub mod reconcile;
 pub mod runtime;
 pub mod state;
 

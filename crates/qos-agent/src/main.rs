@@ -40,10 +40,38 @@ struct Cli {
 enum Cmd {
     /// Run the agent (the default).
     Run,
-    /// Validate a config file and exit non-zero naming the field and value at fault.
+    /// Check a config file as `run` would before starting (rules, paths, sockets, cgroup root, devices) and exit
+    /// non-zero naming the field and value at fault; what only the running runtime can answer is listed as not
+    /// checked.
     CheckConfig {
         /// The file (defaults to --config).
         file: Option<PathBuf>,
+        /// Check only the file itself (syntax and rules), not this host.
+        #[arg(long)]
+        syntax_only: bool,
+    },
+    /// Opt-in io.cost set-up (cgroup v2): measure a block device and print, or with --apply write, its
+    /// io.cost.model and io.cost.qos lines. The agent itself never enables io.cost.
+    Iocost {
+        /// The block device, e.g. /dev/sdb or /dev/loop3 (read, never written).
+        device: PathBuf,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 3)]
+        seconds: u64,
+        /// Threads issuing I/O at once (queue depth).
+        #[arg(long, default_value_t = 16)]
+        jobs: usize,
+        /// An existing file of at least 64 MiB on the device, overwritten to measure writes (without one the write
+        /// coefficients are taken equal to the read ones).
+        #[arg(long)]
+        write_file: Option<PathBuf>,
+        /// Read-latency target at the 95th percentile, e.g. 2ms (default: 5 x the device's median lone 4 KiB
+        /// read, at least 2ms).
+        #[arg(long, value_parser = parse_duration)]
+        rlat: Option<Duration>,
+        /// Write the lines into the cgroup v2 root (else only print them).
+        #[arg(long)]
+        apply: bool,
     },
     /// Print the running agent's table: container, level, weight, bytes and time at level.
     Status {
@@ -112,13 +140,24 @@ fn load(cli: &Cli) -> anyhow::Result<AgentConfig> {
 
 fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     match &cli.command {
-        Some(Cmd::CheckConfig { file }) => {
+        Some(Cmd::CheckConfig { file, syntax_only }) => {
             let Some(path) = file.as_ref().or(cli.config.as_ref()) else {
                 anyhow::bail!("check-config needs a file (argument or --config)");
             };
-            AgentConfig::load(path)?;
+            let cfg = AgentConfig::load(path)?;
+            if *syntax_only {
+                println!("{}: ok", path.display());
+                return Ok(ExitCode::SUCCESS);
+            }
+            let checked = qos_agent::preflight::check(&cfg).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             println!("{}: ok", path.display());
+            for what in checked.not_checked {
+                println!("not checked (needs the running runtime): {what}");
+            }
             Ok(ExitCode::SUCCESS)
+        }
+        Some(Cmd::Iocost { device, seconds, jobs, write_file, rlat, apply }) => {
+            iocost(device, *seconds, *jobs, write_file.clone(), *rlat, *apply)
         }
         Some(Cmd::Status { socket }) => {
             let path = match socket {
@@ -138,6 +177,71 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(if summary.restore_failures == 0 { ExitCode::SUCCESS } else { ExitCode::from(3) })
         }
     }
+}
+
+fn iocost(
+    device: &std::path::Path,
+    seconds: u64,
+    jobs: usize,
+    write_file: Option<PathBuf>,
+    rlat: Option<Duration>,
+    apply: bool,
+) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    use qos_agent::blockdev::{self, iocost, DevNum};
+    if !(1..=600).contains(&seconds) {
+        anyhow::bail!("--seconds {seconds}: must be 1..=600");
+    }
+    if !(1..=256).contains(&jobs) {
+        anyhow::bail!("--jobs {jobs}: must be 1..=256");
+    }
+    let dev = DevNum::of_node(device)?;
+    let disk = blockdev::disk_of_dev(dev)?;
+    let root = if apply {
+        let root = qos_agent::cgroup::CgroupRoot::detect().context("finding the cgroup v2 root")?;
+        if root.version() != qos_agent::cgroup::CgroupVersion::V2 {
+            anyhow::bail!(
+                "io.cost needs the io controller on cgroup v2; this host has it on v1 ({})",
+                root.path().display()
+            );
+        }
+        let protected = blockdev::protected_disks()?;
+        if protected.contains(&disk) {
+            anyhow::bail!(
+                "{} is on {disk}, which backs the root filesystem: not changing its io.cost",
+                device.display()
+            );
+        }
+        Some(root)
+    } else {
+        None
+    };
+    let cal = iocost::Calibration { duration: Duration::from_secs(seconds), jobs, write_file };
+    eprintln!("measuring {} ({dev}, disk {disk}) for about {}s ...", device.display(), seconds * 7);
+    let measured = iocost::measure(device, &cal)?;
+    let qos = match rlat {
+        Some(r) => iocost::QosTarget { rpct: 95.0, rlat_us: r.as_micros() as u64, min_pct: 10.0 },
+        None => iocost::QosTarget::from_latency(Duration::from_micros(measured.median_4k_qd1_us)),
+    };
+    println!("measured: {measured}");
+    let (model_line, qos_line) = (measured.model.line(dev), qos.line(dev));
+    match root {
+        None => {
+            println!("io.cost.model: {model_line}");
+            println!("io.cost.qos:   {qos_line}");
+            println!("(not applied: run again with --apply, on a cgroup v2 host, to write them)");
+        }
+        Some(root) => {
+            iocost::apply(root.path(), dev, &measured.model, &qos)?;
+            println!("wrote {}: {model_line}", root.path().join(iocost::IO_COST_MODEL).display());
+            println!("wrote {}: {qos_line}", root.path().join(iocost::IO_COST_QOS).display());
+            println!("io.weight now divides {disk} among cgroups. To undo:");
+            for (line, file) in iocost::undo_lines(dev) {
+                println!("  echo \"{line}\" > {}", root.path().join(file).display());
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn init_tracing(json: bool) {

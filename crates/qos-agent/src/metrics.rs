@@ -33,7 +33,7 @@ pub struct ReasonLabels {
 /// Every metric the agent exports.
 #[derive(Debug)]
 pub struct Metrics {
-    /// Level per container (0 = top).
+    /// Level per container, 0-based (0 = top); status and logs show it 1-based ([`crate::daemon::display_level`]).
     pub level: Family<ContainerLabels, Gauge>,
     /// Weight per container, as verified in the cgroup file.
     pub weight: Family<ContainerLabels, Gauge>,

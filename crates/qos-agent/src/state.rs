@@ -1,8 +1,15 @@
 //! The weights containers had before the agent first changed them, kept in a small JSON file so that an agent
 //! restarted after a crash (even SIGKILL) still knows what to restore.
+//!
+//! One agent per state file: [`OriginalWeights::load`] takes an exclusive lock (`flock` on `<state file>.lock`,
+//! holding the agent's pid) before it reads anything, and keeps it for the agent's life; a second agent on the
+//! same file stops with [`StateError::Locked`] naming the holder. The directory is created 0700 and the file
+//! written 0600 through a new temporary file (`O_CREAT | O_EXCL | O_NOFOLLOW`, so a symlink planted in a shared
+//! directory is never followed) renamed over it.
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use qos_core::{ContainerId, Weight};
@@ -19,6 +26,14 @@ pub enum StateError {
         path: PathBuf,
         /// Why.
         source: std::io::Error,
+    },
+    /// Another agent holds the state file.
+    #[error("state file {path} is in use by another agent (pid {holder}); stop it first, or give this agent its own state_file")]
+    Locked {
+        /// The state file.
+        path: PathBuf,
+        /// The pid the lock file names (`?` if unreadable).
+        holder: String,
     },
     /// The file is not what this agent writes.
     #[error("state file {path} is malformed: {message}")]
@@ -38,22 +53,36 @@ struct OnDisk {
     originals: BTreeMap<String, u16>,
 }
 
+/// The only state-file format this agent reads and writes.
+const VERSION: u32 = 1;
+
 /// Originals by container, mirrored to disk on every change.
 #[derive(Debug)]
 pub struct OriginalWeights {
     path: Option<PathBuf>,
     originals: BTreeMap<ContainerId, Weight>,
+    /// The exclusive lock on `<path>.lock`, held while this value lives.
+    _lock: Option<nix::fcntl::Flock<std::fs::File>>,
 }
 
 impl OriginalWeights {
     /// Loads the file (a missing file is an empty state). `None` keeps everything in memory (dry runs, tests).
+    /// Takes the state file's lock first (see the module docs).
     pub fn load(path: Option<&Path>) -> Result<Self, StateError> {
         let mut originals = BTreeMap::new();
+        let mut lock = None;
         if let Some(p) = path {
+            lock = Some(lock_state(p)?);
             match std::fs::read_to_string(p) {
                 Ok(text) => {
                     let disk: OnDisk = serde_json::from_str(&text)
                         .map_err(|e| StateError::Malformed { path: p.to_path_buf(), message: e.to_string() })?;
+                    if disk.version != VERSION {
+                        return Err(StateError::Malformed {
+                            path: p.to_path_buf(),
+                            message: format!("version {} is not the one this agent knows ({VERSION})", disk.version),
+                        });
+                    }
                     for (id, w) in disk.originals {
                         let w = Weight::new(w.into()).map_err(|e| StateError::Malformed {
                             path: p.to_path_buf(),
@@ -66,7 +95,7 @@ impl OriginalWeights {
                 Err(source) => return Err(StateError::Io { path: p.to_path_buf(), source }),
             }
         }
-        Ok(Self { path: path.map(Path::to_path_buf), originals })
+        Ok(Self { path: path.map(Path::to_path_buf), originals, _lock: lock })
     }
 
     /// The original weight recorded for a container.
@@ -140,19 +169,81 @@ impl OriginalWeights {
     fn save(&self) -> Result<(), StateError> {
         let Some(path) = &self.path else { return Ok(()) };
         let io = |source| StateError::Io { path: path.clone(), source };
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
         let disk = OnDisk {
-            version: 1,
+            version: VERSION,
             originals: self.originals.iter().map(|(k, v)| (k.to_string(), v.get() as u16)).collect(),
         };
-        let tmp = path.with_extension("json.tmp");
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(serde_json::to_string_pretty(&disk).expect("serializable").as_bytes()).map_err(io)?;
-        f.sync_all().map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)
+        let (tmp, mut f) = create_temp(path).map_err(io)?;
+        let written = f
+            .write_all(serde_json::to_string_pretty(&disk).expect("serializable").as_bytes())
+            .and_then(|()| f.sync_all())
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written.map_err(io)
     }
+}
+
+/// Creates the state directory (0700) if missing, then takes `<path>.lock` exclusively.
+fn lock_state(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, StateError> {
+    let io = |source| StateError::Io { path: path.to_path_buf(), source };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io)?;
+    }
+    let lock_path = lock_path(path);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&lock_path)
+        .map_err(|source| StateError::Io { path: lock_path.clone(), source })?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(mut lock) => {
+            // The holder's pid, for the error a second agent prints.
+            let pid = format!("{}\n", std::process::id());
+            let wrote = lock.set_len(0).and_then(|()| lock.write_all(pid.as_bytes()));
+            wrote.map_err(|source| StateError::Io { path: lock_path.clone(), source })?;
+            Ok(lock)
+        }
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+            let holder = std::fs::read_to_string(&lock_path).map(|s| s.trim().to_owned()).unwrap_or_default();
+            let holder = if holder.is_empty() { "?".into() } else { holder };
+            Err(StateError::Locked { path: path.to_path_buf(), holder })
+        }
+        Err((_, errno)) => Err(StateError::Io { path: lock_path, source: errno.into() }),
+    }
+}
+
+fn lock_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".lock");
+    path.with_file_name(name)
+}
+
+/// A new temporary file beside `path`, mode 0600, that did not exist before (`O_EXCL`) and is not reached through a
+/// symlink (`O_NOFOLLOW`): a name taken by anyone else is skipped, never opened.
+fn create_temp(path: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
+    let base = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    let mut last = None;
+    for attempt in 0..16u32 {
+        let tmp = path.with_file_name(format!(".{base}.{}.{attempt}.tmp", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+        {
+            Ok(f) => return Ok((tmp, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free temporary name")))
 }
 
 #[cfg(test)]
@@ -172,7 +263,53 @@ mod tests {
         let mut s = OriginalWeights::load(Some(&path)).unwrap();
         assert_eq!(s.get(&a), Some(Weight::new(100).unwrap()));
         s.forget(&a).unwrap();
+        drop(s); // releases the lock, as the agent's exit does
         assert!(OriginalWeights::load(Some(&path)).unwrap().is_empty());
+    }
+
+    #[test]
+    fn one_agent_per_state_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let first = OriginalWeights::load(Some(&path)).unwrap();
+        let err = OriginalWeights::load(Some(&path)).unwrap_err();
+        match &err {
+            StateError::Locked { holder, .. } => assert_eq!(holder, &std::process::id().to_string()),
+            other => panic!("{other}"),
+        }
+        assert!(err.to_string().contains("state.json") && err.to_string().contains("in use"), "{err}");
+        drop(first);
+        OriginalWeights::load(Some(&path)).expect("free again once the first agent is gone");
+    }
+
+    #[test]
+    fn files_are_private_and_a_planted_symlink_is_not_followed() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/state.json");
+        let mut s = OriginalWeights::load(Some(&path)).unwrap();
+        // Someone plants a symlink at the first temporary name, pointing at a file root must not overwrite.
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let planted = path.with_file_name(format!(".state.json.{}.0.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        s.record(&ContainerId::new("a"), Weight::new(100).unwrap()).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(std::fs::symlink_metadata(&planted).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(OriginalWeights::load(None).unwrap().len(), 0);
+        drop(s);
+        assert_eq!(OriginalWeights::load(Some(&path)).unwrap().get(&ContainerId::new("a")), Weight::new(100).ok());
+    }
+
+    #[test]
+    fn an_unknown_version_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        std::fs::write(&path, "{\"version\":99,\"originals\":{}}").unwrap();
+        let err = OriginalWeights::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("version 99"), "{err}");
     }
 
     #[test]

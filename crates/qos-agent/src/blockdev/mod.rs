@@ -11,9 +11,11 @@
 //! - this file: [`DevNum`], [`DeviceError`], the read-only facts ([`scheduler`], [`disk_of_dev`],
 //!   [`disk_of_path`], [`io_cost_enabled`]) and the root-disk protection;
 //! - `switch.rs`: the guarded writes;
-//! - [`check`]: the agent's start-up check (which devices matter, a loud warning where weights cannot act).
+//! - [`check`]: the agent's start-up check (which devices matter, a loud warning where weights cannot act);
+//! - [`iocost`]: the opt-in io.cost set-up (measure a device, write its model and qos lines).
 
 pub mod check;
+pub mod iocost;
 mod switch;
 
 use std::fmt;

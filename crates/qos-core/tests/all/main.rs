@@ -1,4 +1,4 @@
-//! qos-core's tests, one binary with a module per area (one link instead of six).
+//! qos-core's tests, one binary with a module per area (one link instead of seven).
 //!
 //! - `rules`: one test (or a few) per rule of the engine, on a hand-stepped clock.
 //! - `config`: validation (every error names field and value) and TOML parsing.
@@ -7,6 +7,8 @@
 //! - `ops`: generated operation sequences and the driver that applies them and checks invariants.
 //! - `model`: a plain reimplementation of the rules, compared with the engine after every step of random runs.
 //! - `props`: invariants over random runs (weights, no-I/O-no-demotion, starvation bound, determinism, no panic).
+//! - `sim`: a deterministic disk simulator (virtual clock, proportional-share disk, seeded workloads) driving the
+//!   engine the way the agent does; `sim::paper` replays the paper's experiments on it (Tables 3-5).
 
 mod common;
 mod config;
@@ -14,5 +16,6 @@ mod model;
 mod ops;
 mod props;
 mod rules;
+mod sim;
 mod units;
 mod weight;

@@ -14,7 +14,7 @@ use tracing::{debug, info, warn};
 
 use super::naming::{container_cgroup, CgroupDriver};
 use crate::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
-use crate::cgroup::CgroupRoot;
+use crate::cgroup::{CgroupDir, CgroupError, CgroupRoot};
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<EventMessage, bollard::errors::Error>> + Send>>;
 
@@ -187,30 +187,26 @@ impl Inspector {
             resp.config.and_then(|c| c.labels).unwrap_or_default().into_iter().collect();
         let pid = resp.state.and_then(|s| s.pid).filter(|p| *p > 0).and_then(|p| u32::try_from(p).ok());
         let parent = resp.host_config.and_then(|h| h.cgroup_parent).filter(|p| !p.is_empty());
+        let documented = container_cgroup(&self.root, id.as_str(), self.driver, parent.as_deref());
         let by_pid = pid.map(|p| self.root.resolve_pid(p));
-        let cgroup = match by_pid {
-            // On cgroup v1 an exited, not yet reaped process (a zombie) reads as being in the hierarchy's root
-            // cgroup: that is not the container's cgroup (whose counters would then be the whole machine's).
-            Some(Ok(dir)) if dir.path() == self.root.path() => {
-                debug!(container = %id.short(), "container's process has exited (its cgroup reads as the root); ignoring it");
+        let cgroup = match identify(&self.root, documented, by_pid) {
+            Identity::Managed(dir) => Some(dir),
+            Identity::Gone(why) => {
+                debug!(container = %id.short(), name = %name, reason = %why, "container gone while being inspected; ignoring it");
                 return None;
             }
-            Some(Ok(dir)) => Some(dir),
-            Some(Err(e)) if e.is_vanished() => {
-                debug!(container = %id.short(), error = %e, "container exited while being inspected; ignoring it");
+            Identity::Refused { documented, reported } => {
+                warn!(container = %id.short(), name = %name, documented = %documented.display(),
+                      reported = %reported.display(),
+                      "the container's process reports a cgroup outside the one Docker made for it: not managing \
+                       this container (a process that moved itself must not steer the agent to another cgroup)");
                 return None;
             }
-            other => {
-                if let Some(Err(e)) = other {
-                    debug!(container = %id.short(), error = %e, "cgroup from pid failed; trying the driver's layout");
-                }
-                match container_cgroup(&self.root, id.as_str(), self.driver, parent.as_deref()) {
-                    Ok(dir) => Some(dir),
-                    Err(e) => {
-                        warn!(container = %id.short(), name = %name, error = %e, "cannot find the container's cgroup");
-                        None
-                    }
-                }
+            Identity::Unknown(e) => {
+                warn!(container = %id.short(), name = %name, error = %e,
+                      "cannot find the container's cgroup where Docker puts it; its counters come from the Docker \
+                       API and its weight is not managed");
+                None
             }
         };
         Some(ContainerInfo { id, name, labels, cgroup })
@@ -261,5 +257,93 @@ impl Discovery for DockerDiscovery {
                 _ => {}
             }
         }
+    }
+}
+
+/// Where a container's cgroup is, decided from the runtime's own naming (the documented path), with the
+/// container's `/proc/<pid>/cgroup` only as a cross-check: a container's processes can move themselves (one that
+/// has the host's cgroup tree mounted can write any `cgroup.procs`), Docker's naming they cannot change.
+#[derive(Debug)]
+enum Identity {
+    /// The documented cgroup; the process is in it or below it.
+    Managed(CgroupDir),
+    /// The container exited meanwhile (its cgroup or process vanished, or its process reads as the root: a
+    /// zombie on v1). Not worth a warning: its `die` event follows.
+    Gone(String),
+    /// The process reports a cgroup outside the documented one.
+    Refused {
+        /// Where Docker put the container.
+        documented: std::path::PathBuf,
+        /// Where its process says it is.
+        reported: std::path::PathBuf,
+    },
+    /// The documented path cannot be used (an unknown layout, a bad parent name).
+    Unknown(CgroupError),
+}
+
+fn identify(
+    root: &CgroupRoot,
+    documented: Result<CgroupDir, CgroupError>,
+    by_pid: Option<Result<CgroupDir, CgroupError>>,
+) -> Identity {
+    match (documented, by_pid) {
+        (_, Some(Ok(dir))) if dir.path() == root.path() => {
+            Identity::Gone("its process reads as the root cgroup".into())
+        }
+        (_, Some(Err(e))) if e.is_vanished() => Identity::Gone(e.to_string()),
+        (Err(e), _) if e.is_vanished() => Identity::Gone(e.to_string()),
+        (Ok(doc), Some(Ok(dir))) if !dir.path().starts_with(doc.path()) => {
+            Identity::Refused { documented: doc.path().to_owned(), reported: dir.path().to_owned() }
+        }
+        (Ok(doc), _) => Identity::Managed(doc),
+        (Err(e), _) => Identity::Unknown(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroup::CgroupVersion;
+
+    const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    fn tree() -> (tempfile::TempDir, CgroupRoot) {
+        let tmp = tempfile::tempdir().unwrap();
+        for d in [format!("docker/{ID}/sub"), "victim".into()] {
+            std::fs::create_dir_all(tmp.path().join(d)).unwrap();
+        }
+        let root = CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap();
+        (tmp, root)
+    }
+
+    #[test]
+    fn the_documented_cgroup_wins_and_a_moved_process_is_refused() {
+        let (_tmp, root) = tree();
+        let doc = || container_cgroup(&root, ID, CgroupDriver::Cgroupfs, None);
+        let at = |rel: &str| Some(root.resolve_relative(rel));
+        let own = format!("docker/{ID}");
+        match identify(&root, doc(), at(&own)) {
+            Identity::Managed(dir) => assert_eq!(dir.path(), root.path().join(&own)),
+            other => panic!("{other:?}"),
+        }
+        // A process in a sub-cgroup of its own container: still that container, managed at the documented path.
+        match identify(&root, doc(), at(&format!("{own}/sub"))) {
+            Identity::Managed(dir) => assert_eq!(dir.path(), root.path().join(&own)),
+            other => panic!("{other:?}"),
+        }
+        // The attack: the container's init moved itself into another cgroup.
+        match identify(&root, doc(), at("victim")) {
+            Identity::Refused { reported, .. } => assert_eq!(reported, root.path().join("victim")),
+            other => panic!("{other:?}"),
+        }
+        // No pid (or no answer): the documented path alone.
+        assert!(matches!(identify(&root, doc(), None), Identity::Managed(_)));
+        // A zombie reads as the root; a vanished process or cgroup is gone, not an error.
+        assert!(matches!(identify(&root, doc(), at("")), Identity::Gone(_)));
+        let other = "f".repeat(64);
+        let missing = container_cgroup(&root, &other, CgroupDriver::Cgroupfs, None);
+        assert!(matches!(identify(&root, missing, None), Identity::Gone(_)));
+        let bad_parent = container_cgroup(&root, ID, CgroupDriver::Systemd, Some("not-a-slice"));
+        assert!(matches!(identify(&root, bad_parent, at("victim")), Identity::Unknown(_)));
     }
 }

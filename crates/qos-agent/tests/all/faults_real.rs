@@ -1,44 +1,35 @@
 //! The agent under faults and churn, against a real dockerd and the real kernel (issue "The agent under faults,
 //! churn and scale"):
-//! - dockerd restarted under the agent (a dedicated dockerd with `--live-restore`, see `support/dockerd.rs`);
+//! - dockerd restarted under the agent (a dedicated dockerd with `--live-restore`, see `testbed::dockerd`);
 //! - hundreds of short-lived containers (`DDISKQOS_CHURN`, default 100; the full run is `DDISKQOS_CHURN=500`),
 //!   with the Docker API calls counted by a proxy socket;
 //! - the agent SIGKILLed and started again over the same state file;
 //! - counter files malformed or unreadable, weight writes refused, cgroups vanishing under fast sampling;
 //! - bad configuration and bad runtimes refused before anything is written.
 //!
-//! Needs root, cgroup v1 blkio and dockerd (scripts/setup-host.sh); fails instead of skipping in CI. The tests
-//! run one at a time (they share the machine's two cores and would disturb each other's timing).
-
-#[path = "support/dockerd.rs"]
-mod dockerd;
-#[path = "support/probe.rs"]
-mod probe;
-mod support;
+//! The real tests need root, cgroup v1 blkio, a loop device and a private dockerd (scripts/setup-host.sh); they are
+//! `#[ignore]`d (see `testbed::require`). The fixture-based ones (broken files, bad config, unusable runtimes) run
+//! anywhere. Each agent-running test holds `testbed::exclusive()`: they share the machine's two cores and would
+//! disturb each other's timing.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use dockerd::{can_run_dockerd, CountingProxy, Dockerd, TEST_IMAGE};
-use probe::*;
-use support::{bfq_weight, has_blkio_v1, is_root, require, wait_for, Agent, LoopDevice};
-use support::{remove_cgroup_tree, CgroupGuard};
+use testbed::agent::Agent;
+use testbed::blkio::{bfq_weight, remove_cgroup_tree, CgroupGuard};
+use testbed::docker::IMAGE;
+use testbed::dockerd::{CountingProxy, Dockerd};
+use testbed::loopdev::LoopDevice;
+use testbed::probe::*;
+use testbed::process::wait_for;
+use testbed::{require, Need};
 
-static SERIAL: Mutex<()> = Mutex::new(());
+use crate::AGENT;
 
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn real_docker_needs() -> [(&'static str, bool); 3] {
-    [
-        ("root", is_root()),
-        ("cgroup v1 blkio", has_blkio_v1()),
-        ("dockerd, docker CLI and busybox-static (scripts/setup-host.sh)", can_run_dockerd()),
-    ]
-}
+/// What the tests with a private dockerd need.
+const REAL_DOCKER: &[Need] = &[Need::Root, Need::BlkioV1, Need::LoopDevices, Need::Bfq, Need::PrivateDockerd];
 
 /// Agent config for a dedicated dockerd, metrics on `metrics`, levels fixed (no boost, no idle promotion) so
 /// that a container's weight is a function of the bytes it has done.
@@ -65,10 +56,6 @@ idle_promote_after = "off"
     )
 }
 
-fn pid(agent: &Agent) -> u32 {
-    agent.child.as_ref().expect("agent running").id()
-}
-
 fn wait_weight(dir: &Path, want: u32, limit: Duration) -> bool {
     wait_for(limit, Duration::from_millis(20), || (bfq_weight(dir) == Some(want)).then_some(())).is_some()
 }
@@ -86,27 +73,28 @@ fn metrics_addr() -> SocketAddr {
 /// running). The agent must notice, retry with backoff (not a busy loop), resynchronise, keep every weight right,
 /// see a container that died during the outage as gone, follow new containers again, and count the outage.
 #[test]
+#[ignore = "needs root, cgroup v1 blkio, a BFQ loop device and a private dockerd: run ./scripts/test.sh"]
 fn dockerd_restart_is_noticed_and_survived() {
-    if !require("dockerd_restart_is_noticed_and_survived", &real_docker_needs()) {
+    if !require("dockerd_restart_is_noticed_and_survived", REAL_DOCKER) {
         return;
     }
-    let _serial = serial();
+    let _machine = testbed::exclusive();
     let mut d = Dockerd::start("restart");
-    let disk = LoopDevice::new(256);
-    let dev = disk.dev.clone();
+    let disk = LoopDevice::with_bfq(256);
+    let dev = disk.dev_str().to_string();
 
     let addr = metrics_addr();
-    let mut agent = Agent::start(&docker_config(&d, &d.socket, disk.name(), addr, "100ms"));
-    let pid = pid(&agent);
+    let mut agent = Agent::start(AGENT, &docker_config(&d, &d.socket, &disk.name, addr, "100ms"));
+    let pid = agent.pid();
 
     // Reader: 12 MiB puts it at level 3 (2 MiB at 1000, 8 MiB at 200, then 40), where it stays (no boost).
     let reader = run_reader(&d, &dev, 0, 600);
-    let idle = d.run(&[TEST_IMAGE, "sleep", "600"]);
-    let doomed = d.run(&[TEST_IMAGE, "sleep", "600"]);
-    let excluded = d.run(&["--label", "ddiskqos.exclude=true", TEST_IMAGE, "sleep", "600"]);
+    let idle = d.run(&[IMAGE, "sleep", "600"]);
+    let doomed = d.run(&[IMAGE, "sleep", "600"]);
+    let excluded = d.run(&["--label", "ddiskqos.exclude=true", IMAGE, "sleep", "600"]);
     std::fs::write(d.cgroup(&excluded).join("blkio.bfq.weight"), "333").unwrap();
     // A bad label is reported (naming label and value) and ignored: the container is managed.
-    let bad_label = d.run(&["--label", "ddiskqos.weight=lots", TEST_IMAGE, "sleep", "600"]);
+    let bad_label = d.run(&["--label", "ddiskqos.weight=lots", IMAGE, "sleep", "600"]);
 
     assert!(wait_weight(&d.cgroup(&reader), 40, Duration::from_secs(10)), "reader not at 40:\n{}", agent.log_text());
     assert!(wait_weight(&d.cgroup(&idle), 1000, Duration::from_secs(5)), "idle not at 1000");
@@ -164,7 +152,7 @@ fn dockerd_restart_is_noticed_and_survived() {
     assert_eq!(row(&idle).and_then(|r| r.weight), Some(1000), "{status:?}");
 
     // The event stream is back: a new container gets the top weight at once.
-    let fresh = d.run(&[TEST_IMAGE, "sleep", "600"]);
+    let fresh = d.run(&[IMAGE, "sleep", "600"]);
     assert!(
         wait_weight(&d.cgroup(&fresh), 1000, Duration::from_secs(3)),
         "container started after the restart not managed:\n{}",
@@ -206,22 +194,23 @@ fn churn_count() -> usize {
 /// ones (status table, metrics series, memory), every living container must keep the weight its level says, the
 /// log must not fill with warnings, and the agent must make no Docker API call per sampling round.
 #[test]
+#[ignore = "needs root, cgroup v1 blkio, a BFQ loop device and a private dockerd: run ./scripts/test.sh"]
 fn container_churn_leaves_nothing_behind() {
-    if !require("container_churn_leaves_nothing_behind", &real_docker_needs()) {
+    if !require("container_churn_leaves_nothing_behind", REAL_DOCKER) {
         return;
     }
-    let _serial = serial();
+    let _machine = testbed::exclusive();
     let n = churn_count();
     let d = Dockerd::start("churn");
     let proxy = CountingProxy::start(d.base.join("proxy.sock"), d.socket.clone());
-    let disk = LoopDevice::new(256);
-    let dev = disk.dev.clone();
+    let disk = LoopDevice::with_bfq(256);
+    let dev = disk.dev_str().to_string();
     let addr = metrics_addr();
-    let mut agent = Agent::start(&docker_config(&d, &proxy.socket, disk.name(), addr, "50ms"));
-    let pid = pid(&agent);
+    let mut agent = Agent::start(AGENT, &docker_config(&d, &proxy.socket, &disk.name, addr, "50ms"));
+    let pid = agent.pid();
 
     // Long-lived containers: idle ones at the top, one reader demoted to level 3 (weight 40).
-    let mut living: Vec<(String, u32)> = (0..6).map(|_| (d.run(&[TEST_IMAGE, "sleep", "3600"]), 1000)).collect();
+    let mut living: Vec<(String, u32)> = (0..6).map(|_| (d.run(&[IMAGE, "sleep", "3600"]), 1000)).collect();
     let reader = run_reader(&d, &dev, 1, 3600);
     living.push((reader, 40));
     check_weights(&d, &agent, &living, "before the churn");
@@ -244,16 +233,16 @@ fn container_churn_leaves_nothing_behind() {
             s.spawn(move || {
                 for i in (w..n).step_by(4) {
                     match i % 3 {
-                        _ if i % 10 == 9 => stayed.lock().unwrap().push(d.run(&[TEST_IMAGE, "sleep", "3600"])),
+                        _ if i % 10 == 9 => stayed.lock().unwrap().push(d.run(&[IMAGE, "sleep", "3600"])),
                         0 => {
-                            d.run(&["--rm", TEST_IMAGE, "sleep", "0.3"]);
+                            d.run(&["--rm", IMAGE, "sleep", "0.3"]);
                         }
                         1 => {
-                            let id = d.run(&[TEST_IMAGE, "sleep", "3600"]);
+                            let id = d.run(&[IMAGE, "sleep", "3600"]);
                             d.cli(&["rm", "-f", &id]);
                         }
                         _ => {
-                            let id = d.run(&[TEST_IMAGE, "true"]);
+                            let id = d.run(&[IMAGE, "true"]);
                             d.cli(&["rm", "-f", &id]);
                         }
                     }
@@ -343,25 +332,26 @@ fn originals(path: &Path) -> std::collections::BTreeMap<String, u64> {
 /// adopts every running container at the top (no stale demotion from the dead process survives), drops the
 /// state of a container removed meanwhile, and on SIGTERM restores the originals the first agent recorded.
 #[test]
+#[ignore = "needs root, cgroup v1 blkio, a BFQ loop device and a private dockerd: run ./scripts/test.sh"]
 fn agent_sigkilled_and_restarted_adopts_and_restores() {
-    if !require("agent_sigkilled_and_restarted_adopts_and_restores", &real_docker_needs()) {
+    if !require("agent_sigkilled_and_restarted_adopts_and_restores", REAL_DOCKER) {
         return;
     }
-    let _serial = serial();
+    let _machine = testbed::exclusive();
     let d = Dockerd::start("sigkill");
-    let disk = LoopDevice::new(256);
-    let dev = disk.dev.clone();
+    let disk = LoopDevice::with_bfq(256);
+    let dev = disk.dev_str().to_string();
     let state_dir = tempfile::tempdir().unwrap();
     let state = state_dir.path().join("state.json");
-    let config = docker_config(&d, &d.socket, disk.name(), metrics_addr(), "100ms")
+    let config = docker_config(&d, &d.socket, &disk.name, metrics_addr(), "100ms")
         .replace("{dir}/state.json", state.to_str().unwrap());
 
-    let pre = d.run(&[TEST_IMAGE, "sleep", "600"]);
+    let pre = d.run(&[IMAGE, "sleep", "600"]);
     std::fs::write(d.cgroup(&pre).join("blkio.bfq.weight"), "250").unwrap();
-    let mut first = Agent::start(&config);
+    let mut first = Agent::start(AGENT, &config);
     let reader = run_reader(&d, &dev, 1, 600);
-    let fresh = d.run(&[TEST_IMAGE, "sleep", "600"]);
-    let removed = d.run(&[TEST_IMAGE, "sleep", "600"]);
+    let fresh = d.run(&[IMAGE, "sleep", "600"]);
+    let removed = d.run(&[IMAGE, "sleep", "600"]);
     check_weights(&d, &first, &[(pre.clone(), 1000), (reader.clone(), 40), (fresh.clone(), 1000)], "first agent");
     check_weights(&d, &first, &[(removed.clone(), 1000)], "first agent");
     let recorded = originals(&state);
@@ -379,7 +369,7 @@ fn agent_sigkilled_and_restarted_adopts_and_restores() {
     // or two ago. They are already running when listed, so the replay must not make them new again (that would
     // count the reader's 12 MiB from zero and demote it once more).
 
-    let mut second = Agent::start(&config);
+    let mut second = Agent::start(AGENT, &config);
     check_weights(
         &d,
         &second,
@@ -458,7 +448,7 @@ idle_promote_after = "off"
 /// as if nothing happened (including a demotion decided meanwhile).
 #[test]
 fn broken_cgroup_files_are_logged_once_and_skipped() {
-    let _serial = serial();
+    let _machine = testbed::exclusive();
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("root");
     let ctr = root.join("ctr");
@@ -482,7 +472,7 @@ fn broken_cgroup_files_are_logged_once_and_skipped() {
     let broken_writes = if refused.is_some() { 2 } else { 1 };
 
     let addr = metrics_addr();
-    let mut agent = Agent::start(&fixture_config(&root, "ctr", addr, "50ms"));
+    let mut agent = Agent::start(AGENT, &fixture_config(&root, "ctr", addr, "50ms"));
     let weight = |name: &str| std::fs::read_to_string(ctr.join(name).join("blkio.bfq.weight")).ok();
     let top = |name: &str| {
         wait_for(Duration::from_secs(5), Duration::from_millis(20), || (weight(name)? == "1000\n").then_some(()))
@@ -561,17 +551,18 @@ fn broken_cgroup_files_are_logged_once_and_skipped() {
 /// Real blkio cgroups created and removed as fast as the shell can while the agent samples every 10 ms: a cgroup
 /// vanishing between listing, sampling and writing is a removal, never an error, and leaves nothing behind.
 #[test]
+#[ignore = "needs root and cgroup v1 blkio: run ./scripts/test.sh"]
 fn real_cgroups_vanishing_under_fast_sampling() {
-    if !require("real_cgroups_vanishing_under_fast_sampling", &[("root", is_root()), ("cgroup v1", has_blkio_v1())]) {
+    if !require("real_cgroups_vanishing_under_fast_sampling", &[Need::Root, Need::BlkioV1]) {
         return;
     }
-    let _serial = serial();
+    let _machine = testbed::exclusive();
     let parent = CgroupGuard::new("ddq-vanish");
     let stable: Vec<PathBuf> = (0..5).map(|i| parent.child(&format!("stable{i}"))).collect();
     let addr = metrics_addr();
     let config = fixture_config(Path::new("/sys/fs/cgroup/blkio"), &parent.rel, addr, "10ms")
         .replace("root = \"/sys/fs/cgroup/blkio\"", "root = \"auto\"");
-    let mut agent = Agent::start(&config);
+    let mut agent = Agent::start(AGENT, &config);
     for s in &stable {
         assert!(wait_weight(s, 1000, Duration::from_secs(5)), "{} not managed\n{}", s.display(), agent.log_text());
     }
@@ -611,8 +602,6 @@ fn real_cgroups_vanishing_under_fast_sampling() {
         assert_eq!(bfq_weight(s), Some(100), "{} not restored", s.display());
     }
 }
-
-const AGENT: &str = env!("CARGO_BIN_EXE_ddiskqos-agent");
 
 /// Runs the agent binary with `args` (`{cfg}` is replaced by the config file), waits at most 15 s; returns exit
 /// status and stderr.
@@ -809,5 +798,5 @@ fn unusable_runtime_is_refused_before_anything_starts() {
 /// 1000, 8 MiB at 200, then 40), then sleeps `linger` seconds.
 fn run_reader(d: &Dockerd, dev: &str, delay: u32, linger: u32) -> String {
     let script = format!("sleep {delay}; dd if={dev} of=/dev/null bs=1M count=12 iflag=direct; sleep {linger}");
-    d.run(&["--device", dev, TEST_IMAGE, "sh", "-c", &script])
+    d.run(&["--device", dev, IMAGE, "sh", "-c", &script])
 }

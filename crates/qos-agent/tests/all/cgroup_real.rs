@@ -1,9 +1,7 @@
 //! The cgroup layer against the real kernel: needs root and a cgroup v1 `blkio` hierarchy (the test machine's
 //! hybrid layout), with BFQ available. Each test makes its own loop device (BFQ, direct I/O) and blkio cgroup and
-//! removes them on drop, also when it fails. Without root or v1 blkio a test prints "SKIPPED …" and passes,
-//! except with `CI=true`, where it fails.
-
-mod fixtures;
+//! removes them on drop, also when it fails. Ignored by a plain `cargo test`; see `testbed::require` for what
+//! happens without root.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -12,30 +10,42 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fixtures::{require_root_cgroup_v1, run_in_cgroup, CgroupGuard, ChildGuard, LoopDevice, BLKIO};
 use qos_agent::backend::ContainerInfo;
 use qos_agent::blockdev;
 use qos_agent::cgroup::{CgroupRoot, CgroupVersion, CounterFileKind, CounterReader, WeightFile, WeightFileKind};
 use qos_agent::runtime::cgroup_dir::{CgroupDirCounters, FULL_READ_EVERY};
 use qos_core::{ContainerId, IoCounters, Weight};
+use testbed::blkio::{run_in_cgroup, CgroupGuard, BLKIO};
+use testbed::loopdev::LoopDevice;
+use testbed::process::ChildGuard;
+use testbed::{require, Need};
 
 const MIB: u64 = 1 << 20;
 
+/// What the tests on cgroups alone need.
+const CGROUPS: &[Need] = &[Need::Root, Need::BlkioV1];
+/// What the tests that also do I/O on a BFQ loop device need.
+const WITH_DISK: &[Need] = &[Need::Root, Need::BlkioV1, Need::LoopDevices, Need::Bfq];
+
 #[test]
+#[ignore = "needs root and cgroup v1 blkio: run ./scripts/test.sh"]
 fn detect_finds_the_v1_blkio_hierarchy() {
-    if !require_root_cgroup_v1("detect_finds_the_v1_blkio_hierarchy") {
+    if !require("detect_finds_the_v1_blkio_hierarchy", CGROUPS) {
         return;
     }
+    let _machine = testbed::exclusive();
     let root = CgroupRoot::detect().unwrap();
     assert_eq!(root.version(), CgroupVersion::V1);
     assert_eq!(root.path(), Path::new(BLKIO));
 }
 
 #[test]
+#[ignore = "needs root, cgroup v1 blkio and a BFQ loop device: run ./scripts/test.sh"]
 fn counters_see_direct_io_and_pread_regenerates() {
-    if !require_root_cgroup_v1("counters_see_direct_io_and_pread_regenerates") {
+    if !require("counters_see_direct_io_and_pread_regenerates", WITH_DISK) {
         return;
     }
+    let _machine = testbed::exclusive();
     let disk = LoopDevice::with_bfq(512);
     let cg = CgroupGuard::new("ddiskqos-test");
     let root = CgroupRoot::detect().unwrap();
@@ -77,10 +87,12 @@ fn counters_see_direct_io_and_pread_regenerates() {
 }
 
 #[test]
+#[ignore = "needs root and cgroup v1 blkio: run ./scripts/test.sh"]
 fn pid_resolution_finds_the_cgroup() {
-    if !require_root_cgroup_v1("pid_resolution_finds_the_cgroup") {
+    if !require("pid_resolution_finds_the_cgroup", CGROUPS) {
         return;
     }
+    let _machine = testbed::exclusive();
     let cg = CgroupGuard::new("ddiskqos-test");
     let root = CgroupRoot::detect().unwrap();
     let procs = cg.path.join("cgroup.procs");
@@ -115,10 +127,12 @@ fn own_blkio_rel() -> String {
 }
 
 #[test]
+#[ignore = "needs root, cgroup v1 blkio and a BFQ loop device: run ./scripts/test.sh"]
 fn weights_are_written_and_read_back() {
-    if !require_root_cgroup_v1("weights_are_written_and_read_back") {
+    if !require("weights_are_written_and_read_back", WITH_DISK) {
         return;
     }
+    let _machine = testbed::exclusive();
     // BFQ must be loaded for blkio.bfq.weight to exist: a loop device on BFQ guarantees that.
     let _disk = LoopDevice::with_bfq(64);
     let cg = CgroupGuard::new("ddiskqos-test");
@@ -149,10 +163,12 @@ fn weights_are_written_and_read_back() {
 /// and the others idle, a round reads only the busy child (besides the periodic full read), and an idle child's
 /// I/O is seen in the very next round, with its exact bytes.
 #[test]
+#[ignore = "needs root, cgroup v1 blkio and a BFQ loop device: run ./scripts/test.sh"]
 fn parent_gate_reads_busy_children_and_finds_idle_ones_that_wake() {
-    if !require_root_cgroup_v1("parent_gate_reads_busy_children_and_finds_idle_ones_that_wake") {
+    if !require("parent_gate_reads_busy_children_and_finds_idle_ones_that_wake", WITH_DISK) {
         return;
     }
+    let _machine = testbed::exclusive();
     const N: usize = 16;
     let disk = LoopDevice::with_bfq(256);
     let dev = disk.dev.display().to_string();
@@ -231,10 +247,12 @@ fn counters_of(dir: &Path) -> u64 {
 }
 
 #[test]
+#[ignore = "needs root, cgroup v1 blkio and a BFQ loop device: run ./scripts/test.sh"]
 fn removed_cgroup_is_vanished() {
-    if !require_root_cgroup_v1("removed_cgroup_is_vanished") {
+    if !require("removed_cgroup_is_vanished", WITH_DISK) {
         return;
     }
+    let _machine = testbed::exclusive();
     let _disk = LoopDevice::with_bfq(64);
     let cg = CgroupGuard::new("ddiskqos-test");
     let root = CgroupRoot::detect().unwrap();
@@ -255,10 +273,12 @@ fn removed_cgroup_is_vanished() {
 }
 
 #[test]
+#[ignore = "needs root, cgroup v1 blkio and a BFQ loop device: run ./scripts/test.sh"]
 fn device_scheduler_and_refusals() {
-    if !require_root_cgroup_v1("device_scheduler_and_refusals") {
+    if !require("device_scheduler_and_refusals", WITH_DISK) {
         return;
     }
+    let _machine = testbed::exclusive();
     let disk = LoopDevice::with_bfq(64);
     assert_eq!(blockdev::scheduler(&disk.name).unwrap().active, "bfq");
     assert_eq!(blockdev::disk_of_dev(disk.devnum.parse().unwrap()).unwrap(), disk.name);

@@ -1,16 +1,15 @@
-//! Replays the paper's experiments on the deterministic simulator (`tests/sim`) and checks the level trajectories
+//! Replays the paper's experiments on the deterministic simulator (`super`) and checks the level trajectories
 //! the rules imply, the starvation bound, and that small reads finish sooner with dDiskQoS than without.
 //!
 //! Sizes are in MiB, like the default thresholds (2, 8, 32, 128 MiB), so "2 MB" in Table 4 is exactly the top
 //! level's allotment. The disk moves 70 MiB/s (±10 % per millisecond, seeded); the driver samples every 500 ms
 //! (the agent's default).
 
-mod sim;
-
 use std::time::Duration;
 
-use ddiskqos::core::{Config, Reason};
-use sim::{random_workloads, run, Outcome, SimConfig, TimerMode, Workload, MIB};
+use qos_core::{Config, Reason};
+
+use super::{random_workloads, run, Outcome, SimConfig, TimerMode, Workload, MIB};
 
 const fn secs(s: u64) -> Duration {
     Duration::from_secs(s)

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use qos_agent::config::AgentConfig;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ddiskqos-agent");
+use crate::AGENT as BIN;
 
 fn agent(args: &[&str]) -> Output {
     Command::new(BIN).args(args).env_remove("DDISKQOS_CONFIG").env_remove("NOTIFY_SOCKET").output().unwrap()
@@ -42,12 +42,49 @@ fn check_config_accepts_a_good_file() {
         "sample_interval = \"250ms\"\n[mlfq]\nboost_after = \"5s\"\nlevels = [ { weight = 1000, threshold = \
          \"4MiB\" }, { weight = 100, threshold = \"64MiB\" } ]\n",
     );
-    let out = agent(&["check-config", &path]);
+    let out = agent(&["check-config", "--syntax-only", &path]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{path}: ok\n"));
     // The same file through --config.
-    let out = agent(&["-c", &path, "check-config"]);
+    let out = agent(&["-c", &path, "check-config", "--syntax-only"]);
     assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn check_config_checks_the_host_as_run_does() {
+    let dir = tempfile::tempdir().unwrap();
+    // The same file that `run` refuses for its missing Docker socket (see below) is refused here too.
+    let cfg = run_config(dir.path(), "[docker]\nsocket = \"/nonexistent.sock\"", "");
+    let out = agent(&["check-config", &cfg]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("docker.socket") && stderr(&out).contains("/nonexistent.sock"), "{}", stderr(&out));
+    // A cgroup-dir config over a fixture root passes, and says what it could not check.
+    let cfg = run_config(dir.path(), "runtime = \"cgroup-dir\"\n[metrics]\nenabled = true", "parent = \"pods\"");
+    let out = agent(&["check-config", &cfg]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(stdout.starts_with(&format!("{cfg}: ok\n")), "{stdout}");
+    assert!(stdout.contains("not checked") && stdout.contains("metrics.listen"), "{stdout}");
+    // A control socket path that is someone's file: refused, and the file is left alone.
+    std::fs::write(dir.path().join("precious"), "data").unwrap();
+    let text = std::fs::read_to_string(&cfg).unwrap().replace("agent.sock", "precious");
+    let cfg = file(dir.path(), "precious.toml", &text);
+    for args in [vec!["check-config", cfg.as_str()], vec!["-c", cfg.as_str(), "run"]] {
+        let out = agent(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("control_socket"), "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(std::fs::read_to_string(dir.path().join("precious")).unwrap(), "data");
+}
+
+#[test]
+fn a_huge_garbage_config_gives_a_bounded_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = file(dir.path(), "garbage.toml", &"x".repeat(1 << 20));
+    let out = agent(&["check-config", &path]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stderr.len() < 8_000, "{} bytes of error", out.stderr.len());
+    assert!(stderr(&out).contains("garbage.toml"), "{}", stderr(&out));
 }
 
 #[test]
@@ -211,7 +248,7 @@ fn example_config_is_valid_and_equals_the_defaults() {
     let path = workspace_root().join("deploy/agent.toml");
     let cfg = AgentConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(cfg, AgentConfig::default(), "deploy/agent.toml must show the defaults");
-    let out = agent(&["check-config", path.to_str().unwrap()]);
+    let out = agent(&["check-config", "--syntax-only", path.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     // Every line is either a comment, blank, or a key of the schema (no key left out by a typo).
     let text = std::fs::read_to_string(&path).unwrap();

@@ -2,18 +2,16 @@
 //! `io.bfq.weight`; counters, weights, conversions, verification, missing and vanished cgroups, malformed files,
 //! confinement.
 
-mod fixtures;
-
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
-use fixtures::{make_cgroup, Layout};
 use qos_agent::cgroup::{
     CgroupError, CgroupRoot, CgroupVersion, CounterFileKind, CounterReader, WeightFile, WeightFileKind,
 };
 use qos_agent::runtime::docker::{container_cgroup, CgroupDriver};
 use qos_core::{IoCounters, Weight};
+use testbed::fixture::{make_cgroup, Layout};
 
 const ID: &str = "4f1c0a9be2d3c4b5a697887766554433221100ffeeddccbbaa99887766554433";
 

@@ -5,22 +5,22 @@
 //! - `DDISKQOS_SCALE_DOCKER` (default 32) real containers on a dedicated dockerd: all managed, no Docker API
 //!   request in ten quiet rounds.
 //!
-//! Needs root and cgroup v1 blkio (and dockerd for the second); fails instead of skipping in CI.
-
-#[path = "support/dockerd.rs"]
-mod dockerd;
-#[path = "support/probe.rs"]
-mod probe;
-mod support;
+//! Needs root and cgroup v1 blkio (and a loop device, and a private dockerd for the second); `#[ignore]`d, see
+//! `testbed::require`. Both hold `testbed::exclusive()`: they time start-up, demotion and shutdown.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use dockerd::{can_run_dockerd, CountingProxy, Dockerd};
-use probe::*;
-use support::{bfq_weight, has_blkio_v1, is_root, require, run_in_cgroup, wait_for, Agent, LoopDevice};
-use support::{remove_cgroup_tree, CgroupGuard};
+use testbed::agent::Agent;
+use testbed::blkio::{bfq_weight, remove_cgroup_tree, run_in_cgroup, CgroupGuard};
+use testbed::dockerd::{CountingProxy, Dockerd};
+use testbed::loopdev::LoopDevice;
+use testbed::probe::*;
+use testbed::process::wait_for;
+use testbed::{require, Need};
+
+use crate::AGENT;
 
 fn env_count(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -49,10 +49,13 @@ fn wait_size(agent: &Agent, metrics: SocketAddr, n: usize, series_per_container:
 }
 
 #[test]
+#[ignore = "needs root, cgroup v1 blkio and a BFQ loop device: run ./scripts/test.sh"]
 fn a_thousand_cgroups_are_managed_and_forgotten() {
-    if !require("a_thousand_cgroups_are_managed_and_forgotten", &[("root", is_root()), ("cgroup v1", has_blkio_v1())]) {
+    let needs = [Need::Root, Need::BlkioV1, Need::LoopDevices, Need::Bfq];
+    if !require("a_thousand_cgroups_are_managed_and_forgotten", &needs) {
         return;
     }
+    let _machine = testbed::exclusive();
     let n = env_count("DDISKQOS_SCALE_CGROUPS", 1024);
     let parent = CgroupGuard::new("ddq-scale");
     let dirs = children(&parent, "c", n);
@@ -63,7 +66,7 @@ fn a_thousand_cgroups_are_managed_and_forgotten() {
         parent.rel
     );
     let started = Instant::now();
-    let mut agent = Agent::start(&config);
+    let mut agent = Agent::start(AGENT, &config);
     let up = wait_for(Duration::from_secs(30), Duration::from_millis(50), || all_at(&dirs, 1000).then_some(()));
     let took = started.elapsed();
     assert!(up.is_some(), "not all {n} cgroups at weight 1000 after 30 s:\n{}", agent.log_text());
@@ -74,15 +77,15 @@ fn a_thousand_cgroups_are_managed_and_forgotten() {
     assert!(wait_size(&agent, metrics, n, 3), "table or metrics not at {n}: {:?}", status(&agent.socket()));
     let table = status(&agent.socket()).unwrap();
     assert!(table.containers.iter().all(|r| r.weight == Some(1000) && r.level == Some(1)));
-    eprintln!("RSS at {n} containers: {} KiB", vm_rss_kib(agent.child.as_ref().unwrap().id()));
+    eprintln!("RSS at {n} containers: {} KiB", vm_rss_kib(agent.pid()));
 
     // The parent gate leaves idle children unread; one that starts I/O is found through its parent's unexplained
     // bytes in the next round (not only at the every-8th-round full read, 4 s here) and demoted.
-    let disk = LoopDevice::new(64);
+    let disk = LoopDevice::with_bfq(64);
     std::thread::sleep(Duration::from_secs(3)); // more than ACTIVE_ROUNDS rounds: every child counts as idle
     let waker = &dirs[n / 4]; // among those removed below
     let t = Instant::now();
-    run_in_cgroup(waker, &format!("dd if={} of=/dev/null bs=1M count=3 iflag=direct status=none", disk.dev));
+    run_in_cgroup(waker, &format!("dd if={} of=/dev/null bs=1M count=3 iflag=direct status=none", disk.dev.display()));
     let demoted =
         wait_for(Duration::from_secs(10), Duration::from_millis(20), || (bfq_weight(waker) == Some(200)).then_some(()));
     let took = t.elapsed();
@@ -119,11 +122,13 @@ fn a_thousand_cgroups_are_managed_and_forgotten() {
 }
 
 #[test]
+#[ignore = "needs root, cgroup v1 blkio and a private dockerd: run ./scripts/test.sh"]
 fn docker_containers_at_scale_cost_no_api_call_per_round() {
-    let needs = [("root", is_root()), ("cgroup v1", has_blkio_v1()), ("dockerd", can_run_dockerd())];
+    let needs = [Need::Root, Need::BlkioV1, Need::PrivateDockerd];
     if !require("docker_containers_at_scale_cost_no_api_call_per_round", &needs) {
         return;
     }
+    let _machine = testbed::exclusive();
     let n = env_count("DDISKQOS_SCALE_DOCKER", 32);
     let d = Dockerd::start("scale");
     let dirs: Vec<PathBuf> = d.run_sleepers(n, 3600).iter().map(|id| d.cgroup(id)).collect();
@@ -135,7 +140,7 @@ fn docker_containers_at_scale_cost_no_api_call_per_round() {
         proxy.socket.display()
     );
     let quiet_ref = Instant::now();
-    let mut agent = Agent::start(&config);
+    let mut agent = Agent::start(AGENT, &config);
     let up = wait_for(Duration::from_secs(20), Duration::from_millis(50), || all_at(&dirs, 1000).then_some(()));
     assert!(up.is_some(), "not all {n} containers at 1000:\n{}", agent.log_text());
     assert!(wait_size(&agent, metrics, n, 3), "table or metrics not at {n}");

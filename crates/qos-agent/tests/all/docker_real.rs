@@ -1,15 +1,21 @@
 //! The agent against a real dockerd, real cgroup v1 blkio files and a BFQ loop device: demotion level by level,
 //! the event path (< 100 ms from start event to top weight), the starvation boost, labels (exclude, pin),
 //! the `auto` actuator falling back to cgroup files on this kernel, and SIGTERM restoring every original weight.
-//! Needs root and Docker (scripts/setup-host.sh); fails instead of skipping in CI.
-
-mod support;
+//! Needs root, a loop device and the host's dockerd with the test image (scripts/setup-host.sh); `#[ignore]`d, see
+//! `testbed::require`.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use support::*;
+use testbed::agent::Agent;
+use testbed::blkio::{bfq_weight, record_weights};
+use testbed::docker::{cgroup as docker_cgroup, cli, Containers, DOCKER_CLI, IMAGE};
+use testbed::loopdev::LoopDevice;
+use testbed::process::wait_for;
+use testbed::{require, Need};
+
+use crate::AGENT;
 
 fn config(dev: &str) -> String {
     format!(
@@ -34,19 +40,15 @@ fn subsequence(seen: &[(Duration, u32)], wanted: &[u32]) -> bool {
 }
 
 #[test]
+#[ignore = "needs root, cgroup v1 blkio, a BFQ loop device and the host's dockerd: run ./scripts/test.sh"]
 fn agent_manages_real_docker_containers() {
-    if !require(
-        "agent_manages_real_docker_containers",
-        &[
-            ("root", is_root()),
-            ("cgroup v1 blkio", has_blkio_v1()),
-            ("dockerd with image ddiskqos-test", docker_ready()),
-        ],
-    ) {
+    let needs = [Need::Root, Need::BlkioV1, Need::LoopDevices, Need::Bfq, Need::HostDocker];
+    if !require("agent_manages_real_docker_containers", &needs) {
         return;
     }
-    let disk = LoopDevice::new(1024);
-    let dev = disk.dev.clone();
+    let _machine = testbed::exclusive();
+    let disk = LoopDevice::with_bfq(1024);
+    let dev = disk.dev_str().to_string();
     let mut cs = Containers::default();
 
     // A container running before the agent, with a weight someone set: adopted at the top, restored at the end.
@@ -54,7 +56,7 @@ fn agent_manages_real_docker_containers() {
     std::fs::write(docker_cgroup(&pre).join("blkio.bfq.weight"), "250").unwrap();
     assert_eq!(bfq_weight(&docker_cgroup(&pre)), Some(250));
 
-    let mut agent = Agent::start(&config(disk.name()));
+    let mut agent = Agent::start(AGENT, &config(&disk.name));
     let pre_top = wait_for(Duration::from_secs(3), Duration::from_millis(10), || {
         (bfq_weight(&docker_cgroup(&pre)) == Some(1000)).then_some(())
     });
@@ -100,9 +102,9 @@ fn agent_manages_real_docker_containers() {
 
     // The event path: a container created now and started while the reader runs gets 1000 within 100 ms.
     std::thread::sleep(Duration::from_millis(1500));
-    let late = sh(DOCKER, &["create", IMAGE, "sleep", "120"]);
+    let late = cli(&["create", IMAGE, "sleep", "120"]);
     cs.0.push(late.clone());
-    let mut events = Command::new(DOCKER)
+    let mut events = Command::new(DOCKER_CLI)
         .args([
             "events",
             "--filter",
@@ -122,7 +124,7 @@ fn agent_manages_real_docker_containers() {
             (bfq_weight(&late_dir) == Some(1000)).then(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap())
         })
     });
-    sh(DOCKER, &["start", &late]);
+    cli(&["start", &late]);
     let mut line = String::new();
     BufReader::new(events.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let _ = events.kill();

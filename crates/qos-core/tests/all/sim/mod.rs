@@ -10,15 +10,19 @@
 //! `sample_interval`, `handle_timeout` when `poll_timeout()` comes due (or only on the sampling tick), and every
 //! `WeightChange` applied at once. Without a QoS config every container keeps the kernel default weight: the
 //! paper's "Original" column.
+//!
+//! `paper` replays the paper's experiments on it.
 
-#![allow(dead_code)] // each test binary uses a different part
+mod paper;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ddiskqos::core::{Config, ContainerId, Engine, IoCounters, Reason, Weight, WeightChange};
+use qos_core::{Config, ContainerId, Engine, IoCounters, Reason, Weight, WeightChange};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+use crate::common::t0;
 
 /// One mebibyte.
 pub const MIB: u64 = 1 << 20;
@@ -159,7 +163,7 @@ struct Job {
 
 /// Runs the workloads and returns what happened.
 pub fn run(cfg: &SimConfig, workloads: &[Workload]) -> Outcome {
-    let origin = Instant::now(); // the origin of the virtual clock: only ever used plus an offset
+    let origin = t0(); // the origin of the virtual clock: only ever used plus an offset
 
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let mut engine = cfg.qos.clone().map(|c| Engine::new(c, origin).expect("valid config"));

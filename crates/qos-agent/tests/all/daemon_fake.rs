@@ -18,8 +18,8 @@ use qos_agent::backend::{
     AppliedVia, BackendError, ContainerInfo, CounterSource, Discovery, DiscoveryError, DiscoveryEvent, WeightWriter,
 };
 use qos_agent::cgroup::CgroupError;
-use qos_agent::config::AgentConfig;
-use qos_agent::daemon::{Command, CpuClock, Daemon, DaemonError, Status, StatusRow, Summary};
+use qos_agent::config::{ActuatorMode, AgentConfig};
+use qos_agent::daemon::{Actuator, Command, CpuClock, Daemon, DaemonError, PolicyKind, Status, StatusRow, Summary};
 use qos_agent::labels::{EXCLUDE_LABEL, WEIGHT_LABEL};
 use qos_agent::metrics::{Metrics, ReasonLabels};
 use qos_agent::state::OriginalWeights;
@@ -332,14 +332,30 @@ impl Harness {
     }
 }
 
-/// Captures the daemon's log lines (text, no colours) for the current thread; the tests' runtime is
-/// single-threaded, so that includes the daemon task.
+/// Log capture for the tests that count log lines. There is ONE process-wide subscriber, installed once, that
+/// writes each line into the buffer of the thread that emitted it (nothing if that thread captures nothing). The
+/// tests' runtimes are current-thread, so a daemon's lines land on its test's thread: each test sees exactly its
+/// own daemon's lines. Per-test `set_default` subscribers raced with tracing's global callsite-interest cache (a
+/// callsite first hit on a thread without a subscriber could be cached as "never", and a line was lost: 1 run in
+/// 16); with a single global subscriber every callsite is enabled the same way for the whole run.
 #[derive(Clone, Default)]
 struct LogBuffer(Arc<Mutex<Vec<u8>>>);
 
-impl io::Write for LogBuffer {
+thread_local! {
+    /// The buffer of the test running on this thread, if it captures.
+    static CAPTURE: std::cell::RefCell<Option<LogBuffer>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Writes to the current thread's capture buffer.
+struct ThreadCapture;
+
+impl io::Write for ThreadCapture {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
+        CAPTURE.with(|c| {
+            if let Some(b) = c.borrow().as_ref() {
+                b.0.lock().unwrap().extend_from_slice(buf);
+            }
+        });
         Ok(buf.len())
     }
 
@@ -348,11 +364,25 @@ impl io::Write for LogBuffer {
     }
 }
 
+/// Stops capturing on this thread when dropped.
+struct CaptureGuard;
+
+impl Drop for CaptureGuard {
+    fn drop(&mut self) {
+        CAPTURE.with(|c| c.borrow_mut().take());
+    }
+}
+
 impl LogBuffer {
-    fn install(&self) -> tracing::subscriber::DefaultGuard {
-        let me = self.clone();
-        let sub = tracing_subscriber::fmt().with_ansi(false).with_writer(move || me.clone()).finish();
-        tracing::subscriber::set_default(sub)
+    /// Captures this thread's log lines (text, no colours) into this buffer until the guard is dropped.
+    fn install(&self) -> CaptureGuard {
+        static GLOBAL: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+        GLOBAL.get_or_init(|| {
+            let sub = tracing_subscriber::fmt().with_ansi(false).with_writer(|| ThreadCapture).finish();
+            tracing::subscriber::set_global_default(sub).expect("the only subscriber of this test binary");
+        });
+        CAPTURE.with(|c| *c.borrow_mut() = Some(self.clone()));
+        CaptureGuard
     }
 
     fn count(&self, needle: &str) -> usize {
@@ -374,7 +404,7 @@ async fn started_container_gets_the_top_weight_before_any_sampling_round() {
     assert_eq!(world.samples_of("a"), 0, "the weight must not wait for a sampling round");
     assert!(t0.elapsed() < TICK);
     let row = h.row("a").await.unwrap();
-    assert_eq!((row.policy.as_str(), row.level, row.weight), ("managed", Some(1), Some(1000)));
+    assert_eq!((row.policy, row.level, row.weight), (PolicyKind::Managed, Some(1), Some(1000)));
     assert_eq!(h.decisions("new"), 1);
     assert_eq!(h.metrics.containers.get(), 1);
 }
@@ -547,10 +577,10 @@ async fn pinned_and_excluded_labels() {
     assert_eq!(world.weight("excluded"), 700);
     assert_eq!(world.writes_to("plain"), vec![1000, 10]);
     let st = h.status().await;
-    let policy = |id: &str| st.containers.iter().find(|r| r.id == id).map(|r| (r.policy.clone(), r.level, r.weight));
-    assert_eq!(policy("pinned"), Some(("pinned".into(), None, Some(300))));
-    assert_eq!(policy("excluded"), Some(("excluded".into(), None, None)));
-    assert_eq!(policy("plain"), Some(("managed".into(), Some(4), Some(10))));
+    let policy = |id: &str| st.containers.iter().find(|r| r.id == id).map(|r| (r.policy, r.level, r.weight));
+    assert_eq!(policy("pinned"), Some((PolicyKind::Pinned, None, Some(300))));
+    assert_eq!(policy("excluded"), Some((PolicyKind::Excluded, None, None)));
+    assert_eq!(policy("plain"), Some((PolicyKind::Managed, Some(4), Some(10))));
 
     let summary = h.shutdown().await;
     assert_eq!(summary, Summary { restored: 2, restore_failures: 0 });
@@ -581,7 +611,7 @@ async fn malformed_labels_are_ignored_and_the_container_is_managed() {
     h.rounds(1).await;
     for (id, labels) in cases {
         assert_eq!(world.writes_to(id), vec![1000, 200], "{id}: managed like any other container");
-        assert_eq!(h.row(id).await.unwrap().policy, "managed", "{id}");
+        assert_eq!(h.row(id).await.unwrap().policy, PolicyKind::Managed, "{id}");
         let named = format!("{}={:?}", labels[0].0, labels[0].1);
         assert_eq!(logs.count(&named), 1, "{id}: the label and its value are named in one warning");
     }
@@ -689,7 +719,7 @@ async fn excluded_container_a_previous_agent_changed_gets_its_original_back() {
     let h = Harness::start_with(cfg(), &world, vec![info("x", &[(EXCLUDE_LABEL, "true")])], originals);
     h.settle().await;
     assert_eq!(world.writes_to("x"), vec![400]);
-    assert_eq!(h.row("x").await.unwrap().policy, "excluded");
+    assert_eq!(h.row("x").await.unwrap().policy, PolicyKind::Excluded);
     assert_eq!(on_file(&path), serde_json::json!({}));
     h.shutdown().await;
     assert_eq!(world.writes_to("x"), vec![400], "then left alone");
@@ -940,7 +970,7 @@ async fn status_table_shows_level_weight_and_bytes_at_level() {
     h.rounds(2).await; // demoted in the round at 500 ms; now 1001 ms
 
     let st = h.status().await;
-    assert_eq!(st.actuator, "cgroupfs");
+    assert_eq!(st.actuator, Actuator { configured: ActuatorMode::Auto, in_use: Some(AppliedVia::CgroupFile) });
     assert!(!st.dry_run);
     let rows: Vec<_> = st.containers.iter().map(|r| (r.id.as_str(), r.level, r.weight, r.bytes_at_level)).collect();
     assert_eq!(
@@ -1011,9 +1041,9 @@ async fn check_model(h: &Harness, model: &BTreeMap<String, Model>) -> Result<(),
         let file = h.world.weight(&r.id);
         if m.excluded {
             prop_assert_eq!(file, m.original, "{} excluded: untouched", r.id);
-            prop_assert_eq!(&r.policy, "excluded");
+            prop_assert_eq!(r.policy, PolicyKind::Excluded);
         } else if let Some(p) = m.pinned {
-            prop_assert_eq!(&r.policy, "pinned");
+            prop_assert_eq!(r.policy, PolicyKind::Pinned);
             if !m.broken {
                 prop_assert_eq!((r.weight, file), (Some(p), p), "{} pinned", r.id);
             }

@@ -3,20 +3,19 @@
 //! listens on loopback unless configured otherwise. Fixture trees need no root; the loopback check runs the
 //! agent binary on a fixture too.
 
-#[path = "support/probe.rs"]
-mod probe;
-mod support;
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use probe::*;
 use qos_agent::cgroup::{CgroupError, CgroupRoot, CgroupVersion};
 use qos_agent::runtime::docker::{container_cgroup, CgroupDriver};
-use support::{wait_for, Agent};
+use testbed::agent::Agent;
+use testbed::probe::{scrape, status};
+use testbed::process::wait_for;
+
+use crate::AGENT;
 
 /// What a path is, for a before/after comparison: file content, symlink target, or a directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,7 +108,7 @@ fn agent_writes_only_weight_files_of_its_containers() {
     let tmp = tempfile::tempdir().unwrap();
     let root = decoy_tree(tmp.path());
     let before = snapshot(tmp.path());
-    let mut agent = Agent::start(&config(&root, ""));
+    let mut agent = Agent::start(AGENT, &config(&root, ""));
     let weight = |c: &str| fs::read_to_string(root.join("ctr").join(c).join("blkio.bfq.weight")).unwrap();
     let managed = wait_for(Duration::from_secs(5), Duration::from_millis(20), || {
         ["c1", "c2", "c3", "c4"].iter().all(|c| weight(c) == "1000\n").then_some(())
@@ -226,7 +225,7 @@ fn metrics_listen_on_loopback_only_by_default() {
 
     let tmp = tempfile::tempdir().unwrap();
     let root = decoy_tree(tmp.path());
-    let agent = Agent::start(&config(&root, "[metrics]\nenabled = true\n"));
+    let agent = Agent::start(AGENT, &config(&root, "[metrics]\nenabled = true\n"));
     let l = listeners(port);
     assert_eq!(l, [("0100007F".to_string(), false)], "listeners on {port}: {l:?}\n{}", agent.log_text());
     let body = scrape(default.listen).expect("metrics on loopback");

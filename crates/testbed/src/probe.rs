@@ -1,7 +1,6 @@
 //! Looking at a running agent from outside: its log without colours, its CPU time and memory from /proc, its
 //! Prometheus endpoint, its status table through the control socket. Used by the fault, churn and scale tests
-//! and by `examples/scale.rs` (through `#[path]`).
-#![allow(dead_code)]
+//! and by `examples/scale.rs`.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

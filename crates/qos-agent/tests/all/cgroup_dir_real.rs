@@ -1,14 +1,18 @@
 //! The same scenario as `docker_real.rs` without Docker: the agent's cgroup-dir runtime manages the child
 //! cgroups of a blkio cgroup the test creates, with reader processes placed in them, on a BFQ loop device.
-//! Needs root and cgroup v1 blkio; fails instead of skipping in CI.
-
-mod support;
+//! Needs root, cgroup v1 blkio and a loop device (`#[ignore]`d; see `testbed::require`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use support::*;
+use testbed::agent::Agent;
+use testbed::blkio::{bfq_weight, record_weights, CgroupGuard};
+use testbed::loopdev::LoopDevice;
+use testbed::process::wait_for;
+use testbed::{require, Need};
+
+use crate::AGENT;
 
 /// A blkio cgroup tree made by the test; processes killed and directories removed on drop.
 struct TestCgroups {
@@ -48,12 +52,14 @@ impl Drop for TestCgroups {
 }
 
 #[test]
-fn agent_manages_plain_cgroups() {
-    if !require("agent_manages_plain_cgroups", &[("root", is_root()), ("cgroup v1 blkio", has_blkio_v1())]) {
+#[ignore = "needs root, cgroup v1 blkio and a BFQ loop device: run ./scripts/test.sh"]
+fn agent_manages_child_cgroups() {
+    if !require("agent_manages_child_cgroups", &[Need::Root, Need::BlkioV1, Need::LoopDevices, Need::Bfq]) {
         return;
     }
-    let disk = LoopDevice::new(1024);
-    let dev = disk.dev.clone();
+    let _machine = testbed::exclusive();
+    let disk = LoopDevice::with_bfq(1024);
+    let dev = disk.dev_str();
     let mut cgs = TestCgroups::new();
     let rel = cgs.parent.rel.clone();
 
@@ -61,8 +67,10 @@ fn agent_manages_plain_cgroups() {
     let pre = cgs.child("pre");
     std::fs::write(pre.join("blkio.bfq.weight"), "250").unwrap();
 
-    let mut agent = Agent::start(&format!(
-        r#"
+    let mut agent = Agent::start(
+        AGENT,
+        &format!(
+            r#"
 runtime = "cgroup-dir"
 sample_interval = "100ms"
 state_file = "{{dir}}/state.json"
@@ -75,8 +83,9 @@ check = ["{}"]
 boost_after = "3s"
 idle_promote_after = "off"
 "#,
-        disk.name()
-    ));
+            disk.name
+        ),
+    );
     assert!(
         wait_for(Duration::from_secs(3), Duration::from_millis(10), || (bfq_weight(&pre) == Some(1000)).then_some(()))
             .is_some(),
@@ -86,7 +95,7 @@ idle_promote_after = "off"
 
     // The big reader, throttled to 30 MB/s by a blkio throttle rule so every level shows in the weight file.
     let reader = cgs.child("reader");
-    let devnum = std::fs::read_to_string(format!("/sys/block/{}/dev", disk.name())).unwrap();
+    let devnum = std::fs::read_to_string(format!("/sys/block/{}/dev", disk.name)).unwrap();
     std::fs::write(reader.join("blkio.throttle.read_bps_device"), format!("{} {}", devnum.trim(), 30 << 20)).unwrap();
     cgs.spawn_in(&reader, &format!("dd if={dev} of=/dev/null bs=1M count=900 iflag=direct"));
     let reader_dir = reader.clone();

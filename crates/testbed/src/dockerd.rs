@@ -1,4 +1,4 @@
-//! A dedicated, throw-away dockerd for tests that restart, kill or flood the daemon: its own socket, data root,
+//! A private, throw-away dockerd for tests that restart, kill or flood the daemon: its own socket, data root,
 //! exec root, pid file and network namespace, no bridge and no iptables rules, `--live-restore` on, and the test
 //! image imported from the host's `busybox-static`. The host's dockerd (`/var/run/docker.sock`) is never touched,
 //! and other tests' containers never show up in this daemon, nor this daemon's in theirs.
@@ -6,8 +6,9 @@
 //! Containers land where Docker's default layout puts them, `/sys/fs/cgroup/blkio/docker/<id>` (beside the host
 //! daemon's, ids never collide), so the agent's usual path (cgroup from the start event) is the one exercised.
 //! Everything is torn down on drop, also when a test panics: containers removed, daemon stopped, data root
-//! unmounted and deleted. Also used by `examples/scale.rs` through `#[path]`.
-#![allow(dead_code)]
+//! unmounted and deleted.
+//!
+//! Also here: [`CountingProxy`], a socket in front of a daemon that records the API requests going through it.
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -17,21 +18,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The Docker CLI matching Debian's dockerd 20.10.
-pub const DOCKER_CLI: &str = "/usr/bin/docker";
+use crate::docker::{DOCKER_CLI, IMAGE};
+use crate::process::wait_for;
+
 /// The daemon binary.
 pub const DOCKERD: &str = "/usr/sbin/dockerd";
 /// util-linux `unshare`, to give the daemon its own network namespace.
 pub const UNSHARE: &str = "/usr/bin/unshare";
-/// Image name inside the dedicated daemon.
-pub const TEST_IMAGE: &str = "ddiskqos-test:latest";
-
-/// Whether this machine can run a dedicated dockerd (binaries present; root and cgroups are checked by the tests).
-pub fn can_run_dockerd() -> bool {
+/// Whether this machine has the programs a private dockerd needs (root and cgroups are separate [`crate::Need`]s).
+pub fn can_run() -> bool {
     [DOCKERD, DOCKER_CLI, UNSHARE, "/bin/busybox"].iter().all(|p| Path::new(p).exists())
 }
 
 /// A dockerd of our own. See the module docs.
+#[derive(Debug)]
 pub struct Dockerd {
     /// Directory holding the socket, data root, exec root, pid file and log (short path: socket names are
     /// limited to 107 bytes).
@@ -105,7 +105,7 @@ impl Dockerd {
     }
 
     /// Whether the host's `docker0` bridge is still there if it was before this daemon started (the host's
-    /// dockerd needs it; see [`Dockerd::command`]).
+    /// dockerd needs it; that is why the daemon runs in a network namespace of its own).
     pub fn host_bridge_intact(&self) -> bool {
         !self.host_bridge || Path::new("/sys/class/net/docker0").exists()
     }
@@ -166,7 +166,7 @@ impl Dockerd {
                 let (ids, secs) = (&ids, &secs);
                 s.spawn(move || {
                     for _ in (w..n).step_by(4) {
-                        let id = self.run(&["--log-driver", "none", TEST_IMAGE, "sleep", secs]);
+                        let id = self.run(&["--log-driver", "none", IMAGE, "sleep", secs]);
                         ids.lock().unwrap().push(id);
                     }
                 });
@@ -196,6 +196,7 @@ impl Dockerd {
         }
     }
 
+    /// The last 30 lines of the daemon's log.
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
@@ -217,7 +218,7 @@ impl Dockerd {
         let mut import = Command::new(DOCKER_CLI)
             .arg("-H")
             .arg(format!("unix://{}", self.socket.display()))
-            .args(["import", "-c", "ENV PATH=/bin", "-c", "CMD [\"/bin/sh\"]", "-", TEST_IMAGE])
+            .args(["import", "-c", "ENV PATH=/bin", "-c", "CMD [\"/bin/sh\"]", "-", IMAGE])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
@@ -267,15 +268,9 @@ fn nanos() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
 }
 
+/// Polls `f` every 50 ms until it holds or `limit` has passed.
 fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let t = Instant::now();
-    while t.elapsed() < limit {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
+    wait_for(limit, Duration::from_millis(50), || f().then_some(())).is_some()
 }
 
 /// Request lines with the time they were seen.
@@ -283,6 +278,7 @@ type RequestLog = Arc<Mutex<Vec<(Instant, String)>>>;
 
 /// A Unix-socket proxy in front of a Docker socket that records every HTTP request line going through it, so a
 /// test can prove how many API calls the agent makes (and when).
+#[derive(Debug)]
 pub struct CountingProxy {
     /// Where clients connect.
     pub socket: PathBuf,

@@ -1,0 +1,175 @@
+//! The status protocol (`ddiskqos-agent status`, JSON over the control socket) and the one level-numbering rule.
+
+use qos_core::Policy;
+use serde::{Deserialize, Serialize};
+
+use super::{now, Daemon};
+use crate::backend::{AppliedVia, CounterSource, Discovery, WeightWriter};
+use crate::config::ActuatorMode;
+
+/// The level numbering shown to people.
+///
+/// Levels are 0-based (0 = top) everywhere inside: in the engine, the reconciler and the `ddiskqos_container_level`
+/// metric (whose value is the 0-based level). They are shown 1-based (1 = top, like the paper's Table 1) in the
+/// status table ([`StatusRow::level`]) and in log lines (`old_level`, `new_level`). This is the only conversion.
+pub fn display_level(level: usize) -> usize {
+    level + 1
+}
+
+/// How a container is treated, as the status table says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyKind {
+    /// Moves through the levels.
+    Managed,
+    /// Held at a fixed weight (`ddiskqos.weight` label).
+    Pinned,
+    /// Left alone (`ddiskqos.exclude` label).
+    Excluded,
+}
+
+impl PolicyKind {
+    /// The name in the table and in JSON: `managed`, `pinned` or `excluded`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::Managed => "managed",
+            PolicyKind::Pinned => "pinned",
+            PolicyKind::Excluded => "excluded",
+        }
+    }
+}
+
+impl std::fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// How weights are applied: the configured mode, and the path the last verified write took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Actuator {
+    /// `actuator` from the config: `auto`, `docker` or `cgroupfs`.
+    pub configured: ActuatorMode,
+    /// `docker` or `cgroupfs`: the path that delivered the last verified write; `None` before the first one (in
+    /// `auto`, the path is only known once a write went through).
+    pub in_use: Option<AppliedVia>,
+}
+
+impl Actuator {
+    /// `cgroupfs`, `docker`, or before the first write the configured mode and `(nothing written yet)`.
+    pub fn describe(&self) -> String {
+        let configured = match self.configured {
+            ActuatorMode::Auto => "auto",
+            ActuatorMode::Docker => "docker",
+            ActuatorMode::Cgroupfs => "cgroupfs",
+        };
+        match self.in_use {
+            Some(via) if via.as_str() == configured => configured.to_string(),
+            Some(via) => format!("{} (configured: {configured})", via.as_str()),
+            None => format!("{configured} (nothing written yet)"),
+        }
+    }
+}
+
+/// One row of `ddiskqos-agent status`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusRow {
+    /// Container id (short).
+    pub id: String,
+    /// Container name.
+    pub name: String,
+    /// How it is treated.
+    pub policy: PolicyKind,
+    /// Level, shown 1-based ([`display_level`]); `None` when not managed.
+    pub level: Option<usize>,
+    /// The weight verified in the cgroup file (in dry run: decided), if the agent wrote one.
+    pub weight: Option<u32>,
+    /// Bytes counted at the current level.
+    pub bytes_at_level: u64,
+    /// Seconds at the current level.
+    pub seconds_at_level: f64,
+}
+
+/// The status table.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Status {
+    /// How weights are applied.
+    pub actuator: Actuator,
+    /// Whether writes are suppressed.
+    pub dry_run: bool,
+    /// One row per container, by name.
+    pub containers: Vec<StatusRow>,
+}
+
+impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
+    /// The table, sorted by name.
+    pub(super) fn status(&self) -> Status {
+        let t = now();
+        let mut rows: Vec<StatusRow> = self
+            .tracked
+            .iter()
+            .map(|(id, tr)| {
+                let v = self.engine.container(id, t);
+                let (policy, level) = match v.as_ref().map(|v| (v.policy, v.level)) {
+                    Some((Policy::Managed, l)) => (PolicyKind::Managed, Some(display_level(l))),
+                    Some((Policy::Pinned(_), _)) => (PolicyKind::Pinned, None),
+                    _ => (PolicyKind::Excluded, None),
+                };
+                StatusRow {
+                    id: id.short().to_string(),
+                    name: tr.info.name.clone(),
+                    policy,
+                    level,
+                    weight: self.reconciler.applied(id).map(qos_core::Weight::get),
+                    bytes_at_level: v.as_ref().map_or(0, |v| v.bytes_at_level),
+                    seconds_at_level: v.as_ref().map_or(0.0, |v| v.time_at_level.as_secs_f64()),
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| a.name.cmp(&b.name).then(a.id.cmp(&b.id)));
+        Status { actuator: self.actuator, dry_run: self.cfg.dry_run, containers: rows }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enums_use_their_documented_names_in_json() {
+        let st = Status {
+            actuator: Actuator { configured: ActuatorMode::Auto, in_use: Some(AppliedVia::CgroupFile) },
+            dry_run: false,
+            containers: vec![StatusRow {
+                id: "a".into(),
+                name: "n".into(),
+                policy: PolicyKind::Excluded,
+                level: None,
+                weight: None,
+                bytes_at_level: 0,
+                seconds_at_level: 0.0,
+            }],
+        };
+        let json = serde_json::to_value(&st).unwrap();
+        assert_eq!(json["actuator"], serde_json::json!({"configured": "auto", "in_use": "cgroupfs"}));
+        assert_eq!(json["containers"][0]["policy"], "excluded");
+        let back: Status = serde_json::from_value(json).unwrap();
+        assert_eq!(back.actuator.in_use, Some(AppliedVia::CgroupFile));
+        let docker = Actuator { configured: ActuatorMode::Auto, in_use: Some(AppliedVia::RuntimeApi) };
+        assert_eq!(serde_json::to_value(docker).unwrap()["in_use"], "docker");
+    }
+
+    #[test]
+    fn actuator_says_which_path_delivered() {
+        let a = |configured, in_use| Actuator { configured, in_use }.describe();
+        assert_eq!(a(ActuatorMode::Auto, None), "auto (nothing written yet)");
+        assert_eq!(a(ActuatorMode::Auto, Some(AppliedVia::CgroupFile)), "cgroupfs (configured: auto)");
+        assert_eq!(a(ActuatorMode::Cgroupfs, Some(AppliedVia::CgroupFile)), "cgroupfs");
+    }
+
+    #[test]
+    fn levels_are_shown_one_based() {
+        assert_eq!(display_level(0), 1);
+        assert_eq!(display_level(3), 4);
+    }
+}

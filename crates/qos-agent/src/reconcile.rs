@@ -1,0 +1,637 @@
+//! [`Reconciler`]: the rules that get the engine's decisions into the cgroup files and the original weights back
+//! out, as a synchronous state machine in the engine's handle/poll shape. The daemon does the I/O; this decides it.
+//!
+//! Per container it keeps the original weight (known, or not read yet), whether that original is on file (the state
+//! file a restarted agent restores from), the desired weight (`None`: leave the original, or put it back), the
+//! weight verified in the cgroup file, the engine decision waiting to take effect (for its log line), and the
+//! log-once flags. Its rules:
+//! - no weight is written before the container's original is known (read first, retried every round) and on file
+//!   (one [`Output::SaveOriginals`] for everything a batch of decisions is about to write, *before* the first of
+//!   those writes, so a SIGKILL right after a write still leaves the original on file);
+//! - a failed read or write is retried on the next round ([`Reconciler::handle_round`]) and reported once per
+//!   container until one works again ([`Report::ApplyFailed`] says which failure is the first); a failed sample
+//!   likewise ([`Report::SampleFailed`]);
+//! - a vanished cgroup is a removal ([`Report::Gone`]);
+//! - a released container gets its original back only if the agent wrote something; an excluded container whose
+//!   original is on file (a previous agent changed it) gets it back whatever the file holds; a restore that fails
+//!   keeps the original wanted, retried and on file;
+//! - dry run decides but writes nothing: entering it first puts back every original the agent changed, and
+//!   entering or leaving it forgets what is "applied" so everything is decided or written afresh;
+//! - shutdown puts back every original the agent changed and forgets them from the file in one save, then reports
+//!   a [`Summary`].
+//!
+//! Methods come in three groups:
+//! - getters: [`Reconciler::applied`], [`Reconciler::original`], [`Reconciler::is_tracked`],
+//!   [`Reconciler::len`], [`Reconciler::dry_run`], [`Reconciler::is_shut_down`];
+//! - inputs: [`Reconciler::handle_tracked`], [`Reconciler::handle_decisions`], [`Reconciler::handle_round`],
+//!   [`Reconciler::handle_read_result`], [`Reconciler::handle_write_result`], [`Reconciler::handle_updated`],
+//!   [`Reconciler::handle_sample_ok`], [`Reconciler::handle_sample_failed`], [`Reconciler::handle_removed`],
+//!   [`Reconciler::handle_reload`], [`Reconciler::handle_shutdown`];
+//! - output: [`Reconciler::poll_output`].
+//!
+//! The rule for drivers: after every input (or a run of inputs given back to back, as a round gives its decisions
+//! and then [`Reconciler::handle_round`]), call [`Reconciler::poll_output`] until it returns `None`. Carry out
+//! each action as it comes; a [`Output::ReadWeight`] or [`Output::Write`] must have its result fed back
+//! ([`Reconciler::handle_read_result`], [`Reconciler::handle_write_result`]) before the next poll (at most one is
+//! outstanding: until its result arrives, `poll_output` returns `None`). [`Output::SaveOriginals`] and
+//! [`Output::ForgetOriginals`] need no answer: a save that fails is only warned about and the writes go ahead, as
+//! they always did. [`Output::Report`]s are data for logs and metrics.
+//!
+//! No input takes `now`: there are no timers here. Retries ride on the sampling round, which the driver reports
+//! with [`Reconciler::handle_round`]. No I/O, no clock, no logging: everything worth saying is a [`Report`].
+
+mod protocol;
+
+use std::collections::{BTreeMap, VecDeque};
+
+use qos_core::{ContainerId, Reason, Weight, WeightChange};
+
+use crate::backend::{AppliedVia, BackendError};
+
+pub use protocol::{Effect, FailedStep, Original, Output, Report, Summary, Tracking};
+
+/// What the reconciler keeps of one container.
+#[derive(Debug)]
+struct Entry {
+    /// The weight before the agent first wrote one.
+    original: Option<Weight>,
+    /// `original` is in the state file (saved, or found there).
+    on_file: bool,
+    /// What the engine wants; `None` = leave the original (or, with `restoring`, it is being put back).
+    desired: Option<Weight>,
+    /// Verified in the cgroup file (in dry run: decided).
+    applied: Option<Weight>,
+    /// `desired` is the original being put back; once verified, it is forgotten from the file.
+    restoring: bool,
+    /// The cgroup file may hold a weight the agent wrote (this agent, or a crashed one whose original is on file):
+    /// releasing, entering dry run and shutdown owe it its original.
+    changed_by_agent: bool,
+    /// The decision waiting to take effect, for its report.
+    pending: Option<WeightChange>,
+    /// In `dirty`, waiting for its read or write.
+    queued: bool,
+    /// A read or write failed: waits for the next round.
+    blocked: bool,
+    /// A failed read or write was reported as the first since the last success.
+    apply_failure_reported: bool,
+    /// A failed sample was reported as the first since the last good one.
+    sample_failure_reported: bool,
+}
+
+impl Entry {
+    fn new(original: Original) -> Self {
+        let (original, on_file) = match original {
+            // An earlier agent recorded it, so that agent changed the weight.
+            Original::OnFile(w) => (Some(w), true),
+            Original::Read(w) => (Some(w), false),
+            Original::Unknown => (None, false),
+        };
+        Self {
+            original,
+            on_file,
+            desired: None,
+            applied: None,
+            restoring: false,
+            changed_by_agent: on_file,
+            pending: None,
+            queued: false,
+            blocked: false,
+            apply_failure_reported: false,
+            sample_failure_reported: false,
+        }
+    }
+
+    /// A write is needed: something is desired and not verified.
+    fn wants_write(&self) -> bool {
+        self.desired.is_some() && self.desired != self.applied
+    }
+}
+
+/// The read or write the driver is carrying out.
+#[derive(Debug, Clone)]
+enum InFlight {
+    ReadOriginal(ContainerId),
+    Reverify(ContainerId, Weight),
+    Write(ContainerId, Weight),
+    /// A write of a restore batch (shutdown, entering dry run).
+    BatchRestore(ContainerId, Weight),
+}
+
+impl InFlight {
+    fn id(&self) -> &ContainerId {
+        match self {
+            InFlight::ReadOriginal(id)
+            | InFlight::Reverify(id, _)
+            | InFlight::Write(id, _)
+            | InFlight::BatchRestore(id, _) => id,
+        }
+    }
+}
+
+/// Restores of a shutdown or of entering dry run, forgotten from the file in one save at the end.
+#[derive(Debug, Default)]
+struct RestoreBatch {
+    queue: VecDeque<(ContainerId, Weight)>,
+    done: Vec<ContainerId>,
+    summary: Summary,
+}
+
+/// The reconciler. See the module documentation for the calling rules.
+#[derive(Debug, Default)]
+pub struct Reconciler {
+    entries: BTreeMap<ContainerId, Entry>,
+    dry_run: bool,
+    shut_down: bool,
+    in_flight: Option<InFlight>,
+    /// Reports and state-file actions, in order.
+    out: VecDeque<Output>,
+    /// Containers to re-verify (`Updated`).
+    reverify: VecDeque<ContainerId>,
+    /// Containers whose re-verify read failed: tried again on the next round.
+    reverify_next_round: Vec<ContainerId>,
+    /// Containers about to be written whose original is not on file yet.
+    unsaved: Vec<ContainerId>,
+    /// Containers whose desired weight is not applied, in the order they became so.
+    dirty: VecDeque<ContainerId>,
+    /// Containers whose read or write failed this round.
+    blocked: Vec<ContainerId>,
+    batch: Option<RestoreBatch>,
+    /// Containers with `sample_failure_reported` set.
+    sample_failures_reported: usize,
+}
+
+impl Reconciler {
+    /// An empty reconciler; `dry_run` as configured at start.
+    pub fn new(dry_run: bool) -> Self {
+        Self { dry_run, ..Self::default() }
+    }
+
+    // ----- getters -----
+
+    /// The weight verified in the container's cgroup file (in dry run: decided), if any.
+    pub fn applied(&self, id: &ContainerId) -> Option<Weight> {
+        self.entries.get(id).and_then(|e| e.applied)
+    }
+
+    /// The container's original weight, if known.
+    pub fn original(&self, id: &ContainerId) -> Option<Weight> {
+        self.entries.get(id).and_then(|e| e.original)
+    }
+
+    /// Whether the container is tracked.
+    pub fn is_tracked(&self, id: &ContainerId) -> bool {
+        self.entries.contains_key(id)
+    }
+
+    /// Containers tracked.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no container is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Whether writes are suppressed.
+    pub fn dry_run(&self) -> bool {
+        self.dry_run
+    }
+
+    /// Whether [`Reconciler::handle_shutdown`] was called (every later input is ignored).
+    pub fn is_shut_down(&self) -> bool {
+        self.shut_down
+    }
+
+    // ----- inputs -----
+
+    /// A container starts being tracked (ignored if it already is). An excluded one whose original is on file
+    /// gets that original back.
+    pub fn handle_tracked(&mut self, id: &ContainerId, original: Original, tracking: Tracking) {
+        if self.shut_down || self.entries.contains_key(id) {
+            return;
+        }
+        self.entries.insert(id.clone(), Entry::new(original));
+        if tracking == Tracking::Excluded && matches!(original, Original::OnFile(_)) {
+            self.start_restore(id, true);
+        }
+    }
+
+    /// A batch of engine decisions (everything one drain of the engine gave): one save covers all their writes.
+    /// Decisions for untracked containers are ignored.
+    pub fn handle_decisions(&mut self, changes: impl IntoIterator<Item = WeightChange>) {
+        if self.shut_down {
+            return;
+        }
+        for change in changes {
+            let id = change.id.clone();
+            let Some(e) = self.entries.get_mut(&id) else { continue };
+            match change.weight {
+                Some(weight) if change.reason != Reason::Released => {
+                    e.restoring = false;
+                    e.desired = Some(weight);
+                    e.pending = Some(change);
+                    if e.applied == Some(weight) {
+                        let old = e.applied.or(e.original);
+                        self.report_decision(&id, old, weight, Effect::Unchanged);
+                    } else {
+                        self.make_dirty(&id);
+                    }
+                }
+                _ => {
+                    e.pending = Some(change);
+                    self.start_restore(&id, false);
+                }
+            }
+        }
+    }
+
+    /// A sampling round happened: reads and writes that failed are tried again.
+    pub fn handle_round(&mut self) {
+        if self.shut_down {
+            return;
+        }
+        self.reverify.extend(self.reverify_next_round.drain(..));
+        for id in std::mem::take(&mut self.blocked) {
+            if self.entries.get(&id).is_some_and(|e| e.blocked) {
+                self.make_dirty(&id);
+            }
+        }
+    }
+
+    /// The answer to an [`Output::ReadWeight`]. A result nobody asked for is ignored.
+    pub fn handle_read_result(&mut self, id: &ContainerId, result: Result<Weight, BackendError>) {
+        let in_flight = match &self.in_flight {
+            Some(InFlight::ReadOriginal(i) | InFlight::Reverify(i, _)) if i == id => self.in_flight.take(),
+            _ => return,
+        };
+        match (in_flight, result) {
+            (_, Err(e)) if e.is_vanished() => self.gone(id),
+            (Some(InFlight::ReadOriginal(_)), Ok(w)) => {
+                let e = self.entries.get_mut(id).expect("in flight means tracked");
+                e.original = Some(w);
+                // Written next, straight after its save, as if the read had worked at discovery.
+                if e.wants_write() && !e.queued {
+                    e.queued = true;
+                    self.dirty.push_front(id.clone());
+                }
+                self.note_unsaved(id);
+            }
+            (Some(InFlight::ReadOriginal(_)), Err(error)) => {
+                let weight = self.entries[id].desired.expect("a read before a write means a weight is desired");
+                self.failed(id, weight, FailedStep::ReadOriginal, error);
+            }
+            (Some(InFlight::Reverify(_, want)), Ok(have)) => {
+                if have != want {
+                    self.out.push_back(Output::Report(Report::ChangedOutside { id: id.clone(), want, have }));
+                    let e = self.entries.get_mut(id).expect("in flight means tracked");
+                    e.applied = None;
+                    if e.desired.is_some() {
+                        self.make_dirty(id);
+                    }
+                }
+            }
+            (Some(InFlight::Reverify(..)), Err(error)) => {
+                // Tried again next round: the weight may well have been changed, that is why it is checked.
+                self.reverify_next_round.push(id.clone());
+                self.out.push_back(Output::Report(Report::ReverifyFailed { id: id.clone(), error }));
+            }
+            _ => unreachable!("only reads are matched above"),
+        }
+    }
+
+    /// The answer to an [`Output::Write`]. A result nobody asked for is ignored.
+    pub fn handle_write_result(&mut self, id: &ContainerId, result: Result<AppliedVia, BackendError>) {
+        let (weight, batch) = match self.in_flight {
+            Some(InFlight::Write(ref i, w)) if i == id => (w, false),
+            Some(InFlight::BatchRestore(ref i, w)) if i == id => (w, true),
+            _ => return,
+        };
+        self.in_flight = None;
+        if batch {
+            return self.batch_write_result(id, weight, result);
+        }
+        match result {
+            Ok(via) => {
+                self.out.push_back(Output::Report(Report::Written { id: id.clone(), weight, via }));
+                let e = self.entries.get_mut(id).expect("in flight means tracked");
+                let old = e.applied.or(e.original);
+                e.applied = Some(weight);
+                e.apply_failure_reported = false;
+                e.changed_by_agent = true;
+                if e.desired == Some(weight) {
+                    self.report_decision(id, old, weight, Effect::Applied(via));
+                    if self.entries[id].restoring {
+                        self.finish_restore(id, weight);
+                    }
+                }
+            }
+            Err(e) if e.is_vanished() => self.gone(id),
+            Err(error) => self.failed(id, weight, FailedStep::Write, error),
+        }
+    }
+
+    /// The container's configuration changed (`docker update`): the verified weight is read again, and written
+    /// again if someone changed it. Nothing to check in dry run (nothing was written).
+    pub fn handle_updated(&mut self, id: &ContainerId) {
+        if self.shut_down || self.dry_run {
+            return;
+        }
+        if self.entries.get(id).is_some_and(|e| e.applied.is_some()) {
+            self.reverify.push_back(id.clone());
+        }
+    }
+
+    /// The container's counters were read.
+    pub fn handle_sample_ok(&mut self, id: &ContainerId) {
+        // Called for every container every round: nothing to look up unless some failure is outstanding.
+        if self.sample_failures_reported == 0 {
+            return;
+        }
+        if let Some(e) = self.entries.get_mut(id) {
+            if std::mem::replace(&mut e.sample_failure_reported, false) {
+                self.sample_failures_reported -= 1;
+            }
+        }
+    }
+
+    /// The container's counters could not be read (not vanished: that is a removal).
+    pub fn handle_sample_failed(&mut self, id: &ContainerId, error: BackendError) {
+        let Some(e) = self.entries.get_mut(id) else { return };
+        if !std::mem::replace(&mut e.sample_failure_reported, true) {
+            self.sample_failures_reported += 1;
+            self.out.push_back(Output::Report(Report::SampleFailed { id: id.clone(), error }));
+        }
+    }
+
+    /// Containers that are gone: dropped, and forgotten from the state file in one save.
+    pub fn handle_removed(&mut self, ids: &[ContainerId]) {
+        if ids.is_empty() {
+            return;
+        }
+        for id in ids {
+            if self.in_flight.as_ref().is_some_and(|f| f.id() == id) {
+                self.in_flight = None; // its result, if it still comes, is for a container no longer here
+            }
+            if let Some(e) = self.entries.remove(id) {
+                self.sample_failures_reported -= usize::from(e.sample_failure_reported);
+            }
+        }
+        self.out.push_back(Output::ForgetOriginals(ids.to_vec()));
+    }
+
+    /// The configuration was reloaded. Entering dry run first puts back every original the agent changed (nothing
+    /// written from now on could be restored at shutdown); entering or leaving it forgets what is applied, so
+    /// every container's weight is decided (dry run) or written (leaving it) afresh.
+    pub fn handle_reload(&mut self, dry_run: bool) {
+        if self.shut_down || dry_run == self.dry_run {
+            return;
+        }
+        if dry_run {
+            self.start_batch();
+        }
+        self.dry_run = dry_run;
+        let ids: Vec<ContainerId> = self.entries.keys().cloned().collect();
+        for id in ids {
+            let e = self.entries.get_mut(&id).expect("listed just now");
+            e.applied = None;
+            if dry_run && e.restoring {
+                // Its restore is part of the batch just started.
+                e.restoring = false;
+                e.desired = None;
+                e.pending = None;
+            }
+            if e.desired.is_some() {
+                self.make_dirty(&id);
+            }
+        }
+    }
+
+    /// The agent stops: every original it changed is put back (in dry run: nothing, nothing was written), then
+    /// [`Report::RestoresFinished`] comes. Every later input is ignored.
+    pub fn handle_shutdown(&mut self) {
+        if self.shut_down {
+            return;
+        }
+        self.shut_down = true;
+        self.start_batch();
+    }
+
+    // ----- output -----
+
+    /// The next action or report. Drain until `None` after every input; see the module documentation.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        loop {
+            if self.in_flight.is_some() {
+                return None;
+            }
+            if let Some(o) = self.out.pop_front() {
+                return Some(o);
+            }
+            if let Some(batch) = &mut self.batch {
+                if let Some((id, weight)) = batch.queue.pop_front() {
+                    if self.entries.contains_key(&id) {
+                        self.in_flight = Some(InFlight::BatchRestore(id.clone(), weight));
+                        return Some(Output::Write { id, weight });
+                    }
+                    continue;
+                }
+                self.finish_batch();
+                continue;
+            }
+            if self.shut_down {
+                return None;
+            }
+            if let Some(id) = self.reverify.pop_front() {
+                if let Some(want) = self.entries.get(&id).and_then(|e| e.applied).filter(|_| !self.dry_run) {
+                    self.in_flight = Some(InFlight::Reverify(id.clone(), want));
+                    return Some(Output::ReadWeight { id });
+                }
+                continue;
+            }
+            if let Some(save) = self.take_unsaved() {
+                return Some(save);
+            }
+            let id = self.dirty.pop_front()?;
+            let Some(e) = self.entries.get_mut(&id) else { continue };
+            e.queued = false;
+            let Some(want) = e.desired.filter(|_| e.wants_write() && !e.blocked) else { continue };
+            if self.dry_run {
+                let old = e.applied.or(e.original);
+                e.applied = Some(want);
+                self.report_decision(&id, old, want, Effect::DryRun);
+                continue;
+            }
+            if e.original.is_none() {
+                // A weight written now could never be put back: read the original first.
+                self.in_flight = Some(InFlight::ReadOriginal(id.clone()));
+                return Some(Output::ReadWeight { id });
+            }
+            if !e.on_file {
+                // Made dirty before its original was known (read just now): save it first.
+                e.queued = true;
+                self.dirty.push_front(id.clone());
+                self.unsaved.push(id);
+                continue;
+            }
+            self.in_flight = Some(InFlight::Write(id.clone(), want));
+            return Some(Output::Write { id, weight: want });
+        }
+    }
+
+    // ----- internals -----
+
+    fn make_dirty(&mut self, id: &ContainerId) {
+        let Some(e) = self.entries.get_mut(id) else { return };
+        e.blocked = false;
+        if !e.queued {
+            e.queued = true;
+            self.dirty.push_back(id.clone());
+        }
+        self.note_unsaved(id);
+    }
+
+    /// Notes a container about to be written whose original must go on file first.
+    fn note_unsaved(&mut self, id: &ContainerId) {
+        let Some(e) = self.entries.get(id) else { return };
+        if !self.dry_run && e.original.is_some() && !e.on_file && e.wants_write() {
+            self.unsaved.push(id.clone());
+        }
+    }
+
+    /// One save for every original noted since the last one.
+    fn take_unsaved(&mut self) -> Option<Output> {
+        if self.unsaved.is_empty() {
+            return None;
+        }
+        let mut save = Vec::new();
+        for id in std::mem::take(&mut self.unsaved) {
+            if let Some(e) = self.entries.get_mut(&id) {
+                if let (Some(w), false) = (e.original, e.on_file) {
+                    // Counted as on file once asked for: a failed save is only warned about (as it always was).
+                    e.on_file = true;
+                    save.push((id, w));
+                }
+            }
+        }
+        (!save.is_empty()).then_some(Output::SaveOriginals(save))
+    }
+
+    fn report_decision(&mut self, id: &ContainerId, old_weight: Option<Weight>, weight: Weight, effect: Effect) {
+        let Some(change) = self.entries.get_mut(id).and_then(|e| e.pending.take()) else { return };
+        self.out.push_back(Output::Report(Report::Decision { change, old_weight, weight, effect }));
+    }
+
+    /// Puts the original back if the agent wrote something (or always, with `force`); otherwise just forgets it.
+    /// A restore still wanted (an earlier one failed) stays wanted.
+    fn start_restore(&mut self, id: &ContainerId, force: bool) {
+        let Some(e) = self.entries.get_mut(id) else { return };
+        match e.original.filter(|_| force || e.changed_by_agent || e.applied.is_some()) {
+            Some(original) if self.dry_run => {
+                // Decided, not written (a weight "applied" in dry run is not in the file either): the original
+                // stays on file, owed at shutdown or to a later agent.
+                let old = e.applied.or(e.original);
+                (e.desired, e.applied, e.restoring) = (None, None, false);
+                self.report_decision(id, old, original, Effect::DryRun);
+            }
+            Some(original) => {
+                e.desired = Some(original);
+                e.restoring = true;
+                if e.applied == Some(original) {
+                    let old = e.applied;
+                    self.report_decision(id, old, original, Effect::Unchanged);
+                    self.finish_restore(id, original);
+                } else {
+                    self.make_dirty(id);
+                }
+            }
+            None => {
+                // Nothing of the agent's is in the file: nothing to put back.
+                let forget = std::mem::replace(&mut e.on_file, false);
+                (e.desired, e.applied, e.restoring, e.pending) = (None, None, false, None);
+                if forget {
+                    self.out.push_back(Output::ForgetOriginals(vec![id.clone()]));
+                }
+            }
+        }
+    }
+
+    /// The original is verified back in the file: forget it.
+    fn finish_restore(&mut self, id: &ContainerId, original: Weight) {
+        let e = self.entries.get_mut(id).expect("restoring means tracked");
+        (e.desired, e.applied, e.restoring, e.changed_by_agent) = (None, None, false, false);
+        let forget = std::mem::replace(&mut e.on_file, false);
+        self.out.push_back(Output::Report(Report::OriginalRestored { id: id.clone(), weight: original }));
+        if forget {
+            self.out.push_back(Output::ForgetOriginals(vec![id.clone()]));
+        }
+    }
+
+    fn failed(&mut self, id: &ContainerId, weight: Weight, step: FailedStep, error: BackendError) {
+        let e = self.entries.get_mut(id).expect("in flight means tracked");
+        e.blocked = true;
+        let first = !std::mem::replace(&mut e.apply_failure_reported, true);
+        self.blocked.push(id.clone());
+        self.out.push_back(Output::Report(Report::ApplyFailed { id: id.clone(), weight, step, first, error }));
+    }
+
+    /// The cgroup vanished under a read or write: a removal.
+    fn gone(&mut self, id: &ContainerId) {
+        self.handle_removed(std::slice::from_ref(id));
+        self.out.push_back(Output::Report(Report::Gone { id: id.clone() }));
+    }
+
+    /// Restores of every original the agent changed, none in dry run.
+    fn start_batch(&mut self) {
+        let mut batch = RestoreBatch::default();
+        if !self.dry_run {
+            for (id, e) in &self.entries {
+                let Some(original) = e.original else { continue };
+                if !e.changed_by_agent {
+                    continue;
+                }
+                if e.applied == Some(original) {
+                    batch.done.push(id.clone());
+                    batch.summary.restored += 1;
+                } else {
+                    batch.queue.push_back((id.clone(), original));
+                }
+            }
+        }
+        self.batch = Some(batch);
+    }
+
+    fn batch_write_result(&mut self, id: &ContainerId, weight: Weight, result: Result<AppliedVia, BackendError>) {
+        let batch = self.batch.as_mut().expect("a batch write belongs to a batch");
+        match result {
+            Ok(via) => {
+                batch.done.push(id.clone());
+                batch.summary.restored += 1;
+                self.out.push_back(Output::Report(Report::Written { id: id.clone(), weight, via }));
+                self.out.push_back(Output::Report(Report::OriginalRestored { id: id.clone(), weight }));
+            }
+            // Gone: nothing left to restore, nothing to keep on file.
+            Err(e) if e.is_vanished() => batch.done.push(id.clone()),
+            Err(error) => {
+                batch.summary.restore_failures += 1;
+                self.out.push_back(Output::Report(Report::RestoreFailed { id: id.clone(), weight, error }));
+            }
+        }
+    }
+
+    fn finish_batch(&mut self) {
+        let batch = self.batch.take().expect("called with a batch");
+        for id in &batch.done {
+            if let Some(e) = self.entries.get_mut(id) {
+                (e.on_file, e.applied, e.changed_by_agent) = (false, None, false);
+            }
+        }
+        if !batch.done.is_empty() {
+            self.out.push_back(Output::ForgetOriginals(batch.done));
+        }
+        self.out.push_back(Output::Report(Report::RestoresFinished(batch.summary)));
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,38 @@
+//! qos-agent's integration tests, one binary with a module per area (one link instead of nine).
+//!
+//! Without root:
+//! - `daemon_fake`: the daemon on in-memory backends on tokio's paused clock, plus a model-based proptest.
+//! - `cgroup_fixtures`: the cgroup layer on fixture trees of the v1 and v2 layouts.
+//! - `cli`: the binary from outside: `check-config`, `status`, `run` errors, `deploy/`, the systemd notify protocol.
+//! - `confinement`: writes only to managed weight files, paths leading outside the root refused, metrics on
+//!   loopback.
+//! - `fuzz_parsers`: property tests of everything parsed from outside.
+//!
+//! Real (root, cgroup v1 blkio, loop devices, Docker; `#[ignore]`d, so a plain `cargo test` lists them as ignored;
+//! `./scripts/test.sh` runs them, and they fail rather than skip there; see `testbed`):
+//! - `cgroup_real`: the cgroup layer on the kernel, on a BFQ loop device.
+//! - `cgroup_dir_real`: the agent's cgroup-dir runtime on real blkio cgroups.
+//! - `docker_real`: the agent against the host's dockerd.
+//! - `faults_real`: dockerd restarts, churn, SIGKILL, broken and vanishing cgroup files, bad config (a private
+//!   dockerd); the fixture-based fault tests there run without root.
+//! - `scale_real`: correctness at 1,024 cgroups and 32 containers.
+//!
+//! Tests of this binary run in parallel threads of one process: a real test holds `testbed::exclusive()` for its
+//! whole run, so no two of them overlap (they measure latencies and CPU, and restart daemons).
+//!
+//! `daemon_fake` installs this binary's one global tracing subscriber (lines routed to the emitting thread's
+//! buffer), so its log assertions cannot race with other tests.
+
+mod cgroup_dir_real;
+mod cgroup_fixtures;
+mod cgroup_real;
+mod cli;
+mod confinement;
+mod daemon_fake;
+mod docker_real;
+mod faults_real;
+mod fuzz_parsers;
+mod scale_real;
+
+/// The agent binary under test.
+const AGENT: &str = env!("CARGO_BIN_EXE_ddiskqos-agent");

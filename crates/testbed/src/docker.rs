@@ -1,0 +1,57 @@
+//! The host's Docker (`/var/run/docker.sock`) through Debian's CLI: containers removed on drop, the blkio cgroup
+//! of a container in Docker's default layout.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// The Docker CLI matching Debian's dockerd 20.10 (another client earlier on `PATH` may not).
+pub const DOCKER_CLI: &str = "/usr/bin/docker";
+/// The test image: busybox-static, built locally by `scripts/setup-host.sh` (no registry is reachable).
+pub const IMAGE: &str = "ddiskqos-test:latest";
+
+/// Whether the host's dockerd answers and has [`IMAGE`].
+pub fn image_ready() -> bool {
+    Command::new(DOCKER_CLI)
+        .args(["image", "inspect", IMAGE])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// `docker ARGS` against the host's dockerd; its trimmed stdout. Panics with stderr on failure.
+pub fn cli(args: &[&str]) -> String {
+    let out = Command::new(DOCKER_CLI).args(args).output().unwrap_or_else(|e| panic!("docker {args:?}: {e}"));
+    assert!(out.status.success(), "docker {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The blkio cgroup of a host container in Docker's default (cgroupfs) layout.
+pub fn cgroup(id: &str) -> PathBuf {
+    PathBuf::from(format!("/sys/fs/cgroup/blkio/docker/{id}"))
+}
+
+/// Containers started by a test on the host's dockerd, removed (`rm -f`) on drop.
+#[derive(Debug, Default)]
+pub struct Containers(pub Vec<String>);
+
+impl Containers {
+    /// `docker run -d ARGS...`; returns the full id.
+    pub fn run(&mut self, args: &[&str]) -> String {
+        let mut full = vec!["run", "-d"];
+        full.extend_from_slice(args);
+        let id = cli(&full);
+        self.0.push(id.clone());
+        id
+    }
+}
+
+impl Drop for Containers {
+    fn drop(&mut self) {
+        if !self.0.is_empty() {
+            let mut args = vec!["rm", "-f"];
+            args.extend(self.0.iter().map(String::as_str));
+            let _ = Command::new(DOCKER_CLI).args(&args).stdout(Stdio::null()).stderr(Stdio::null()).status();
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! Fixture cgroups: directories in a temp dir holding the files a real cgroup of a given layout has, with
+//! plausible content. No root needed.
+
+use std::fs;
+use std::path::Path;
+
+/// Verbatim `blkio.bfq.io_service_bytes_recursive` of a cgroup that read 64 MiB from loop0 (7:0), kernel 6.18.
+pub const V1_STAT_64MIB: &str = "7:0 Read 67108864\n7:0 Write 0\n7:0 Sync 67108864\n7:0 Async 0\n7:0 Discard 0\n\
+7:0 Total 67108864\nTotal 67108864\n";
+
+/// Which layout a fixture cgroup imitates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// v1 with BFQ loaded: bfq counters (64 MiB read) and `blkio.bfq.weight` ("100\n"), throttle counters at zero.
+    V1Bfq,
+    /// v1 without BFQ (CFQ era): throttle counters (4 KiB read, 8 KiB written) and `blkio.weight` (500).
+    V1Legacy,
+    /// v2 with BFQ: `io.stat` (two devices), `io.bfq.weight` and `io.weight`.
+    V2Bfq,
+    /// v2 without BFQ: `io.stat` and `io.weight` (with a per-device override) only.
+    V2Io,
+}
+
+/// Writes the files of `layout` into the directory `dir` (created with its parents).
+pub fn make_cgroup(dir: &Path, layout: Layout) {
+    fs::create_dir_all(dir).unwrap();
+    let files: &[(&str, &str)] = match layout {
+        Layout::V1Bfq => &[
+            ("blkio.bfq.io_service_bytes_recursive", V1_STAT_64MIB),
+            ("blkio.throttle.io_service_bytes_recursive", "Total 0\n"),
+            ("blkio.bfq.weight", "100\n"),
+            ("blkio.bfq.weight_device", "default 100\n"),
+            ("cgroup.procs", ""),
+        ],
+        Layout::V1Legacy => &[
+            (
+                "blkio.throttle.io_service_bytes_recursive",
+                "8:0 Read 4096\n8:0 Write 8192\n8:0 Sync 12288\n\
+8:0 Async 0\n8:0 Discard 0\n8:0 Total 12288\nTotal 12288\n",
+            ),
+            ("blkio.weight", "500\n"),
+            ("cgroup.procs", ""),
+        ],
+        Layout::V2Bfq => &[
+            (
+                "io.stat",
+                "8:16 rbytes=1000 wbytes=2000 rios=3 wios=4 dbytes=0 dios=0\n\
+8:0 rbytes=1 wbytes=2 rios=1 wios=1 dbytes=0 dios=0\n",
+            ),
+            ("io.bfq.weight", "default 100\n"),
+            ("io.weight", "default 100\n"),
+            ("cgroup.procs", ""),
+        ],
+        Layout::V2Io => &[
+            ("io.stat", "8:16 rbytes=5 wbytes=7 rios=1 wios=1 dbytes=0 dios=0\n"),
+            ("io.weight", "default 100\n8:16 200\n"),
+            ("cgroup.procs", ""),
+        ],
+    };
+    for (name, content) in files {
+        fs::write(dir.join(name), content).unwrap();
+    }
+}

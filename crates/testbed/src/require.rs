@@ -1,0 +1,159 @@
+//! The one rule deciding whether a real test runs, fails or is skipped; see the crate docs.
+
+use std::io::Write;
+use std::path::Path;
+
+use crate::blkio::BLKIO;
+use crate::{docker, dockerd};
+
+/// Something a real test needs from the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Need {
+    /// Effective uid 0.
+    Root,
+    /// The cgroup v1 blkio hierarchy at `/sys/fs/cgroup/blkio`.
+    BlkioV1,
+    /// Loop devices: `/dev/loop-control` and `losetup`.
+    LoopDevices,
+    /// The BFQ I/O scheduler (built in, loaded, or available as a module).
+    Bfq,
+    /// The host's dockerd answering on its default socket, with the test image `ddiskqos-test:latest`
+    /// (`scripts/setup-host.sh` builds it).
+    HostDocker,
+    /// What a private dockerd ([`crate::dockerd::Dockerd`]) needs: dockerd, the Docker CLI, `unshare` and a static
+    /// busybox for the test image.
+    PrivateDockerd,
+    /// A program on `PATH`.
+    Program(&'static str),
+}
+
+impl Need {
+    /// `None` if the machine has it, otherwise what is missing, in words.
+    pub fn missing(self) -> Option<String> {
+        let ok = match self {
+            Self::Root => nix::unistd::Uid::effective().is_root(),
+            Self::BlkioV1 => Path::new(BLKIO).join("cgroup.procs").exists(),
+            Self::LoopDevices => Path::new("/dev/loop-control").exists() && on_path("losetup"),
+            Self::Bfq => bfq_available(),
+            Self::HostDocker => docker::image_ready(),
+            Self::PrivateDockerd => dockerd::can_run(),
+            Self::Program(name) => on_path(name),
+        };
+        (!ok).then(|| self.to_string())
+    }
+}
+
+impl std::fmt::Display for Need {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Root => f.write_str("root"),
+            Self::BlkioV1 => write!(f, "the cgroup v1 blkio hierarchy at {BLKIO}"),
+            Self::LoopDevices => f.write_str("loop devices (/dev/loop-control and losetup)"),
+            Self::Bfq => f.write_str("the BFQ I/O scheduler"),
+            Self::HostDocker => write!(f, "a running dockerd with the image {}", docker::IMAGE),
+            Self::PrivateDockerd => f.write_str("dockerd, the docker CLI, unshare and busybox-static"),
+            Self::Program(name) => write!(f, "{name} on PATH"),
+        }
+    }
+}
+
+/// Whether real tests must run: `CI=true` (CI) or `DDISKQOS_REQUIRE_REAL=1` (`./scripts/test.sh`). Then a missing
+/// prerequisite is a failure, never a skip.
+pub fn must_run() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true") || std::env::var("DDISKQOS_REQUIRE_REAL").is_ok_and(|v| v == "1")
+}
+
+/// Every need of `needs` this machine lacks, in words (empty: the test can run).
+pub fn missing(needs: &[Need]) -> Vec<String> {
+    needs.iter().filter_map(|n| n.missing()).collect()
+}
+
+/// The skip-or-fail rule: `true` if `test` can run here. If something of `needs` is missing: panics naming it
+/// when [`must_run`], otherwise prints `SKIPPED <test>: needs <what>` to stderr (uncaptured, so it shows in the
+/// test run's output) and returns `false`, and the test returns at once.
+pub fn require(test: &str, needs: &[Need]) -> bool {
+    match verdict(test, &missing(needs), must_run()) {
+        Verdict::Run => true,
+        Verdict::Fail(message) => panic!("{message}"),
+        Verdict::Skip(line) => {
+            // Straight to the process's stderr, not through `eprintln!`, which the test harness captures and shows
+            // only for failing tests: a skip must be seen. One write, so that parallel tests do not interleave
+            // within a line.
+            let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+            false
+        }
+    }
+}
+
+/// What [`require`] does.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Run,
+    /// Panic with this message.
+    Fail(String),
+    /// Print this line and return.
+    Skip(String),
+}
+
+fn verdict(test: &str, missing: &[String], must_run: bool) -> Verdict {
+    if missing.is_empty() {
+        return Verdict::Run;
+    }
+    let what = missing.join(", ");
+    if must_run {
+        Verdict::Fail(format!(
+            "{test}: cannot run, missing {what} (CI=true or DDISKQOS_REQUIRE_REAL=1: a missing prerequisite is a failure)"
+        ))
+    } else {
+        Verdict::Skip(format!("SKIPPED {test}: needs {what} (./scripts/test.sh as root sets them up)"))
+    }
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+}
+
+/// BFQ is offered by some block device, or loaded, or installed as a module (selecting it loads it).
+fn bfq_available() -> bool {
+    let offered = std::fs::read_dir("/sys/block").into_iter().flatten().flatten().any(|d| {
+        std::fs::read_to_string(d.path().join("queue/scheduler"))
+            .is_ok_and(|s| s.split_whitespace().any(|w| w.trim_matches(['[', ']']) == "bfq"))
+    });
+    offered || Path::new("/sys/module/bfq").exists() || bfq_module_installed()
+}
+
+fn bfq_module_installed() -> bool {
+    let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") else { return false };
+    let dir = Path::new("/lib/modules").join(release.trim()).join("kernel/block");
+    std::fs::read_dir(dir).into_iter().flatten().flatten().any(|e| e.file_name().to_string_lossy().starts_with("bfq."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_missing_runs_whatever_the_mode() {
+        assert_eq!(verdict("t", &[], true), Verdict::Run);
+        assert_eq!(verdict("t", &[], false), Verdict::Run);
+        assert!(require("t", &[]));
+    }
+
+    #[test]
+    fn something_missing_fails_when_real_tests_must_run_and_skips_otherwise() {
+        let missing = vec!["root".to_string(), "lsblk on PATH".to_string()];
+        let Verdict::Fail(message) = verdict("detect", &missing, true) else { panic!("must fail") };
+        assert!(message.starts_with("detect: cannot run, missing root, lsblk on PATH"), "{message}");
+        let Verdict::Skip(line) = verdict("detect", &missing, false) else { panic!("must skip") };
+        assert!(line.starts_with("SKIPPED detect: needs root, lsblk on PATH"), "{line}");
+    }
+
+    #[test]
+    fn a_missing_program_is_named() {
+        let need = Need::Program("ddiskqos-no-such-program");
+        assert_eq!(need.missing().as_deref(), Some("ddiskqos-no-such-program on PATH"));
+        assert_eq!(missing(&[need, need]).len(), 2);
+        assert_eq!(Need::Program("sh").missing(), None);
+    }
+}

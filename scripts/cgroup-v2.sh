@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# The cgroup-v2 test bed of this machine kind (see ../shared/TESTBED.md, "cgroup v2 for real"): the machine boots
+# cgroup v1 hybrid with `blkio` at /sys/fs/cgroup/blkio; this script moves the io controller to the v2 tree
+# (/sys/fs/cgroup/unified), runs a command in a private mount namespace whose /sys/fs/cgroup is that cgroup2 tree
+# (optionally with a throw-away dockerd running there too), and puts the machine back on v1 afterwards, also on
+# failure or Ctrl-C.
+#
+#   scripts/cgroup-v2.sh run [--dockerd] -- CMD [ARG...]   # the usual way; exit status is CMD's
+#   scripts/cgroup-v2.sh enter | leave | status             # the two halves by hand (leave is idempotent)
+#
+# Inside CMD: /sys/fs/cgroup is cgroup2 with `io` enabled for children; with --dockerd, DOCKER_HOST points at the
+# throw-away dockerd (cgroupfs driver, own data/exec roots, no bridge, no iptables) and the local test image
+# ddiskqos-test:latest is imported into it. Run other processes in the same namespace with
+# `nsenter -t "$DDISKQOS_V2_NS_PID" -m`.
+#
+# Refuses to start when a blkio v1 cgroup other than the root has processes (stop those containers first). Only
+# cgroups this script's run created are removed; the machine's own hierarchies (memory, ...) are never touched.
+set -euo pipefail
+
+V1=/sys/fs/cgroup/blkio
+V2=/sys/fs/cgroup/unified
+STATE_DIR=${DDISKQOS_V2_STATE:-/run/ddiskqos-v2}
+WAIT_SECS=${DDISKQOS_V2_WAIT:-180}
+DOCKER_CLI=/usr/bin/docker
+[ -x "$DOCKER_CLI" ] || DOCKER_CLI=$(command -v docker || true)
+
+log() { printf '[cgroup-v2] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+blkio_count() { awk '$1 == "blkio" { print $3 }' /proc/cgroups; }
+blkio_hierarchy() { awk '$1 == "blkio" { print $2 }' /proc/cgroups; }
+io_on_v2() { grep -qw io "$V2/cgroup.controllers"; }
+v1_mounted() { mountpoint -q "$V1" && [ -e "$V1/blkio.reset_stats" ]; }
+
+# Removes empty cgroup directories below $1, deepest first; fails naming a cgroup that still has processes.
+remove_children() {
+  local root=$1 dir
+  while IFS= read -r dir; do
+    [ "$dir" = "$root" ] && continue
+    # cgroup files report size 0 whatever they hold: read it.
+    if [ -n "$(cat "$dir/cgroup.procs" 2>/dev/null)" ]; then
+      die "cgroup $dir still has processes ($(tr '\n' ' ' < "$dir/cgroup.procs")); stop them first"
+    fi
+    if ! rmdir "$dir" 2>/dev/null && [ -d "$dir" ]; then
+      sleep 0.2
+      rmdir "$dir" || die "cannot remove cgroup $dir"
+    fi
+  done < <(find "$root" -mindepth 1 -type d -printf '%d %p\n' | sort -rn | cut -d' ' -f2-)
+}
+
+# A detached loop device still set to BFQ pins dying blkio cgroups (TESTBED.md): set such devices to none.
+release_detached_loops() {
+  local q name
+  for q in /sys/block/loop*/queue/scheduler; do
+    [ -e "$q" ] || continue
+    name=$(basename "$(dirname "$(dirname "$q")")")
+    if [ ! -e "/sys/block/$name/loop/backing_file" ] && grep -q '\[bfq\]' "$q"; then
+      echo none > "$q" && log "detached $name: scheduler bfq -> none (it pinned dying cgroups)"
+    fi
+  done
+}
+
+status() {
+  if v1_mounted; then echo "io controller: cgroup v1 (blkio at $V1)"; else echo "blkio v1: not mounted"; fi
+  if io_on_v2; then echo "io controller: available on cgroup v2 ($V2)"; fi
+  echo "blkio cgroups (incl. dying): $(blkio_count), hierarchy id $(blkio_hierarchy)"
+  echo "v2 subtree_control: $(cat "$V2/cgroup.subtree_control")"
+}
+
+enter() {
+  [ "$(id -u)" = 0 ] || die "must run as root"
+  [ -d "$V2" ] || die "$V2 (the cgroup2 tree of the hybrid layout) is missing: not this machine kind"
+  mkdir -p "$STATE_DIR"
+  if io_on_v2 && ! v1_mounted; then
+    log "io is already on cgroup v2"
+  else
+    v1_mounted || die "blkio v1 is not mounted at $V1 and io is not on v2: unknown state, see '$0 status'"
+    remove_children "$V1"
+    cat "$V2/cgroup.subtree_control" > "$STATE_DIR/subtree_control.before"
+    find "$V2" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort > "$STATE_DIR/children.before"
+    release_detached_loops
+    umount "$V1"
+    log "blkio v1 unmounted; waiting for its dying cgroups to be freed (up to ${WAIT_SECS}s)"
+    local deadline=$((SECONDS + WAIT_SECS))
+    until io_on_v2; do
+      [ $SECONDS -lt $deadline ] || { mount -t cgroup -o blkio cgroup "$V1" || true; die "io did not appear on cgroup v2 within ${WAIT_SECS}s (blkio cgroups: $(blkio_count)); blkio v1 mounted again"; }
+      # Once only the root is left, mounting and unmounting the v1 hierarchy again lets the controller go.
+      if [ "$(blkio_count)" = 1 ] && ! mountpoint -q "$V1"; then
+        mount -t cgroup -o blkio cgroup "$V1" && umount "$V1" || true
+      fi
+      sleep 1
+    done
+  fi
+  grep -qw io "$V2/cgroup.subtree_control" || echo +io > "$V2/cgroup.subtree_control"
+  touch "$STATE_DIR/entered"
+  log "io controller is on cgroup v2: $V2 (children get io.weight, io.bfq.weight, io.stat)"
+}
+
+leave() {
+  [ "$(id -u)" = 0 ] || die "must run as root"
+  if v1_mounted; then
+    log "blkio v1 is mounted: nothing to put back"
+    rm -f "$STATE_DIR/entered"
+    return 0
+  fi
+  # Remove the v2 cgroups created since `enter` (docker/, test cgroups), deepest first.
+  local before="$STATE_DIR/children.before" child
+  while IFS= read -r child; do
+    [ -n "$child" ] || continue
+    if [ ! -f "$before" ] || ! grep -qxF "$child" "$before"; then
+      remove_children "$V2/$child"
+      rmdir "$V2/$child" || die "cannot remove v2 cgroup $V2/$child"
+    fi
+  done < <(find "$V2" -mindepth 1 -maxdepth 1 -type d -printf '%f\n')
+  # Turn off for children every controller that was not on before (io; hugetlb, which Docker on v2 enables).
+  local was="" c
+  [ -f "$STATE_DIR/subtree_control.before" ] && was=$(cat "$STATE_DIR/subtree_control.before")
+  for c in $(cat "$V2/cgroup.subtree_control"); do
+    case " $was " in *" $c "*) ;; *) echo "-$c" > "$V2/cgroup.subtree_control" || die "cannot disable $c in $V2/cgroup.subtree_control";; esac
+  done
+  release_detached_loops
+  log "mounting blkio v1 again (retrying while dying v2 cgroups hold the controller, up to ${WAIT_SECS}s)"
+  local deadline=$((SECONDS + WAIT_SECS))
+  until mount -t cgroup -o blkio cgroup "$V1" 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || die "blkio v1 could not be mounted within ${WAIT_SECS}s; run '$0 leave' again later"
+    sleep 1
+  done
+  rm -f "$STATE_DIR/entered" "$STATE_DIR/subtree_control.before" "$STATE_DIR/children.before"
+  log "back on cgroup v1: blkio at $V1"
+}
+
+# Runs inside the private mount namespace: cgroup2 at /sys/fs/cgroup, optional dockerd, then the command.
+inside() {
+  local with_dockerd=$1; shift
+  umount -R -l /sys/fs/cgroup
+  mount -t cgroup2 none /sys/fs/cgroup
+  export DDISKQOS_V2_NS_PID=$$
+  # Debian's docker CLI (matching the 20.10 daemon) first, as scripts/test.sh does.
+  export PATH="/usr/bin:$PATH"
+  if [ "$with_dockerd" = 1 ]; then
+    local d="$STATE_DIR/dockerd"
+    rm -rf "$d"; mkdir -p "$d"
+    export DOCKER_HOST="unix://$d/docker.sock"
+    /usr/sbin/dockerd --host "$DOCKER_HOST" --data-root "$d/data" --exec-root "$d/exec" --pidfile "$d/dockerd.pid" \
+      --bridge=none --iptables=false --ip-masq=false --exec-opt native.cgroupdriver=cgroupfs \
+      >"$d/dockerd.log" 2>&1 &
+    DOCKERD_PID=$!
+    DOCKERD_DIR=$d
+    trap 'kill "$DOCKERD_PID" 2>/dev/null; wait "$DOCKERD_PID" 2>/dev/null; rm -rf "$DOCKERD_DIR"' EXIT
+    for _ in $(seq 1 120); do "$DOCKER_CLI" version >/dev/null 2>&1 && break; sleep 0.5; done
+    "$DOCKER_CLI" version >/dev/null 2>&1 || { tail -20 "$d/dockerd.log" >&2; die "the v2 dockerd did not come up"; }
+    local ver; ver=$("$DOCKER_CLI" info --format '{{.CgroupVersion}}')
+    [ "$ver" = 2 ] || die "the throw-away dockerd reports cgroup version $ver, not 2"
+    import_test_image
+    log "dockerd on cgroup v2 at $DOCKER_HOST (pid $DOCKERD_PID)"
+  fi
+  local rc=0
+  "$@" || rc=$?
+  if [ "$with_dockerd" = 1 ]; then
+    local ids; ids=$("$DOCKER_CLI" ps -aq || true)
+    [ -z "$ids" ] || "$DOCKER_CLI" rm -f $ids >/dev/null 2>&1 || true
+  fi
+  return $rc
+}
+
+import_test_image() {
+  [ -x /bin/busybox ] || die "busybox-static is missing (scripts/setup-host.sh installs it)"
+  local root; root=$(mktemp -d)
+  mkdir -p "$root/bin" "$root/tmp" "$root/dev" "$root/proc" "$root/sys"
+  cp /bin/busybox "$root/bin/busybox"
+  for applet in sh dd cat sleep echo seq true ls head; do ln -s busybox "$root/bin/$applet"; done
+  tar -C "$root" -c . | "$DOCKER_CLI" import -c 'ENV PATH=/bin' -c 'CMD ["/bin/sh"]' - ddiskqos-test:latest >/dev/null
+  rm -rf "$root"
+}
+
+run() {
+  local with_dockerd=0
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --dockerd) with_dockerd=1; shift ;;
+      --) shift; break ;;
+      *) die "run: unknown option $1 (usage: $0 run [--dockerd] -- CMD [ARG...])" ;;
+    esac
+  done
+  [ $# -gt 0 ] || die "run needs a command after --"
+  trap 'rc=$?; trap - EXIT INT TERM; leave || rc=1; exit $rc' EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  enter
+  local rc=0
+  unshare -m --propagation private "$0" _inside "$with_dockerd" "$@" || rc=$?
+  return $rc
+}
+
+case ${1:-} in
+  run) shift; run "$@" ;;
+  enter) enter ;;
+  leave) leave ;;
+  status) status ;;
+  _inside) shift; inside "$@" ;;
+  *) echo "usage: $0 run [--dockerd] -- CMD [ARG...] | enter | leave | status" >&2; exit 2 ;;
+esac
