@@ -38,10 +38,16 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
         RuntimeKind::Docker => {
             let docker = docker::connect(&cfg.docker.socket).await?;
             let data_disk = if cfg.devices.check.is_empty() { docker::data_disk(&docker).await } else { None };
+            let devices = if cfg.devices.check.is_empty() {
+                data_disk.iter().cloned().collect()
+            } else {
+                cfg.devices.check.clone()
+            };
             blockdev::check::check_at_start(&cfg, &root, data_disk)?;
             let discovery = DockerDiscovery::new(docker.clone(), root.clone()).await?;
             let counters = DockerCounters::with_root(docker.clone(), root.clone());
-            let writer = DockerWriter::new(docker, cfg.actuator);
+            let files = file_writer(&root, devices, &metrics);
+            let writer = DockerWriter::with_files(docker, cfg.actuator, files);
             info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
             let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?;
             serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?
@@ -56,7 +62,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
                 cfg.clone(),
                 discovery,
                 CgroupDirCounters::with_root(root.clone()),
-                CgroupDirWriter,
+                file_writer(&root, cfg.devices.check.clone(), &metrics),
                 originals,
                 metrics.clone(),
             )?;
@@ -65,6 +71,12 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
     };
     info!(restored = summary.restored, failures = summary.restore_failures, "stopped");
     Ok(summary)
+}
+
+/// The cgroup-file writer: on v2 it checks the devices of `[devices] check` (or Docker's data disk) besides each
+/// container's own, and exports which weight acts on each device.
+fn file_writer(root: &CgroupRoot, devices: Vec<String>, metrics: &Metrics) -> CgroupDirWriter {
+    CgroupDirWriter::new(root.path()).with_devices(devices).with_metric(metrics.device_weight_effective.clone())
 }
 
 /// Serves metrics and the status socket, installs the signal handlers, and runs the daemon; the control socket
