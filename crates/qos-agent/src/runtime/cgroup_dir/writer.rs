@@ -434,3 +434,211 @@ impl WeightWriter for CgroupDirWriter {
         self.write_weight(info, weight)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+    use crate::cgroup::CgroupRoot;
+
+    /// A fake /sys with loop3 (7:3, BFQ), loop4 (7:4, scheduler none, io.cost on) and vda (254:0, mq-deadline,
+    /// nothing acts), and a v2 root with container `docker/c1` that did I/O on all three.
+    struct Fixture {
+        tmp: tempfile::TempDir,
+        metric: DeviceWeightEffective,
+        writer: CgroupDirWriter,
+        info: ContainerInfo,
+    }
+
+    fn fixture(bfq: &str, io: &str) -> Fixture {
+        let tmp = tempfile::tempdir().unwrap();
+        let sys = tmp.path().join("sys");
+        for (name, num, sched) in [
+            ("loop3", "7:3", "none [bfq]\n"),
+            ("loop4", "7:4", "[none] bfq\n"),
+            ("vda", "254:0", "[mq-deadline] bfq none\n"),
+        ] {
+            let dev = sys.join("devices/virtual/block").join(name);
+            fs::create_dir_all(dev.join("queue")).unwrap();
+            fs::write(dev.join("queue/scheduler"), sched).unwrap();
+            fs::write(dev.join("dev"), format!("{num}\n")).unwrap();
+            fs::create_dir_all(sys.join("block")).unwrap();
+            fs::create_dir_all(sys.join("dev/block")).unwrap();
+            symlink(format!("../devices/virtual/block/{name}"), sys.join("block").join(name)).unwrap();
+            symlink(format!("../../devices/virtual/block/{name}"), sys.join("dev/block").join(num)).unwrap();
+        }
+        let cg = tmp.path().join("cg");
+        let c1 = cg.join("docker/c1");
+        fs::create_dir_all(&c1).unwrap();
+        fs::write(cg.join("io.cost.qos"), "7:4 enable=1 ctrl=auto rpct=0.00\n254:0 enable=0 ctrl=auto\n").unwrap();
+        fs::write(
+            c1.join("io.stat"),
+            "7:3 rbytes=4096 wbytes=0 rios=1 wios=0 dbytes=0 dios=0\n\
+             254:0 rbytes=8192 wbytes=0 rios=2 wios=0 dbytes=0 dios=0\n",
+        )
+        .unwrap();
+        fs::write(c1.join("io.bfq.weight"), bfq).unwrap();
+        fs::write(c1.join("io.weight"), io).unwrap();
+        let root = CgroupRoot::from_dir(CgroupVersion::V2, &cg).unwrap();
+        let info = ContainerInfo {
+            id: ContainerId::new("c1"),
+            name: "c1".into(),
+            labels: Default::default(),
+            cgroup: Some(root.resolve_relative("docker/c1").unwrap()),
+        };
+        let metric = DeviceWeightEffective::default();
+        // loop4 is not in io.stat: it comes from [devices] check, as in the real test.
+        let writer = CgroupDirWriter::with_table(DeviceTable::with_sys(&sys, &cg))
+            .with_devices(vec!["loop4".into()])
+            .with_metric(metric.clone());
+        Fixture { tmp, metric, writer, info }
+    }
+
+    impl Fixture {
+        fn file(&self, name: &str) -> String {
+            fs::read_to_string(self.tmp.path().join("cg/docker/c1").join(name)).unwrap()
+        }
+        fn put(&self, name: &str, text: &str) {
+            fs::write(self.tmp.path().join("cg/docker/c1").join(name), text).unwrap();
+        }
+    }
+
+    fn w(v: u64) -> Weight {
+        Weight::new(v).unwrap()
+    }
+
+    #[test]
+    fn each_device_gets_the_file_that_governs_it() {
+        let mut f = fixture("default 100\n", "default 100\n");
+        assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(100));
+        assert_eq!(f.writer.write_weight(&f.info, w(10)).unwrap(), AppliedVia::CgroupFile);
+        assert_eq!(f.file("io.bfq.weight"), "default 10\n");
+        assert_eq!(f.file("io.weight"), "default 10\n");
+        assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(10));
+
+        let table: Vec<(String, &str)> =
+            f.writer.device_table().iter().map(|d| (d.dev.to_string(), d.governor.as_str())).collect();
+        assert_eq!(table, [("7:3".into(), "bfq"), ("7:4".into(), "io-cost"), ("254:0".into(), "none")]);
+        assert_eq!(f.metric.get("7:3"), Some(("bfq".into(), 1)));
+        assert_eq!(f.metric.get("7:4"), Some(("io-cost".into(), 1)));
+        assert_eq!(f.metric.get("254:0"), Some(("none".into(), 0)));
+
+        // Restoring the weight `read` returned puts both files back.
+        f.writer.write_weight(&f.info, w(100)).unwrap();
+        assert_eq!((f.file("io.bfq.weight"), f.file("io.weight")), ("default 100\n".into(), "default 100\n".into()));
+    }
+
+    #[test]
+    fn only_the_governing_file_is_written() {
+        let mut f = fixture("default 100\n", "default 100\n");
+        // io.cost off for loop4: only BFQ (loop3) is governed, so io.weight is left alone.
+        fs::write(f.tmp.path().join("cg/io.cost.qos"), "7:4 enable=0\n").unwrap();
+        f.writer.write_weight(&f.info, w(40)).unwrap();
+        assert_eq!(f.file("io.bfq.weight"), "default 40\n");
+        assert_eq!(f.file("io.weight"), "default 100\n");
+        assert_eq!(f.metric.get("7:4"), Some(("none".into(), 0)));
+    }
+
+    #[test]
+    fn an_override_that_would_win_is_overwritten_and_restored() {
+        // loop3 has an io.bfq.weight override; io.weight has one for a device the container does not use.
+        let mut f = fixture("default 100\n7:3 500\n", "default 100\n8:0 300\n");
+        // Effective on loop3 is 500 and on loop4 100: read gives the lowest.
+        assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(100));
+        f.writer.write_weight(&f.info, w(1000)).unwrap();
+        assert_eq!(f.file("io.bfq.weight"), "default 1000\n7:3 1000\n");
+        assert_eq!(f.file("io.weight"), "default 1000\n8:0 300\n", "8:0 is not governed for this container");
+        f.writer.write_weight(&f.info, w(10)).unwrap();
+        assert_eq!(f.file("io.bfq.weight"), "default 10\n7:3 10\n");
+
+        // Someone adds an io.weight override on loop4 meanwhile; the next write beats it, the restore removes it.
+        f.put("io.weight", "default 10\n7:4 900\n8:0 300\n");
+        f.writer.write_weight(&f.info, w(40)).unwrap();
+        assert_eq!(f.file("io.weight"), "default 40\n7:4 40\n8:0 300\n");
+        f.writer.write_weight(&f.info, w(100)).unwrap();
+        assert_eq!(f.file("io.bfq.weight"), "default 100\n7:3 500\n");
+        assert_eq!(f.file("io.weight"), "default 100\n8:0 300\n");
+    }
+
+    #[test]
+    fn a_device_not_reading_back_the_weight_fails_naming_file_device_and_values() {
+        // What Docker 20.10 does on v2: `default 10` in io.bfq.weight only.
+        let mut f = fixture("default 100\n", "default 100\n");
+        f.writer.read_weight(&f.info).unwrap();
+        f.put("io.bfq.weight", "default 10\n");
+        let err = f.writer.verify_weight(&f.info, w(10)).unwrap_err();
+        match &err {
+            BackendError::Cgroup(CgroupError::DeviceMismatch { path, device, wrote, read, what }) => {
+                assert!(path.ends_with("docker/c1/io.weight"), "{}", path.display());
+                assert_eq!((device.as_str(), *wrote, *read, *what), ("7:4", 10, 100, "the default"));
+            }
+            other => panic!("{other}"),
+        }
+        let text = err.to_string();
+        assert!(text.contains("io.weight") && text.contains("device 7:4") && text.contains("100"), "{text}");
+        // An override is named as such.
+        f.put("io.weight", "default 10\n7:4 300\n");
+        let err = f.writer.verify_weight(&f.info, w(10)).unwrap_err().to_string();
+        assert!(err.contains("reads back 300") && err.contains("override"), "{err}");
+    }
+
+    #[test]
+    fn a_disagreeing_read_back_rechecks_the_device() {
+        let mut f = fixture("default 100\n", "default 100\n");
+        f.writer.read_weight(&f.info).unwrap();
+        // loop4 moves from io.cost to BFQ while its facts are still cached: the check first fails on io.weight,
+        // the device is re-read, and io.bfq.weight (which holds 10) is what governs it now.
+        fs::write(f.tmp.path().join("cg/io.cost.qos"), "7:4 enable=0\n").unwrap();
+        fs::write(f.tmp.path().join("sys/block/loop4/queue/scheduler"), "none [bfq]\n").unwrap();
+        f.put("io.bfq.weight", "default 10\n");
+        f.writer.verify_weight(&f.info, w(10)).unwrap();
+        assert_eq!(f.metric.get("7:4"), Some(("bfq".into(), 1)));
+        // Without a change of governor a disagreement stays an error.
+        f.put("io.bfq.weight", "default 40\n");
+        assert!(f.writer.verify_weight(&f.info, w(10)).is_err());
+    }
+
+    #[test]
+    fn nothing_governed_writes_both_defaults() {
+        let mut f = fixture("default 100\n", "default 100\n");
+        f.writer.configured.clear();
+        f.put("io.stat", "254:0 rbytes=1 wbytes=0 rios=1 wios=0 dbytes=0 dios=0\n");
+        f.writer.write_weight(&f.info, w(200)).unwrap();
+        assert_eq!((f.file("io.bfq.weight"), f.file("io.weight")), ("default 200\n".into(), "default 200\n".into()));
+        assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(200));
+        assert_eq!(f.metric.get("254:0"), Some(("none".into(), 0)));
+    }
+
+    #[test]
+    fn bad_io_stat_and_missing_files_are_named() {
+        let mut f = fixture("default 100\n", "default 100\n");
+        f.put("io.stat", "7:3 rbytes=1\nnonsense\n");
+        let err = f.writer.write_weight(&f.info, w(10)).unwrap_err().to_string();
+        assert!(err.contains("io.stat:2") && err.contains("MAJ:MIN"), "{err}");
+        f.put("io.stat", "7:3 rbytes=1\n");
+        fs::remove_file(f.tmp.path().join("cg/docker/c1/io.bfq.weight")).unwrap();
+        let err = f.writer.write_weight(&f.info, w(10)).unwrap_err().to_string();
+        assert!(err.contains("io.bfq.weight") && err.contains("docker/c1"), "{err}");
+    }
+
+    #[test]
+    fn v1_writes_the_plain_number_as_before() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir(tmp.path().join("c")).unwrap();
+        fs::write(tmp.path().join("c/blkio.bfq.weight"), "100\n").unwrap();
+        let root = CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap();
+        let info = ContainerInfo {
+            id: ContainerId::new("c"),
+            name: "c".into(),
+            labels: Default::default(),
+            cgroup: Some(root.resolve_relative("c").unwrap()),
+        };
+        let mut writer = CgroupDirWriter::default();
+        assert_eq!(writer.read_weight(&info).unwrap(), w(100));
+        writer.write_weight(&info, w(40)).unwrap();
+        assert_eq!(fs::read_to_string(tmp.path().join("c/blkio.bfq.weight")).unwrap(), "40\n");
+        assert!(writer.device_table().is_empty(), "v1 never looks at devices");
+    }
+}
