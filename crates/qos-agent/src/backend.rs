@@ -140,4 +140,9 @@ pub trait WeightWriter: Send {
         info: &ContainerInfo,
         weight: Weight,
     ) -> impl Future<Output = Result<AppliedVia, BackendError>> + Send;
+    /// The block devices the writer has looked at and what governs each (cgroup v2: BFQ, io.cost or nothing), for
+    /// status. Writers that do not track devices return nothing.
+    fn device_table(&self) -> Vec<crate::blockdev::DeviceFacts> {
+        Vec::new()
+    }
 }

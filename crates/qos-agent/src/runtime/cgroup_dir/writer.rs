@@ -433,6 +433,10 @@ impl WeightWriter for CgroupDirWriter {
     async fn write(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
         self.write_weight(info, weight)
     }
+
+    fn device_table(&self) -> Vec<DeviceFacts> {
+        CgroupDirWriter::device_table(self)
+    }
 }
 
 #[cfg(test)]

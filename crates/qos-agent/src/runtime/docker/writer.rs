@@ -124,4 +124,8 @@ impl WeightWriter for DockerWriter {
             }
         }
     }
+
+    fn device_table(&self) -> Vec<DeviceFacts> {
+        DockerWriter::device_table(self)
+    }
 }
