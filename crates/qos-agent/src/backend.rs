@@ -145,4 +145,8 @@ pub trait WeightWriter: Send {
     fn device_table(&self) -> Vec<crate::blockdev::DeviceFacts> {
         Vec::new()
     }
+    /// The devices of a container's last weight read or write and what governed each (cgroup v2), for status.
+    fn container_devices(&self, _id: &ContainerId) -> Vec<(crate::blockdev::DevNum, crate::blockdev::Governor)> {
+        Vec::new()
+    }
 }

@@ -44,7 +44,9 @@ pub struct CgroupDirWriter {
     bad_names: BTreeSet<String>,
     /// v2 files as the first `read` found them, per container: what a restore puts back.
     snapshots: HashMap<ContainerId, Snapshot>,
-    /// Snapshot count at which entries of vanished cgroups are dropped next.
+    /// The devices of each container's last read or write and what governed them (for status).
+    devices_of: HashMap<ContainerId, (PathBuf, Vec<(DevNum, Governor)>)>,
+    /// Map size at which entries of vanished cgroups are dropped next.
     prune_at: usize,
     /// Devices no weight acts on that were already warned about.
     warned: BTreeSet<DevNum>,
@@ -64,6 +66,8 @@ struct Snapshot {
 /// The devices of one v2 write and what governs each.
 #[derive(Debug, Default)]
 struct Plan {
+    /// Every device of the write, with what governs it (`Governor::NONE` included).
+    all: Vec<(DevNum, Governor)>,
     governed: BTreeMap<DevNum, Governor>,
 }
 
@@ -112,6 +116,7 @@ impl CgroupDirWriter {
             configured: Vec::new(),
             bad_names: BTreeSet::new(),
             snapshots: HashMap::new(),
+            devices_of: HashMap::new(),
             prune_at: 64,
             warned: BTreeSet::new(),
             metric: None,
@@ -136,6 +141,12 @@ impl CgroupDirWriter {
         self.table.snapshot()
     }
 
+    /// The devices of a container's last weight read or write on v2 (its `io.stat` devices and the configured
+    /// ones) and what governed each then; empty on v1 or before the first read (for status, per container).
+    pub fn container_devices(&self, id: &ContainerId) -> Vec<(DevNum, Governor)> {
+        self.devices_of.get(id).map(|(_, d)| d.clone()).unwrap_or_default()
+    }
+
     /// The container's weight now: v1 the file's value; v2 the effective weight on the devices that have a
     /// governor (the lowest, if they differ), else the default of `io.bfq.weight` (or `io.weight`). On v2 the
     /// first read of a container also snapshots both files for the restore.
@@ -144,7 +155,7 @@ impl CgroupDirWriter {
         if dir.version() == CgroupVersion::V1 {
             return Ok(WeightFile::open(dir)?.read()?);
         }
-        let plan = self.plan(dir)?;
+        let plan = self.plan(info, dir)?;
         let mut files = Vec::new();
         for kind in [WeightFileKind::V2Bfq, WeightFileKind::V2Io] {
             if let Some(file) = WeightFile::open_kind(dir, kind)? {
@@ -170,7 +181,7 @@ impl CgroupDirWriter {
             }
         };
         if !self.snapshots.contains_key(&info.id) {
-            self.prune_snapshots();
+            self.prune();
             let files = files.into_iter().map(|(k, l, _)| (k, l)).collect();
             self.snapshots.insert(info.id.clone(), Snapshot { weight, dir: dir.path().to_owned(), files });
         }
@@ -188,14 +199,14 @@ impl CgroupDirWriter {
             restore(dir, &snapshot)?;
             return Ok(AppliedVia::CgroupFile);
         }
-        let plan = self.plan(dir)?;
+        let plan = self.plan(info, dir)?;
         let err = match write_plan(dir, &plan, weight) {
             Ok(()) => return Ok(AppliedVia::CgroupFile),
             Err(e) => e,
         };
         // A read-back that disagrees may mean a device changed hands (scheduler switched, io.cost toggled).
         if self.recheck(&err) {
-            let plan = self.plan(dir)?;
+            let plan = self.plan(info, dir)?;
             write_plan(dir, &plan, weight)?;
             return Ok(AppliedVia::CgroupFile);
         }
@@ -209,10 +220,10 @@ impl CgroupDirWriter {
         if dir.version() == CgroupVersion::V1 {
             return Ok(WeightFile::open(dir)?.verify(weight)?);
         }
-        let plan = self.plan(dir)?;
+        let plan = self.plan(info, dir)?;
         match verify_plan(dir, &plan, weight) {
             Err(e) if self.recheck(&e) => {
-                let plan = self.plan(dir)?;
+                let plan = self.plan(info, dir)?;
                 Ok(verify_plan(dir, &plan, weight)?)
             }
             other => Ok(other?),
@@ -221,7 +232,7 @@ impl CgroupDirWriter {
 
     /// The governed devices of `dir` now: its `io.stat` devices and the configured ones, each looked up in the
     /// device table (re-read when stale), ineffective ones reported once.
-    fn plan(&mut self, dir: &CgroupDir) -> Result<Plan, CgroupError> {
+    fn plan(&mut self, info: &ContainerInfo, dir: &CgroupDir) -> Result<Plan, CgroupError> {
         let mut devices = io_stat_devices(dir)?;
         for name in &self.configured {
             match self.table.dev_of_name(name) {
@@ -247,7 +258,12 @@ impl CgroupDirWriter {
             if governor.is_effective() {
                 plan.governed.insert(dev, governor);
             }
+            plan.all.push((dev, governor));
         }
+        if !self.devices_of.contains_key(&info.id) {
+            self.prune();
+        }
+        self.devices_of.insert(info.id.clone(), (dir.path().to_owned(), plan.all.clone()));
         Ok(plan)
     }
 
@@ -290,13 +306,15 @@ impl CgroupDirWriter {
         }
     }
 
-    /// Drops the snapshots of containers whose cgroup is gone, when the map has doubled since the last time.
-    fn prune_snapshots(&mut self) {
-        if self.snapshots.len() < self.prune_at {
+    /// Drops what is kept for containers whose cgroup is gone, once the maps have doubled since the last time
+    /// (so churn costs amortized O(1) per container).
+    fn prune(&mut self) {
+        if self.snapshots.len().max(self.devices_of.len()) < self.prune_at {
             return;
         }
         self.snapshots.retain(|_, s| s.dir.is_dir());
-        self.prune_at = (self.snapshots.len() * 2).max(64);
+        self.devices_of.retain(|_, (dir, _)| dir.is_dir());
+        self.prune_at = (self.snapshots.len().max(self.devices_of.len()) * 2).max(64);
     }
 }
 
@@ -437,6 +455,10 @@ impl WeightWriter for CgroupDirWriter {
     fn device_table(&self) -> Vec<DeviceFacts> {
         CgroupDirWriter::device_table(self)
     }
+
+    fn container_devices(&self, id: &ContainerId) -> Vec<(DevNum, Governor)> {
+        CgroupDirWriter::container_devices(self, id)
+    }
 }
 
 #[cfg(test)]
@@ -528,6 +550,9 @@ mod tests {
         assert_eq!(f.metric.get("7:3"), Some(("bfq".into(), 1)));
         assert_eq!(f.metric.get("7:4"), Some(("io-cost".into(), 1)));
         assert_eq!(f.metric.get("254:0"), Some(("none".into(), 0)));
+        let mine: Vec<String> =
+            f.writer.container_devices(&f.info.id).iter().map(|(d, g)| format!("{d}={g}")).collect();
+        assert_eq!(mine, ["7:3=bfq", "7:4=io-cost", "254:0=none"]);
 
         // Restoring the weight `read` returned puts both files back.
         f.writer.write_weight(&f.info, w(100)).unwrap();

@@ -8,11 +8,11 @@
 
 use bollard::models::ContainerUpdateBody;
 use bollard::Docker;
-use qos_core::Weight;
+use qos_core::{ContainerId, Weight};
 use tracing::warn;
 
 use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
-use crate::blockdev::DeviceFacts;
+use crate::blockdev::{DevNum, DeviceFacts, Governor};
 use crate::cgroup::{CgroupError, V2_IO_WEIGHT};
 use crate::config::ActuatorMode;
 use crate::runtime::cgroup_dir::CgroupDirWriter;
@@ -127,5 +127,9 @@ impl WeightWriter for DockerWriter {
 
     fn device_table(&self) -> Vec<DeviceFacts> {
         DockerWriter::device_table(self)
+    }
+
+    fn container_devices(&self, id: &ContainerId) -> Vec<(DevNum, Governor)> {
+        self.files.container_devices(id)
     }
 }
