@@ -42,7 +42,9 @@ remove_children() {
       die "cgroup $dir still has processes ($(tr '\n' ' ' < "$dir/cgroup.procs")); stop them first"
     fi
     rmdir "$dir" 2>/dev/null || sleep 0.2
-    [ -d "$dir" ] && { rmdir "$dir" || die "cannot remove cgroup $dir"; }
+    # An `if`, not `[ -d ] && ...`: that list's status 1 (already removed) would be the function's status and,
+    # under `set -e`, end the caller silently.
+    if [ -d "$dir" ]; then rmdir "$dir" || die "cannot remove cgroup $dir"; fi
   done < <(find "$root" -mindepth 1 -type d -printf '%d %p\n' | sort -rn | cut -d' ' -f2-)
 }
 
