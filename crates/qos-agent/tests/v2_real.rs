@@ -21,7 +21,11 @@ use std::time::{Duration, Instant};
 const CGROUP: &str = "/sys/fs/cgroup";
 const DOCKER: &str = "/usr/bin/docker";
 const IMAGE: &str = "ddiskqos-test:latest";
-const AGENT: &str = env!("CARGO_BIN_EXE_ddiskqos-agent");
+/// The agent under test; `DDISKQOS_V2_AGENT` names another build (e.g. to see an older agent fail this test).
+fn agent_binary() -> PathBuf {
+    std::env::var_os("DDISKQOS_V2_AGENT")
+        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ddiskqos-agent")), PathBuf::from)
+}
 
 /// A heavy reader is demoted within this long of the agent starting (it reads 128 MiB a pass).
 const DEMOTE_WITHIN: Duration = Duration::from_secs(10);
@@ -271,7 +275,7 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     .unwrap();
     let log = tmp.join("agent.log");
     let started = Instant::now();
-    let child = Command::new(AGENT)
+    let child = Command::new(agent_binary())
         .args(["-c", config.to_str().unwrap()])
         .env("DDISKQOS_LOG", "info")
         .stdout(Stdio::null())
