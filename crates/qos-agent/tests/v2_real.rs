@@ -262,8 +262,9 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
         &config,
         format!(
             "runtime = \"docker\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/state.json\"\n\
-             control_socket = \"{0}/agent.sock\"\n[docker]\nsocket = \"{1}\"\n[devices]\ncheck = [\"{2}\", \"{3}\", \"{4}\"]\n\
-             [metrics]\nenabled = true\nlisten = \"127.0.0.1:{5}\"\n[mlfq]\nboost_after = \"10m\"\n",
+             control_socket = \"{0}/agent.sock\"\n[docker]\nsocket = \"{1}\"\n\
+             [devices]\ncheck = [\"{2}\", \"{3}\", \"{4}\"]\n[metrics]\nenabled = true\nlisten = \"127.0.0.1:{5}\"\n\
+             [mlfq]\nboost_after = \"10m\"\n",
             tmp.display(),
             socket.display(),
             bfq.name,
@@ -338,8 +339,8 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     let top_took = ran.elapsed();
     let heavy_i_now = effective(&heavy_io, &cost.num).unwrap();
     eprintln!(
-        "new container: io.bfq.weight on {} = {fresh_b}, io.weight on {} = {fresh_i} ({}x the heavy reader's {heavy_i_now}), \
-         {:.3} s after docker run returned",
+        "new container: io.bfq.weight on {} = {fresh_b}, io.weight on {} = {fresh_i} ({}x the heavy reader's \
+         {heavy_i_now}), {:.3} s after docker run returned",
         bfq.num,
         cost.num,
         fresh_i / heavy_i_now.max(1),
