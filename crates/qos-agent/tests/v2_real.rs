@@ -241,20 +241,28 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     );
 
     let mut containers = Containers::default();
-    let devices = ["--device", &bfq.dev, "--device", &cost.dev];
+    // --blkio-weight: Docker writes io.bfq.weight `default 300` (and never io.weight); --blkio-weight-device adds
+    // a `MAJ:MIN 500` override on the BFQ device where Docker supports it on v2: the agent must beat it (it wins
+    // over the default) and the restore must put both back.
+    let override_500 = format!("{}:500", bfq.dev);
+    let devices =
+        ["--blkio-weight", "300", "--blkio-weight-device", &override_500, "--device", &bfq.dev, "--device", &cost.dev];
     let heavy_cmd = format!(
         "while true; do dd if={} of=/dev/null bs=1M count=64 iflag=direct 2>/dev/null; \
          dd if={} of=/dev/null bs=1M count=64 iflag=direct 2>/dev/null; done",
         bfq.dev, cost.dev
     );
-    // --blkio-weight: Docker writes io.bfq.weight `default 300` (and never io.weight): the restore must keep it.
-    let mut args = vec!["--blkio-weight", "300"];
-    args.extend_from_slice(&devices);
+    let mut args = devices.to_vec();
     args.extend_from_slice(&[IMAGE, "sh", "-c", &heavy_cmd]);
     let heavy = containers.run(&args);
     let heavy_dir = Path::new(CGROUP).join("docker").join(&heavy);
     let (bfq_before, io_before) = (read(&heavy_dir.join("io.bfq.weight")), read(&heavy_dir.join("io.weight")));
-    eprintln!("heavy {}: before the agent io.bfq.weight {bfq_before:?}, io.weight {io_before:?}", &heavy[..12]);
+    let has_override = bfq_before.lines().any(|l| l.starts_with(&format!("{} ", bfq.num)));
+    eprintln!(
+        "heavy {}: before the agent io.bfq.weight {bfq_before:?}, io.weight {io_before:?} (Docker {} the override)",
+        &heavy[..12],
+        if has_override { "wrote" } else { "did not write" }
+    );
 
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let config = tmp.join("agent.toml");
@@ -317,8 +325,7 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     assert!(bottom.is_some(), "heavy reader did not reach the bottom weight:\n{}", agent.log_text());
 
     // A new container: the top weight on both devices within a second.
-    let mut args = vec!["--blkio-weight", "300"];
-    args.extend_from_slice(&devices);
+    let mut args = devices.to_vec();
     args.extend_from_slice(&[IMAGE, "sleep", "600"]);
     let invoked = Instant::now();
     let fresh = containers.run(&args);
