@@ -76,9 +76,10 @@ impl Plan {
         self.governed.iter().filter(move |(_, g)| governs(**g, kind)).map(|(d, _)| *d)
     }
 
-    /// The files to write: those governing some device; both when no device is governed.
+    /// The files to write: those governing some device; both when no device is governed. `io.weight` first, so a
+    /// check that fails on both names io.cost (what Docker never writes) rather than a BFQ override.
     fn kinds(&self) -> Vec<WeightFileKind> {
-        let all = [WeightFileKind::V2Bfq, WeightFileKind::V2Io];
+        let all = [WeightFileKind::V2Io, WeightFileKind::V2Bfq];
         let some: Vec<_> = all.into_iter().filter(|k| self.governed_by(*k).next().is_some()).collect();
         if some.is_empty() {
             all.to_vec()

@@ -24,8 +24,8 @@ pub struct DockerWriter {
     mode: ActuatorMode,
     /// `Some(false)` once Docker was seen to discard a weight: `auto` then writes the file directly.
     docker_delivers: Option<bool>,
-    /// The last Docker write failed because a device under io.cost (`io.weight`) did not get the weight.
-    missed_io_weight: bool,
+    /// Why the last Docker write was not in force, for the one fallback message.
+    missed: Missed,
     /// Writes and verifies the cgroup files (and holds the device table and the restore snapshots).
     files: CgroupDirWriter,
 }
@@ -47,7 +47,7 @@ impl DockerWriter {
 
     /// A writer in the given mode whose file writes and checks go through `files`.
     pub fn with_files(docker: Docker, mode: ActuatorMode, files: CgroupDirWriter) -> Self {
-        Self { docker, mode, docker_delivers: None, missed_io_weight: false, files }
+        Self { docker, mode, docker_delivers: None, missed: Missed::Other, files }
     }
 
     /// Every device looked at so far and what governs it (for status).
@@ -75,8 +75,15 @@ impl DockerWriter {
             if e.is_vanished() {
                 return Err(e);
             }
-            self.missed_io_weight = matches!(&e, BackendError::Cgroup(CgroupError::DeviceMismatch { path, .. })
-                if path.ends_with(V2_IO_WEIGHT));
+            self.missed = match &e {
+                BackendError::Cgroup(CgroupError::DeviceMismatch { path, .. }) if path.ends_with(V2_IO_WEIGHT) => {
+                    Missed::IoWeight
+                }
+                BackendError::Cgroup(CgroupError::DeviceMismatch { what, .. }) if what.contains("override") => {
+                    Missed::Override
+                }
+                _ => Missed::Other,
+            };
             return Err(BackendError::Runtime {
                 id: info.id.clone(),
                 what: "docker update --blkio-weight",
@@ -105,16 +112,19 @@ impl WeightWriter for DockerWriter {
                         }
                         Err(e) if e.is_vanished() => return Err(e),
                         Err(e) => {
-                            if self.missed_io_weight {
-                                warn!(container = %info.id.short(), error = %e,
-                                      "actuator auto: Docker's --blkio-weight writes io.bfq.weight only, which does \
-                                       not act on a device under io.cost; writing the cgroup weight files (io.weight \
-                                       included) directly from now on");
-                            } else {
-                                warn!(container = %info.id.short(), error = %e,
-                                      "actuator auto: the Docker API did not deliver the weight to the kernel \
-                                       (Docker discards --blkio-weight on kernels without blkio.weight, e.g. \
-                                       BFQ-only cgroup v1); writing cgroup weight files directly from now on");
+                            match self.missed {
+                                Missed::IoWeight => warn!(container = %info.id.short(), error = %e,
+                                    "actuator auto: Docker's --blkio-weight writes io.bfq.weight only, which does \
+                                     not act on a device under io.cost; writing the cgroup weight files (io.weight \
+                                     included) directly from now on"),
+                                Missed::Override => warn!(container = %info.id.short(), error = %e,
+                                    "actuator auto: Docker's --blkio-weight sets only the default of io.bfq.weight, \
+                                     and a per-device override (e.g. from --blkio-weight-device) wins over it; \
+                                     writing the cgroup weight files (overrides included) directly from now on"),
+                                Missed::Other => warn!(container = %info.id.short(), error = %e,
+                                    "actuator auto: the Docker API did not deliver the weight to the kernel \
+                                     (Docker discards --blkio-weight on kernels without blkio.weight, e.g. \
+                                     BFQ-only cgroup v1); writing cgroup weight files directly from now on"),
                             }
                             self.docker_delivers = Some(false);
                         }
@@ -132,4 +142,15 @@ impl WeightWriter for DockerWriter {
     fn container_devices(&self, id: &ContainerId) -> Vec<(DevNum, Governor)> {
         self.files.container_devices(id)
     }
+}
+
+/// Why a weight written through Docker was not in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Missed {
+    /// v2: a device under io.cost did not get it (Docker never writes `io.weight`).
+    IoWeight,
+    /// v2: a per-device `io.bfq.weight` override won over Docker's `default N`.
+    Override,
+    /// Anything else (v1: Docker discarded the weight).
+    Other,
 }
