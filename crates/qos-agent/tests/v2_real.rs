@@ -102,6 +102,24 @@ impl Drop for Loop {
     }
 }
 
+/// The test's scratch directory (config, log, state, backing files), removed on drop, also after a failure (the
+/// agent's log is printed in every failure message).
+struct TmpDir(PathBuf);
+
+impl TmpDir {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("ddiskqos-v2-real-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Containers of the test bed's dockerd, removed on drop.
 #[derive(Default)]
 struct Containers(Vec<String>);
@@ -229,8 +247,8 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     let version = run(DOCKER, &["info", "--format", "{{.CgroupVersion}}"]);
     assert_eq!(version, "2", "the dockerd at {docker_host} is not on cgroup v2");
 
-    let tmp = std::env::temp_dir().join(format!("ddiskqos-v2-real-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp_dir = TmpDir::new();
+    let tmp = tmp_dir.0.clone();
     let bfq = Loop::new(tmp.join("bfq.img"), "bfq");
     let mut cost = Loop::new(tmp.join("cost.img"), "none");
     cost.enable_io_cost();
@@ -381,5 +399,4 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     eprintln!("after SIGTERM both containers read io.bfq.weight {bfq_before:?}, io.weight {io_before:?} again");
     drop(containers);
     drop((bfq, cost, plain));
-    let _ = std::fs::remove_dir_all(&tmp);
 }
