@@ -27,7 +27,7 @@ use qos_agent::cgroup::{CgroupDir, CgroupRoot, WeightFile};
 use qos_agent::config::ActuatorMode;
 use qos_agent::daemon::{Command, Daemon, Summary};
 use qos_agent::metrics::{Metrics, ReasonLabels};
-use qos_agent::runtime::cgroup_dir::{CgroupDirCounters, CgroupDirWriter};
+use qos_agent::runtime::cgroup_dir::CgroupDirCounters;
 use qos_agent::state::OriginalWeights;
 use qos_agent::AgentConfig;
 use qos_core::{ContainerId, Reason, Weight};
@@ -233,13 +233,15 @@ impl Agent {
                     match discovery {
                         None => {
                             let docker = qos_agent::runtime::docker::connect(&c.docker.socket).await?;
+                            let files = qos_agent::app::file_writer(&root, c.devices.check.clone(), &m);
                             let (d, counters, writer) =
-                                qos_agent::app::docker_backends(docker, root, c.actuator).await?;
+                                qos_agent::app::docker_backends(docker, root, c.actuator, files).await?;
                             Ok(Daemon::new(c, d, counters, writer, originals, m)?.run(rx).await?)
                         }
                         Some(d) => {
+                            let writer = qos_agent::app::file_writer(&root, c.devices.check.clone(), &m);
                             let counters = CgroupDirCounters::with_root(root);
-                            Ok(Daemon::new(c, d, counters, CgroupDirWriter, originals, m)?.run(rx).await?)
+                            Ok(Daemon::new(c, d, counters, writer, originals, m)?.run(rx).await?)
                         }
                     }
                 })
