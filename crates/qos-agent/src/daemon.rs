@@ -428,13 +428,18 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                     self.reconciler.handle_write_result(&id, result);
                 }
                 Output::SaveOriginals(items) => {
-                    if let Err(e) = self.originals.record_all(items.iter().map(|(id, w)| (id, *w))) {
-                        warn!(error = %e, "cannot record original weights; they may not be restorable after a crash");
-                    }
+                    let result = self.originals.record_all(items.iter().map(|(id, w)| (id, *w)));
+                    self.reconciler.handle_save_result(result);
                 }
                 Output::ForgetOriginals(ids) => {
+                    // An original left on file is the weight the container has now: harmless, and rewritten by
+                    // the next save that works.
                     if let Err(e) = self.originals.forget_all(&ids) {
-                        warn!(error = %e, "cannot update state file");
+                        if self.reconciler.saves_held() {
+                            debug!(error = %e, "cannot update state file");
+                        } else {
+                            warn!(error = %e, "cannot update state file");
+                        }
                     }
                 }
                 Output::Report(report) => self.report(report),

@@ -63,6 +63,8 @@ pub struct OriginalWeights {
     originals: BTreeMap<ContainerId, Weight>,
     /// The exclusive lock on `<path>.lock`, held while this value lives.
     _lock: Option<nix::fcntl::Flock<std::fs::File>>,
+    /// The last write of the file failed: the next record or forget writes it even with nothing new.
+    stale: std::cell::Cell<bool>,
 }
 
 impl OriginalWeights {
@@ -95,7 +97,7 @@ impl OriginalWeights {
                 Err(source) => return Err(StateError::Io { path: p.to_path_buf(), source }),
             }
         }
-        Ok(Self { path: path.map(Path::to_path_buf), originals, _lock: lock })
+        Ok(Self { path: path.map(Path::to_path_buf), originals, _lock: lock, stale: Default::default() })
     }
 
     /// The original weight recorded for a container.
@@ -128,20 +130,27 @@ impl OriginalWeights {
     }
 
     /// [`OriginalWeights::record`] for many containers with one save (a save rewrites and fsyncs the whole file:
-    /// one per container made adopting 1,024 containers take seconds).
+    /// one per container made adopting 1,024 containers take seconds). The file is written when something is new
+    /// or the last write failed; if this write fails, what it added is taken back, so [`OriginalWeights::get`]
+    /// never answers an original that is not on disk.
     pub fn record_all<'a>(
         &mut self,
         items: impl IntoIterator<Item = (&'a ContainerId, Weight)>,
     ) -> Result<(), StateError> {
-        let mut added = false;
+        let mut added = Vec::new();
         for (id, weight) in items {
             if !self.originals.contains_key(id) {
                 self.originals.insert(id.clone(), weight);
-                added = true;
+                added.push(id.clone());
             }
         }
-        if added {
-            self.save()?;
+        if !added.is_empty() || self.stale.get() {
+            if let Err(e) = self.save() {
+                for id in &added {
+                    self.originals.remove(id);
+                }
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -160,13 +169,20 @@ impl OriginalWeights {
         for id in ids {
             self.originals.remove(id);
         }
-        if self.originals.len() != before {
+        if self.originals.len() != before || self.stale.get() {
             self.save()?;
         }
         Ok(())
     }
 
+    /// Writes the file; a failure marks it stale (see [`OriginalWeights::record_all`]).
     fn save(&self) -> Result<(), StateError> {
+        let result = self.write_file();
+        self.stale.set(result.is_err());
+        result
+    }
+
+    fn write_file(&self) -> Result<(), StateError> {
         let Some(path) = &self.path else { return Ok(()) };
         let io = |source| StateError::Io { path: path.clone(), source };
         let disk = OnDisk {
@@ -192,21 +208,34 @@ fn lock_state(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, StateErro
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io)?;
     }
     let lock_path = lock_path(path);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&lock_path)
-        .map_err(|source| StateError::Io { path: lock_path.clone(), source })?;
+    let open = |write: bool| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .create(write)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&lock_path)
+    };
+    // A read-only state directory (a full or read-only file system) still lets an agent start, take the lock
+    // on the existing lock file and restore what the file holds; it then changes no weight whose original it
+    // cannot save (see `reconcile`).
+    let (file, writable) = match open(true) {
+        Ok(f) => (f, true),
+        Err(e) if e.raw_os_error() == Some(libc::EROFS) => {
+            (open(false).map_err(|_| StateError::Io { path: lock_path.clone(), source: e })?, false)
+        }
+        Err(source) => return Err(StateError::Io { path: lock_path.clone(), source }),
+    };
     match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
         Ok(mut lock) => {
             // The holder's pid, for the error a second agent prints.
-            let pid = format!("{}\n", std::process::id());
-            let wrote = lock.set_len(0).and_then(|()| lock.write_all(pid.as_bytes()));
-            wrote.map_err(|source| StateError::Io { path: lock_path.clone(), source })?;
+            if writable {
+                let pid = format!("{}\n", std::process::id());
+                let wrote = lock.set_len(0).and_then(|()| lock.write_all(pid.as_bytes()));
+                wrote.map_err(|source| StateError::Io { path: lock_path.clone(), source })?;
+            }
             Ok(lock)
         }
         Err((_, nix::errno::Errno::EWOULDBLOCK)) => {

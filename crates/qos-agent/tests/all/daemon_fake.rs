@@ -750,6 +750,70 @@ async fn failed_restore_of_an_excluded_container_is_retried_and_kept_on_file() {
     assert_eq!(on_file(&path), serde_json::json!({}));
 }
 
+#[tokio::test(start_paused = true)]
+async fn no_weight_is_written_without_a_saved_original_held_until_the_state_file_saves_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    let world = World::with_containers(&["a", "b", "c"], KERNEL_DEFAULT);
+    let logs = LogBuffer::default();
+    let _guard = logs.install();
+    let originals = OriginalWeights::load(Some(&path)).unwrap();
+    let h = Harness::start_with(cfg(), &world, vec![info("a", &[]), info("b", &[])], originals);
+    h.settle().await;
+    world.set_read("a", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!(world.weight("a"), 200, "demoted while the file saves");
+    assert_eq!(on_file(&path), serde_json::json!({"a": 100, "b": 100}));
+
+    // The state file can no longer be replaced (even by root: renaming a file over a non-empty directory fails).
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir_all(path.join("blocker")).unwrap();
+    h.send(DiscoveryEvent::Started(info("c", &[]))).await;
+    assert_eq!(world.writes_to("c"), Vec::<u32>::new(), "c's original cannot be saved: never written");
+    assert_eq!(world.weight("a"), KERNEL_DEFAULT, "what the agent changed goes back");
+    world.set_read("b", 3 * MIB);
+    world.read_more("a", 20 * MIB);
+    h.rounds(4).await;
+    assert_eq!(world.writes_to("c"), Vec::<u32>::new());
+    assert_eq!((world.weight("a"), world.weight("b")), (KERNEL_DEFAULT, KERNEL_DEFAULT), "no change while held");
+    assert_eq!(logs.count("cannot save the state file"), 1, "said once, not every round");
+    assert_eq!(logs.count("changing weights again"), 0);
+
+    // Saving works again: the next round saves c's original, then writes what the engine wants now.
+    std::fs::remove_dir_all(&path).unwrap();
+    h.rounds(1).await;
+    assert_eq!(logs.count("state file saved again"), 1);
+    assert_eq!(world.writes_to("c"), vec![1000]);
+    assert_eq!((world.weight("a"), world.weight("b")), (40, 200));
+    assert_eq!(on_file(&path), serde_json::json!({"a": 100, "b": 100, "c": 100}));
+
+    assert_eq!(h.shutdown().await.restore_failures, 0);
+    for c in ["a", "b", "c"] {
+        assert_eq!(world.weight(c), KERNEL_DEFAULT, "{c} restored");
+    }
+    assert_eq!(on_file(&path), serde_json::json!({}));
+}
+
+#[tokio::test(start_paused = true)]
+async fn stopped_while_the_state_file_cannot_be_saved_every_original_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    let world = World::with_containers(&["a", "b"], KERNEL_DEFAULT);
+    let originals = OriginalWeights::load(Some(&path)).unwrap();
+    let h = Harness::start_with(cfg(), &world, vec![info("a", &[])], originals);
+    h.settle().await;
+    world.set_read("a", 12 * MIB);
+    h.rounds(2).await;
+    assert_eq!(world.weight("a"), 40);
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir_all(path.join("blocker")).unwrap();
+    h.send(DiscoveryEvent::Started(info("b", &[]))).await;
+    let summary = h.shutdown().await;
+    assert_eq!((world.weight("a"), world.weight("b")), (KERNEL_DEFAULT, KERNEL_DEFAULT));
+    assert_eq!(world.writes_to("b"), Vec::<u32>::new());
+    assert_eq!(summary.restore_failures, 0);
+}
+
 /// The originals recorded in a state file.
 fn on_file(path: &std::path::Path) -> serde_json::Value {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();

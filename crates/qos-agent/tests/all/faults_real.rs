@@ -768,7 +768,10 @@ fn unusable_runtime_is_refused_before_anything_starts() {
     };
     let base = base_config(&root, tmp.path());
     let cases: Vec<(String, Vec<String>)> = vec![
-        (docker("/nonexistent/docker.sock"), vec!["/nonexistent/docker.sock".into(), "does not exist".into()]),
+        (
+            docker("/nonexistent/docker.sock"),
+            vec!["/nonexistent/docker.sock".into(), "No such file or directory".into()],
+        ),
         (docker(fake.socket.to_str().unwrap()), vec![fake.socket.display().to_string(), "500".into()]),
         (
             base.replace(&format!("root = \"{}\"", root.display()), "root = \"/nonexistent/cgroup\""),
