@@ -61,6 +61,8 @@ struct Inner {
     sample_fault: HashMap<String, Fault>,
     /// Containers whose weight cannot be read (EIO, EACCES) although the cgroup exists.
     read_broken: HashSet<String>,
+    /// Containers whose counters cannot be attached (EMFILE, say).
+    attach_broken: HashSet<String>,
 }
 
 /// The shared state behind the three fake backends.
@@ -170,8 +172,13 @@ struct FakeCounters(World);
 
 impl CounterSource for FakeCounters {
     async fn attach(&mut self, info: &ContainerInfo) -> Result<(), BackendError> {
-        self.0.with(|w| w.attached.insert(info.id.to_string()));
-        Ok(())
+        self.0.with(|w| {
+            if w.attach_broken.contains(info.id.as_str()) {
+                return Err(error(&info.id, Fault::Broken, "attach"));
+            }
+            w.attached.insert(info.id.to_string());
+            Ok(())
+        })
     }
 
     fn detach(&mut self, id: &ContainerId) {
@@ -812,6 +819,26 @@ async fn stopped_while_the_state_file_cannot_be_saved_every_original_is_back() {
     assert_eq!((world.weight("a"), world.weight("b")), (KERNEL_DEFAULT, KERNEL_DEFAULT));
     assert_eq!(world.writes_to("b"), Vec::<u32>::new());
     assert_eq!(summary.restore_failures, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn counters_that_could_not_be_attached_are_tried_again_until_they_are() {
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
+    world.with(|w| w.attach_broken.insert("a".into()));
+    let h = Harness::start(cfg(), &world, vec![]);
+    h.settle().await;
+    h.send(DiscoveryEvent::Started(info("a", &[]))).await;
+    world.set_read("a", 3 * MIB);
+    h.rounds(4).await;
+    assert_eq!(world.samples_of("a"), 0);
+    assert_eq!(world.weight("a"), 1000, "not sampled, so not demoted");
+    world.with(|w| w.attach_broken.remove("a"));
+    h.rounds(qos_agent::daemon::REATTACH_EVERY as u32).await;
+    assert!(world.samples_of("a") > 0, "attached again within {} rounds", qos_agent::daemon::REATTACH_EVERY);
+    world.read_more("a", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!(world.weight("a"), 200, "then demoted by its I/O");
+    h.shutdown().await;
 }
 
 /// The originals recorded in a state file.
