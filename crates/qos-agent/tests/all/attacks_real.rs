@@ -2,7 +2,8 @@
 //! agents on one state file, a container that moves its process into another cgroup, a read-only state directory,
 //! a symlink planted where the state file is written, and a status client that reads nothing. Each checks that no
 //! cgroup is left at a wrong weight after a clean stop. Needs root, cgroup v1 blkio, a BFQ loop device, and for
-//! some the host's dockerd with the test image (`#[ignore]`d; see `testbed::require`).
+//! some the host's dockerd with the test image (`#[ignore]`d; see `testbed::require`). Containers run with
+//! `--network none`: nothing here needs a network, and the tests then do not depend on Docker's bridge.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -101,7 +102,7 @@ fn metrics_flood_by_nobody_neither_stops_management_nor_restores() {
     let disk = LoopDevice::with_bfq(512);
     let dev = disk.dev_str().to_string();
     let mut cs = Containers::default();
-    let before: Vec<String> = (0..5).map(|_| cs.run(&[IMAGE, "sleep", "300"])).collect();
+    let before: Vec<String> = (0..5).map(|_| cs.run(&["--network", "none", IMAGE, "sleep", "300"])).collect();
     for id in &before {
         assert_eq!(bfq_weight(&docker_cgroup(id)), Some(100));
     }
@@ -169,6 +170,8 @@ idle_promote_after = "off"
     let t0 = Instant::now();
     // A container started during the flood that reads 120 MiB is demoted to the bottom (past 2 + 8 + 32 MiB: 10).
     let reader = cs.run(&[
+        "--network",
+        "none",
         "--device",
         &dev,
         IMAGE,
@@ -269,6 +272,8 @@ fn a_container_that_moves_its_process_into_another_cgroup_is_refused() {
     let mut cs = Containers::default(); // dropped before `victim`: the moved processes go first
     let mover = |cs: &mut Containers| {
         cs.run(&[
+            "--network",
+            "none",
             "-v",
             "/sys/fs/cgroup/blkio:/host-blkio",
             IMAGE,
@@ -291,7 +296,7 @@ fn a_container_that_moves_its_process_into_another_cgroup_is_refused() {
     );
     // And one that moves itself while the agent runs.
     let late = mover(&mut cs);
-    let normal = cs.run(&[IMAGE, "sleep", "300"]);
+    let normal = cs.run(&["--network", "none", IMAGE, "sleep", "300"]);
     assert!(
         wait_weight(&docker_cgroup(&normal), |w| w == 1000, Duration::from_secs(5)).is_some(),
         "{}",
@@ -300,7 +305,15 @@ fn a_container_that_moves_its_process_into_another_cgroup_is_refused() {
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(weight(&victim.path), 300, "the victim's weight was changed\n{}", agent.log_text());
     let status = agent.status().unwrap();
-    assert!(!status.contains(&early[..12]), "a moved container is managed:\n{status}");
+    let init = testbed::docker::cli(&["inspect", "-f", "{{.State.Pid}}", &early]);
+    let seen = std::fs::read_to_string(format!("/proc/{init}/cgroup")).unwrap_or_default();
+    let blkio_line = seen.lines().find(|l| l.contains(":blkio:")).unwrap_or("").to_string();
+    eprintln!("the moved container's init ({init}) as the host sees it: {blkio_line}");
+    assert!(
+        !status.contains(&early[..12]),
+        "a moved container is managed:\n{status}\ninit {init}: {blkio_line}\n{}",
+        agent.log_text()
+    );
     let log = agent.log_text();
     assert!(log.contains("outside the one Docker made for it") && log.contains(&early[..12]), "{log}");
     let code = agent.stop();
