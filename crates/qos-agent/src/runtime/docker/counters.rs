@@ -140,3 +140,48 @@ impl CounterSource for DockerCounters {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroup::CgroupRoot;
+
+    #[tokio::test]
+    async fn a_container_on_the_stats_api_returns_to_its_cgroup_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("docker/abc");
+        std::fs::create_dir_all(&dir).unwrap();
+        let root = CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap();
+        let info = ContainerInfo {
+            id: ContainerId::new("abc"),
+            name: "abc".into(),
+            labels: Default::default(),
+            cgroup: Some(root.resolve_relative("docker/abc").unwrap()),
+        };
+        // No dockerd behind this socket (bound, then closed: connecting is refused at once): the stats API fails,
+        // as it answers nothing useful on this kernel.
+        drop(std::os::unix::net::UnixListener::bind(tmp.path().join("no.sock")).unwrap());
+        let docker = Docker::connect_with_unix(
+            &tmp.path().join("no.sock").display().to_string(),
+            5,
+            bollard::API_DEFAULT_VERSION,
+        )
+        .unwrap();
+        let mut counters = DockerCounters::new(docker);
+        counters.attach(&info).await.unwrap();
+        assert_eq!(counters.via_stats(), 1, "no counter file yet (descriptors exhausted, say): stats API");
+        // The files become readable.
+        let stat = "7:0 Read 1048576\n7:0 Write 0\n7:0 Total 1048576\nTotal 1048576\n";
+        std::fs::write(dir.join("blkio.bfq.io_service_bytes_recursive"), stat).unwrap();
+        let mut out = Vec::new();
+        for _ in 0..REATTACH_EVERY {
+            out.clear();
+            counters.sample(&mut out).await;
+        }
+        assert_eq!(counters.via_stats(), 0, "back on the cgroup files within {REATTACH_EVERY} rounds");
+        out.clear();
+        counters.sample(&mut out).await;
+        let read = out.iter().find(|(id, _)| id.as_str() == "abc").map(|(_, r)| r.as_ref().map(|c| c.read).ok());
+        assert_eq!(read, Some(Some(1 << 20)), "{out:?}");
+    }
+}
