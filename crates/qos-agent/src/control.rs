@@ -71,7 +71,11 @@ pub fn render(status: &Status) -> String {
     let mut out = format!(
         "actuator: {}{}\n{:<14} {:<24} {:<9} {:>5} {:>6} {:>14} {:>10}\n",
         status.actuator.describe(),
-        if status.dry_run { " (dry run)" } else { "" },
+        match (status.dry_run, status.saves_held) {
+            (true, _) => " (dry run)",
+            (false, true) => " (HELD: the state file cannot be saved; originals put back, no weight changed)",
+            (false, false) => "",
+        },
         "CONTAINER",
         "NAME",
         "POLICY",
@@ -126,6 +130,7 @@ mod tests {
             actuator: Actuator { configured: ActuatorMode::Auto, in_use: None },
             dry_run: false,
             containers: (0..8000).map(row).collect(),
+            saves_held: false,
         }
     }
 

@@ -785,11 +785,13 @@ async fn no_weight_is_written_without_a_saved_original_held_until_the_state_file
     assert_eq!((world.weight("a"), world.weight("b")), (KERNEL_DEFAULT, KERNEL_DEFAULT), "no change while held");
     assert_eq!(logs.count("cannot save the state file"), 1, "said once, not every round");
     assert_eq!(logs.count("changing weights again"), 0);
+    assert!(h.status().await.saves_held, "status says so");
 
     // Saving works again: the next round saves c's original, then writes what the engine wants now.
     std::fs::remove_dir_all(&path).unwrap();
     h.rounds(1).await;
     assert_eq!(logs.count("state file saved again"), 1);
+    assert!(!h.status().await.saves_held);
     assert_eq!(world.writes_to("c"), vec![1000]);
     assert_eq!((world.weight("a"), world.weight("b")), (40, 200));
     assert_eq!(on_file(&path), serde_json::json!({"a": 100, "b": 100, "c": 100}));
