@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::backend::{CounterSource, Discovery, WeightWriter};
 use crate::cgroup::CgroupRoot;
@@ -20,10 +20,25 @@ use crate::runtime::docker::{self, DockerCounters, DockerDiscovery, DockerWriter
 use crate::state::OriginalWeights;
 use crate::{blockdev, control, metrics};
 
+/// Below this many descriptors the agent warns at start (the unit sets `LimitNOFILE=65536`).
+const MIN_NOFILE: u64 = 4096;
+
 /// Runs the agent until SIGTERM/SIGINT; `config_path` is re-read on SIGHUP.
 pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summary> {
     // The same checks as `check-config`, so the two agree; nothing is written or served before they pass.
     let root = Arc::new(crate::preflight::check(&cfg).context("invalid configuration")?.root);
+    // One counter file per container stays open; connections are bounded (`listen`), but a host with many
+    // containers needs more than the usual soft limit of 1,024.
+    match crate::listen::raise_nofile_limit() {
+        Ok(n) if n < MIN_NOFILE => warn!(
+            limit = n,
+            wanted = MIN_NOFILE,
+            "few descriptors allowed (RLIMIT_NOFILE): on a host with many containers cgroup files may fail to \
+             open; raise LimitNOFILE"
+        ),
+        Ok(n) => debug!(limit = n, "open descriptor limit"),
+        Err(e) => warn!(error = %e, "cannot read or raise RLIMIT_NOFILE"),
+    }
     info!(version = ?root.version(), path = %root.path().display(), "cgroup root");
     let originals =
         OriginalWeights::load((!cfg.dry_run).then_some(cfg.state_file.as_path())).context("loading the state file")?;

@@ -11,13 +11,21 @@ use tracing::debug;
 
 use crate::daemon::{Command, Status};
 
-/// Binds the socket, replacing a stale one left by a crashed agent.
+/// Binds the socket, replacing a stale socket left by a crashed agent (never anything else: a file or directory at
+/// the path is an error). A directory it creates is 0700; the socket is 0600.
 pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+    use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
     }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket: not replacing it", path.display()),
+            ))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
@@ -26,20 +34,25 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Answers status requests until the daemon goes away.
+/// Answers status requests until the task is dropped, within [`crate::listen::CONTROL`]'s bounds. Each client is
+/// answered in its own task: the daemon hands the table over and goes on, so a client that reads nothing delays
+/// nobody (it is dropped at its deadline).
 pub async fn serve(listener: UnixListener, commands: mpsc::Sender<Command>) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else { continue };
-        let (tx, rx) = oneshot::channel();
-        if commands.send(Command::Status(tx)).await.is_err() {
-            return;
+    crate::listen::serve(listener, crate::listen::CONTROL, "control", move |mut stream| {
+        let commands = commands.clone();
+        async move {
+            let (tx, rx) = oneshot::channel();
+            if commands.send(Command::Status(tx)).await.is_err() {
+                return;
+            }
+            let Ok(status) = rx.await else { return };
+            let body = serde_json::to_vec(&status).expect("serializable");
+            if let Err(e) = stream.write_all(&body).await {
+                debug!(error = %e, "status client went away");
+            }
         }
-        let Ok(status) = rx.await else { return };
-        let body = serde_json::to_vec(&status).expect("serializable");
-        if let Err(e) = stream.write_all(&body).await {
-            debug!(error = %e, "status client went away");
-        }
-    }
+    })
+    .await
 }
 
 /// Client side: fetches the table from a running agent.
@@ -58,7 +71,11 @@ pub fn render(status: &Status) -> String {
     let mut out = format!(
         "actuator: {}{}\n{:<14} {:<24} {:<9} {:>5} {:>6} {:>14} {:>10}\n",
         status.actuator.describe(),
-        if status.dry_run { " (dry run)" } else { "" },
+        match (status.dry_run, status.saves_held) {
+            (true, _) => " (dry run)",
+            (false, true) => " (HELD: the state file cannot be saved; originals put back, no weight changed)",
+            (false, false) => "",
+        },
         "CONTAINER",
         "NAME",
         "POLICY",
@@ -87,5 +104,77 @@ fn truncate(s: &str, n: usize) -> String {
         s.to_string()
     } else {
         s.chars().take(n - 1).chain(std::iter::once('~')).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::ActuatorMode;
+    use crate::daemon::{Actuator, PolicyKind, StatusRow};
+
+    /// A table far larger than a socket buffer (about 2 MB of JSON).
+    fn big_status() -> Status {
+        let row = |i: usize| StatusRow {
+            id: format!("{i:012x}"),
+            name: format!("container-with-a-rather-long-name-{i}-{}", "x".repeat(150)),
+            policy: PolicyKind::Managed,
+            level: Some(1),
+            weight: Some(1000),
+            bytes_at_level: 0,
+            seconds_at_level: 0.0,
+        };
+        Status {
+            actuator: Actuator { configured: ActuatorMode::Auto, in_use: None },
+            dry_run: false,
+            containers: (0..8000).map(row).collect(),
+            saves_held: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_that_reads_nothing_delays_no_other_and_the_daemon_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/agent.sock");
+        let listener = bind(&path).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(std::fs::metadata(dir.path().join("sub")).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        let (tx, mut rx) = mpsc::channel(16);
+        tokio::spawn(serve(listener, tx));
+        // The "daemon": answers every request at once and counts them.
+        let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = answered.clone();
+        tokio::spawn(async move {
+            while let Some(Command::Status(reply)) = rx.recv().await {
+                let _ = reply.send(big_status());
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        let idle = UnixStream::connect(&path).await.unwrap(); // connects, reads nothing
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = std::time::Instant::now();
+        let status = tokio::time::timeout(Duration::from_secs(3), fetch(&path)).await.expect("answered").unwrap();
+        assert_eq!(status.containers.len(), 8000);
+        assert!(started.elapsed() < Duration::from_secs(3));
+        assert_eq!(answered.load(std::sync::atomic::Ordering::SeqCst), 2, "the daemon answered both");
+        drop(idle);
+    }
+
+    #[test]
+    fn bind_replaces_a_stale_socket_but_never_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        std::fs::write(&path, "someone's file").unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let _guard = rt.enter();
+        let err = bind(&path).unwrap_err();
+        assert!(err.to_string().contains("not a socket"), "{err}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "someone's file");
+        std::fs::remove_file(&path).unwrap();
+        drop(bind(&path).unwrap()); // leaves a stale socket behind
+        drop(bind(&path).expect("a stale socket is replaced"));
     }
 }

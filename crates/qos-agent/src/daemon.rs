@@ -91,7 +91,15 @@ pub struct Daemon<D, C, W> {
     cpu_clock: CpuClock,
     /// What the last batch of restores (shutdown, or entering dry run) did.
     restores: Option<Summary>,
+    /// Containers whose counters could not be attached (e.g. descriptors exhausted): tried again every
+    /// [`REATTACH_EVERY`] rounds.
+    unattached: std::collections::HashSet<ContainerId>,
+    /// Rounds run.
+    rounds: u64,
 }
+
+/// How often (in rounds) counters that could not be attached are tried again.
+pub const REATTACH_EVERY: u64 = 16;
 
 /// Now on the daemon's one clock, as the engine takes it.
 fn now() -> std::time::Instant {
@@ -126,6 +134,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             samples: Vec::new(),
             notify_systemd: false,
             restores: None,
+            unattached: Default::default(),
+            rounds: 0,
         })
     }
 
@@ -257,7 +267,9 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 return;
             }
             Err(e) => {
-                warn!(container = %id.short(), name = %info.name, error = %e, "cannot sample this container's I/O")
+                warn!(container = %id.short(), name = %info.name, error = %e,
+                      "cannot sample this container's I/O; trying again every {REATTACH_EVERY} rounds");
+                self.unattached.insert(id.clone());
             }
         }
         // The state file wins: after a crash the file holds our own stale demotion, not the original.
@@ -300,11 +312,29 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     fn drop_tracked(&mut self, id: &ContainerId) {
         self.engine.handle_removed(id, now());
         self.counters.detach(id);
+        self.unattached.remove(id);
         if let Some(t) = self.tracked.remove(id) {
             self.metrics.forget(&t.labels);
             debug!(container = %id.short(), name = %t.info.name, "container gone");
         }
         self.metrics.containers.set(self.tracked.len() as i64);
+    }
+
+    /// Tries again to attach the counters that could not be attached.
+    async fn reattach(&mut self) {
+        for id in self.unattached.clone() {
+            let Some(t) = self.tracked.get(&id) else {
+                self.unattached.remove(&id);
+                continue;
+            };
+            match self.counters.attach(&t.info).await {
+                Ok(()) => {
+                    info!(container = %id.short(), name = %t.info.name, "sampling this container's I/O again");
+                    self.unattached.remove(&id);
+                }
+                Err(e) => debug!(container = %id.short(), error = %e, "counters still cannot be attached"),
+            }
+        }
     }
 
     /// After a crash: containers a previous agent recorded but that no longer run are dropped from the state file.
@@ -345,6 +375,10 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
 
     async fn round(&mut self) {
         let started = tokio::time::Instant::now();
+        self.rounds += 1;
+        if !self.unattached.is_empty() && self.rounds % REATTACH_EVERY == 0 {
+            self.reattach().await;
+        }
         let mut samples = std::mem::take(&mut self.samples);
         samples.clear();
         self.counters.sample(&mut samples).await;
@@ -428,13 +462,18 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                     self.reconciler.handle_write_result(&id, result);
                 }
                 Output::SaveOriginals(items) => {
-                    if let Err(e) = self.originals.record_all(items.iter().map(|(id, w)| (id, *w))) {
-                        warn!(error = %e, "cannot record original weights; they may not be restorable after a crash");
-                    }
+                    let result = self.originals.record_all(items.iter().map(|(id, w)| (id, *w)));
+                    self.reconciler.handle_save_result(result);
                 }
                 Output::ForgetOriginals(ids) => {
+                    // An original left on file is the weight the container has now: harmless, and rewritten by
+                    // the next save that works.
                     if let Err(e) = self.originals.forget_all(&ids) {
-                        warn!(error = %e, "cannot update state file");
+                        if self.reconciler.saves_held() {
+                            debug!(error = %e, "cannot update state file");
+                        } else {
+                            warn!(error = %e, "cannot update state file");
+                        }
                     }
                 }
                 Output::Report(report) => self.report(report),

@@ -17,8 +17,9 @@
 //!   counter-file parsers and reader, weight files with verified writes, errors naming files.
 //! - [`blockdev`]: block-device facts (scheduler, io.cost, the disk of a path or device number) and the guarded
 //!   switch; the start-up check that weights can act ([`blockdev::check`]). The bench uses it too.
-//! - [`config`], [`labels`], [`state`], [`metrics`], [`control`], [`app`]: configuration, per-container policy
-//!   labels, the originals file, Prometheus, the status socket, and the wiring used by the binary.
+//! - [`config`], [`labels`], [`state`], [`metrics`], [`control`], [`listen`], [`app`]: configuration,
+//!   per-container policy labels, the originals file, Prometheus, the status socket, the bounds on their
+//!   connections, and the wiring used by the binary.
 //!
 //! ## Embedding
 //! Another runtime implements [`backend::Discovery`] (and, if its containers are not plain cgroups, the other two
@@ -35,6 +36,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod labels;
+pub mod listen;
 pub mod metrics;
 pub mod pacing;
 pub mod preflight;

@@ -79,6 +79,40 @@ enum Cmd {
         #[arg(long)]
         socket: Option<PathBuf>,
     },
+    /// Inspect or repair the state file (the original weights a restarted agent restores).
+    State {
+        #[command(subcommand)]
+        action: StateCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum StateCmd {
+    /// Print what the state file holds, or what is wrong with it, and whether an agent holds it. Exit 1 if an
+    /// agent would refuse it.
+    Show {
+        /// The state file (defaults to the config's state_file).
+        #[arg(long)]
+        state_file: Option<PathBuf>,
+    },
+    /// With the agent stopped: put the named cgroups' block-I/O weight back to --to, and rewrite the state file
+    /// keeping only the entries that still read (the old file is kept as <state_file>.bak-<seconds>).
+    Reset {
+        /// The weight to write, 1..=1000 (e.g. the runtime's default: 500 for Docker on cgroup v1 blkio, 100 for BFQ).
+        #[arg(long)]
+        to: u64,
+        /// Cgroups to put back, relative to the cgroup root (e.g. docker/<id>, system.slice/docker-<id>.scope).
+        cgroups: Vec<String>,
+        /// Also every child cgroup of this one (e.g. docker), relative to the cgroup root; repeatable.
+        #[arg(long)]
+        children_of: Vec<String>,
+        /// Write an empty state file instead of keeping the entries that still read.
+        #[arg(long)]
+        forget_all: bool,
+        /// The state file (defaults to the config's state_file).
+        #[arg(long)]
+        state_file: Option<PathBuf>,
+    },
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -169,12 +203,111 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{}", qos_agent::control::render(&status));
             Ok(ExitCode::SUCCESS)
         }
+        Some(Cmd::State { action }) => state_cmd(&cli, action),
         None | Some(Cmd::Run) => {
             let cfg = load(&cli)?;
             init_tracing(cli.log_json);
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             let summary = rt.block_on(qos_agent::app::run(cfg, cli.config.clone()))?;
             Ok(if summary.restore_failures == 0 { ExitCode::SUCCESS } else { ExitCode::from(3) })
+        }
+    }
+}
+
+fn state_cmd(cli: &Cli, action: &StateCmd) -> anyhow::Result<ExitCode> {
+    use qos_agent::state;
+    let cfg = load(cli)?;
+    match action {
+        StateCmd::Show { state_file } => {
+            let path = state_file.clone().unwrap_or(cfg.state_file);
+            let found = state::inspect(&path)?;
+            match &found.holder {
+                Some(pid) => println!("{}: held by a running agent (pid {pid})", path.display()),
+                None => println!("{}: no agent holds it", path.display()),
+            }
+            if !found.exists {
+                println!("no file: no original weight is owed to any container");
+                return Ok(ExitCode::SUCCESS);
+            }
+            if found.problems.is_empty() {
+                println!("ok: {} container(s) owed their original weight", found.originals.len());
+            } else {
+                println!("DAMAGED: an agent refuses this file:");
+                for p in &found.problems {
+                    println!("  - {p}");
+                }
+                println!(
+                    "{} entr(y/ies) still read; `ddiskqos-agent state reset --to N [CGROUP...]` keeps them",
+                    found.originals.len()
+                );
+            }
+            if !found.originals.is_empty() {
+                println!("{:<66} ORIGINAL", "CONTAINER");
+                for (id, w) in &found.originals {
+                    println!("{:<66} {w}", id.as_str());
+                }
+            }
+            Ok(if found.problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        StateCmd::Reset { to, cgroups, children_of, forget_all, state_file } => {
+            use qos_agent::backend::ContainerInfo;
+            use qos_agent::runtime::cgroup_dir::CgroupDirWriter;
+            let weight = qos_core::Weight::new(*to).map_err(|e| anyhow::anyhow!("--to {to}: {e}"))?;
+            let path = state_file.clone().unwrap_or_else(|| cfg.state_file.clone());
+            let found = state::inspect(&path)?;
+            if let Some(pid) = &found.holder {
+                anyhow::bail!("{} is held by a running agent (pid {pid}): stop it first", path.display());
+            }
+            let root = qos_agent::preflight::cgroup_root(&cfg)?;
+            let mut targets = Vec::new();
+            for rel in cgroups {
+                targets
+                    .push((rel.clone(), root.resolve_relative(rel).map_err(|e| anyhow::anyhow!("cgroup {rel}: {e}"))?));
+            }
+            for parent in children_of {
+                let dir = root.resolve_relative(parent).map_err(|e| anyhow::anyhow!("--children-of {parent}: {e}"))?;
+                let mut names: Vec<String> = std::fs::read_dir(dir.path())
+                    .map_err(|e| anyhow::anyhow!("--children-of {parent}: {}: {e}", dir.path().display()))?
+                    .filter_map(Result::ok)
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect();
+                names.sort();
+                for name in names {
+                    let rel = format!("{}/{name}", parent.trim_end_matches('/'));
+                    let dir = root.resolve_relative(&rel).map_err(|e| anyhow::anyhow!("cgroup {rel}: {e}"))?;
+                    targets.push((rel, dir));
+                }
+            }
+            // The file first: the lock keeps an agent from starting meanwhile.
+            let keep = if *forget_all { Default::default() } else { found.originals.clone() };
+            let kept = keep.len();
+            let (_lock, backup) = state::OriginalWeights::rewrite(&path, keep)?;
+            match backup {
+                Some(b) => {
+                    println!("{}: rewritten with {kept} entr(y/ies); the old file is {}", path.display(), b.display())
+                }
+                None => println!("{}: written with {kept} entr(y/ies)", path.display()),
+            }
+            let mut failed = 0;
+            let mut writer = CgroupDirWriter::new(root.path());
+            for (rel, dir) in targets {
+                let info = ContainerInfo {
+                    id: qos_core::ContainerId::new(&rel),
+                    name: rel.clone(),
+                    labels: Default::default(),
+                    cgroup: Some(dir),
+                };
+                let before = writer.read_weight(&info).map(|w| w.to_string()).unwrap_or_else(|_| "?".into());
+                match writer.write_weight(&info, weight) {
+                    Ok(_) => println!("{rel}: weight {before} -> {weight}"),
+                    Err(e) => {
+                        failed += 1;
+                        eprintln!("{rel}: cannot write weight {weight}: {e}");
+                    }
+                }
+            }
+            Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
     }
 }

@@ -123,14 +123,14 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-/// Serves `GET /metrics` (any path, in fact) until the task is dropped.
+/// Serves `GET /metrics` (any path, in fact) until the task is dropped, within [`crate::listen::METRICS`]'s bounds.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else { continue };
+    crate::listen::serve(listener, crate::listen::METRICS, "metrics", move |mut stream| {
         let metrics = metrics.clone();
-        tokio::spawn(async move {
+        async move {
             let mut buf = [0u8; 1024];
-            // Read the request head; the body (if any) is ignored.
+            // Read the request head; the body (if any) is ignored. A client that sends nothing is cut off at the
+            // connection's deadline.
             let _ = tokio::time::timeout(std::time::Duration::from_secs(2), stream.read(&mut buf)).await;
             let body = metrics.render();
             let head = format!(
@@ -141,8 +141,9 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
             let _ = stream.write_all(head.as_bytes()).await;
             let _ = stream.write_all(body.as_bytes()).await;
             let _ = stream.shutdown().await;
-        });
-    }
+        }
+    })
+    .await
 }
 
 impl Default for Metrics {

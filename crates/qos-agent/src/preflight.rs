@@ -132,7 +132,8 @@ fn check_dir_or_creatable(field: &str, path: &Path, dir: &Path) -> Result<(), Pr
     Ok(())
 }
 
-fn cgroup_root(cfg: &AgentConfig) -> Result<CgroupRoot, PreflightError> {
+/// The cgroup root the config names (`auto`: the one mounted), as `run` finds it.
+pub fn cgroup_root(cfg: &AgentConfig) -> Result<CgroupRoot, PreflightError> {
     match cfg.cgroup.root.trim() {
         "" | "auto" => CgroupRoot::detect().map_err(|e| fail("cgroup.root", &cfg.cgroup.root, e.to_string())),
         path => {

@@ -18,24 +18,28 @@
 //! - dry run decides but writes nothing: entering it first puts back every original the agent changed, and
 //!   entering or leaving it forgets what is "applied" so everything is decided or written afresh;
 //! - shutdown puts back every original the agent changed and forgets them from the file in one save, then reports
-//!   a [`Summary`].
+//!   a [`Summary`];
+//! - no weight is ever written whose original is not *saved*: a save that fails ([`Reconciler::handle_save_result`])
+//!   holds every change ([`Report::SaveFailed`], `first` once): the agent puts back every original it changed (a
+//!   write of the original needs no save), writes nothing else, tries the save again every round, and once one
+//!   works ([`Report::SavesResumed`]) writes what the engine wants again.
 //!
 //! Methods come in three groups:
 //! - getters: [`Reconciler::applied`], [`Reconciler::original`], [`Reconciler::is_tracked`],
 //!   [`Reconciler::len`], [`Reconciler::dry_run`], [`Reconciler::is_shut_down`];
 //! - inputs: [`Reconciler::handle_tracked`], [`Reconciler::handle_decisions`], [`Reconciler::handle_round`],
 //!   [`Reconciler::handle_read_result`], [`Reconciler::handle_write_result`], [`Reconciler::handle_updated`],
-//!   [`Reconciler::handle_sample_ok`], [`Reconciler::handle_sample_failed`], [`Reconciler::handle_removed`],
-//!   [`Reconciler::handle_reload`], [`Reconciler::handle_shutdown`];
+//!   [`Reconciler::handle_save_result`], [`Reconciler::handle_sample_ok`], [`Reconciler::handle_sample_failed`],
+//!   [`Reconciler::handle_removed`], [`Reconciler::handle_reload`], [`Reconciler::handle_shutdown`];
 //! - output: [`Reconciler::poll_output`].
 //!
 //! The rule for drivers: after every input (or a run of inputs given back to back, as a round gives its decisions
 //! and then [`Reconciler::handle_round`]), call [`Reconciler::poll_output`] until it returns `None`. Carry out
-//! each action as it comes; a [`Output::ReadWeight`] or [`Output::Write`] must have its result fed back
-//! ([`Reconciler::handle_read_result`], [`Reconciler::handle_write_result`]) before the next poll (at most one is
-//! outstanding: until its result arrives, `poll_output` returns `None`). [`Output::SaveOriginals`] and
-//! [`Output::ForgetOriginals`] need no answer: a save that fails is only warned about and the writes go ahead, as
-//! they always did. [`Output::Report`]s are data for logs and metrics.
+//! each action as it comes; a [`Output::ReadWeight`], [`Output::Write`] or [`Output::SaveOriginals`] must have its
+//! result fed back ([`Reconciler::handle_read_result`], [`Reconciler::handle_write_result`],
+//! [`Reconciler::handle_save_result`]) before the next poll (at most one is outstanding: until its result arrives,
+//! `poll_output` returns `None`). [`Output::ForgetOriginals`] needs no answer: an original left on file by a failed
+//! forget is the weight the container has anyway. [`Output::Report`]s are data for logs and metrics.
 //!
 //! No input takes `now`: there are no timers here. Retries ride on the sampling round, which the driver reports
 //! with [`Reconciler::handle_round`]. No I/O, no clock, no logging: everything worth saying is a [`Report`].
@@ -47,6 +51,7 @@ use std::collections::{BTreeMap, VecDeque};
 use qos_core::{ContainerId, Reason, Weight, WeightChange};
 
 use crate::backend::{AppliedVia, BackendError};
+use crate::state::StateError;
 
 pub use protocol::{Effect, FailedStep, Original, Output, Report, Summary, Tracking};
 
@@ -105,6 +110,16 @@ impl Entry {
     fn wants_write(&self) -> bool {
         self.desired.is_some() && self.desired != self.applied
     }
+
+    /// While saves are held: the original, if the file may hold another weight the agent wrote.
+    fn held_restore(&self) -> Option<Weight> {
+        let original = self.original?;
+        let owed = match self.applied {
+            Some(a) => a != original,
+            None => self.changed_by_agent,
+        };
+        owed.then_some(original)
+    }
 }
 
 /// The read or write the driver is carrying out.
@@ -115,15 +130,21 @@ enum InFlight {
     Write(ContainerId, Weight),
     /// A write of a restore batch (shutdown, entering dry run).
     BatchRestore(ContainerId, Weight),
+    /// Saves are failing: the original put back.
+    HeldRestore(ContainerId, Weight),
+    /// A save of these originals.
+    Save(Vec<ContainerId>),
 }
 
 impl InFlight {
-    fn id(&self) -> &ContainerId {
+    fn id(&self) -> Option<&ContainerId> {
         match self {
             InFlight::ReadOriginal(id)
             | InFlight::Reverify(id, _)
             | InFlight::Write(id, _)
-            | InFlight::BatchRestore(id, _) => id,
+            | InFlight::BatchRestore(id, _)
+            | InFlight::HeldRestore(id, _) => Some(id),
+            InFlight::Save(_) => None,
         }
     }
 }
@@ -158,6 +179,10 @@ pub struct Reconciler {
     batch: Option<RestoreBatch>,
     /// Containers with `sample_failure_reported` set.
     sample_failures_reported: usize,
+    /// The last save failed: nothing but originals is written until one works again.
+    held: bool,
+    /// While held: a save is tried again (set every round).
+    retry_save: bool,
 }
 
 impl Reconciler {
@@ -196,6 +221,11 @@ impl Reconciler {
     /// Whether writes are suppressed.
     pub fn dry_run(&self) -> bool {
         self.dry_run
+    }
+
+    /// Whether the last save failed, so that weight changes are held (see the module documentation).
+    pub fn saves_held(&self) -> bool {
+        self.held
     }
 
     /// Whether [`Reconciler::handle_shutdown`] was called (every later input is ignored).
@@ -252,6 +282,16 @@ impl Reconciler {
             return;
         }
         self.reverify.extend(self.reverify_next_round.drain(..));
+        self.retry_save = self.held;
+        if self.held && !self.dry_run {
+            // Anything still owed its original (a restore that failed, a container a crashed agent left changed
+            // and tracked since) is put back.
+            let owed: Vec<ContainerId> =
+                self.entries.iter().filter(|(_, e)| e.held_restore().is_some()).map(|(i, _)| i.clone()).collect();
+            for i in owed {
+                self.make_dirty(&i);
+            }
+        }
         for id in std::mem::take(&mut self.blocked) {
             if self.entries.get(&id).is_some_and(|e| e.blocked) {
                 self.make_dirty(&id);
@@ -302,14 +342,18 @@ impl Reconciler {
 
     /// The answer to an [`Output::Write`]. A result nobody asked for is ignored.
     pub fn handle_write_result(&mut self, id: &ContainerId, result: Result<AppliedVia, BackendError>) {
-        let (weight, batch) = match self.in_flight {
-            Some(InFlight::Write(ref i, w)) if i == id => (w, false),
-            Some(InFlight::BatchRestore(ref i, w)) if i == id => (w, true),
+        let (weight, batch, held) = match self.in_flight {
+            Some(InFlight::Write(ref i, w)) if i == id => (w, false, false),
+            Some(InFlight::BatchRestore(ref i, w)) if i == id => (w, true, false),
+            Some(InFlight::HeldRestore(ref i, w)) if i == id => (w, false, true),
             _ => return,
         };
         self.in_flight = None;
         if batch {
             return self.batch_write_result(id, weight, result);
+        }
+        if held {
+            return self.held_write_result(id, weight, result);
         }
         match result {
             Ok(via) => {
@@ -328,6 +372,46 @@ impl Reconciler {
             }
             Err(e) if e.is_vanished() => self.gone(id),
             Err(error) => self.failed(id, weight, FailedStep::Write, error),
+        }
+    }
+
+    /// The answer to an [`Output::SaveOriginals`]. A failure holds every weight change (the originals the agent
+    /// changed are put back, nothing else is written) until a save works again; saves are tried again every round.
+    pub fn handle_save_result(&mut self, result: Result<(), StateError>) {
+        let Some(InFlight::Save(ids)) = self.in_flight.take_if(|f| matches!(f, InFlight::Save(_))) else { return };
+        match result {
+            Ok(()) => {
+                if std::mem::replace(&mut self.held, false) {
+                    self.out.push_back(Output::Report(Report::SavesResumed));
+                    let wanting: Vec<ContainerId> =
+                        self.entries.iter().filter(|(_, e)| e.wants_write()).map(|(i, _)| i.clone()).collect();
+                    for i in wanting {
+                        self.make_dirty(&i);
+                    }
+                }
+            }
+            Err(error) => {
+                for i in &ids {
+                    if let Some(e) = self.entries.get_mut(i) {
+                        e.on_file = false;
+                    }
+                    self.unsaved.push(i.clone());
+                }
+                let first = !std::mem::replace(&mut self.held, true);
+                self.out.push_back(Output::Report(Report::SaveFailed { error, first }));
+                if first {
+                    // Put back every original the agent changed: those writes need no save.
+                    let owed: Vec<ContainerId> = self
+                        .entries
+                        .iter()
+                        .filter(|(_, e)| e.held_restore().is_some())
+                        .map(|(i, _)| i.clone())
+                        .collect();
+                    for i in owed {
+                        self.make_dirty(&i);
+                    }
+                }
+            }
         }
     }
 
@@ -370,7 +454,7 @@ impl Reconciler {
             return;
         }
         for id in ids {
-            if self.in_flight.as_ref().is_some_and(|f| f.id() == id) {
+            if self.in_flight.as_ref().and_then(InFlight::id) == Some(id) {
                 self.in_flight = None; // its result, if it still comes, is for a container no longer here
             }
             if let Some(e) = self.entries.remove(id) {
@@ -455,6 +539,14 @@ impl Reconciler {
             let id = self.dirty.pop_front()?;
             let Some(e) = self.entries.get_mut(&id) else { continue };
             e.queued = false;
+            if self.held && !self.dry_run {
+                // Saves fail: only the original goes back, nothing else is written until a save works.
+                if let Some(original) = e.held_restore().filter(|_| !e.blocked) {
+                    self.in_flight = Some(InFlight::HeldRestore(id.clone(), original));
+                    return Some(Output::Write { id, weight: original });
+                }
+                continue;
+            }
             let Some(want) = e.desired.filter(|_| e.wants_write() && !e.blocked) else { continue };
             if self.dry_run {
                 let old = e.applied.or(e.original);
@@ -499,22 +591,32 @@ impl Reconciler {
         }
     }
 
-    /// One save for every original noted since the last one.
+    /// One save for every original noted since the last one. While held, only on a retry (once a round), and then
+    /// even with nothing new to save: the save itself is the probe.
     fn take_unsaved(&mut self) -> Option<Output> {
-        if self.unsaved.is_empty() {
+        if self.held {
+            // In dry run nothing is written, so nothing needs saving: the probe waits until it ends.
+            if self.dry_run || !std::mem::replace(&mut self.retry_save, false) {
+                return None;
+            }
+        } else if self.unsaved.is_empty() {
             return None;
         }
         let mut save = Vec::new();
         for id in std::mem::take(&mut self.unsaved) {
             if let Some(e) = self.entries.get_mut(&id) {
                 if let (Some(w), false) = (e.original, e.on_file) {
-                    // Counted as on file once asked for: a failed save is only warned about (as it always was).
+                    // Counted as on file once asked for; a failed save takes it back (`handle_save_result`).
                     e.on_file = true;
                     save.push((id, w));
                 }
             }
         }
-        (!save.is_empty()).then_some(Output::SaveOriginals(save))
+        if save.is_empty() && !self.held {
+            return None;
+        }
+        self.in_flight = Some(InFlight::Save(save.iter().map(|(i, _)| i.clone()).collect()));
+        Some(Output::SaveOriginals(save))
     }
 
     fn report_decision(&mut self, id: &ContainerId, old_weight: Option<Weight>, weight: Weight, effect: Effect) {
@@ -588,6 +690,10 @@ impl Reconciler {
             for (id, e) in &self.entries {
                 let Some(original) = e.original else { continue };
                 if !e.changed_by_agent {
+                    if e.on_file {
+                        // Nothing owed (put back while saves were held, or never written): only the entry to forget.
+                        batch.done.push(id.clone());
+                    }
                     continue;
                 }
                 if e.applied == Some(original) {
@@ -599,6 +705,23 @@ impl Reconciler {
             }
         }
         self.batch = Some(batch);
+    }
+
+    fn held_write_result(&mut self, id: &ContainerId, weight: Weight, result: Result<AppliedVia, BackendError>) {
+        match result {
+            Ok(via) => {
+                self.out.push_back(Output::Report(Report::Written { id: id.clone(), weight, via }));
+                // The file holds the original: nothing owed; whatever the engine wants is written on resuming.
+                let e = self.entries.get_mut(id).expect("in flight means tracked");
+                (e.applied, e.changed_by_agent, e.apply_failure_reported) = (None, false, false);
+                if e.restoring && e.desired == Some(weight) {
+                    self.report_decision(id, None, weight, Effect::Applied(via));
+                    self.finish_restore(id, weight);
+                }
+            }
+            Err(e) if e.is_vanished() => self.gone(id),
+            Err(error) => self.failed(id, weight, FailedStep::Write, error),
+        }
     }
 
     fn batch_write_result(&mut self, id: &ContainerId, weight: Weight, result: Result<AppliedVia, BackendError>) {

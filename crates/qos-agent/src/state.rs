@@ -63,6 +63,8 @@ pub struct OriginalWeights {
     originals: BTreeMap<ContainerId, Weight>,
     /// The exclusive lock on `<path>.lock`, held while this value lives.
     _lock: Option<nix::fcntl::Flock<std::fs::File>>,
+    /// The last write of the file failed: the next record or forget writes it even with nothing new.
+    stale: std::cell::Cell<bool>,
 }
 
 impl OriginalWeights {
@@ -95,7 +97,7 @@ impl OriginalWeights {
                 Err(source) => return Err(StateError::Io { path: p.to_path_buf(), source }),
             }
         }
-        Ok(Self { path: path.map(Path::to_path_buf), originals, _lock: lock })
+        Ok(Self { path: path.map(Path::to_path_buf), originals, _lock: lock, stale: Default::default() })
     }
 
     /// The original weight recorded for a container.
@@ -128,20 +130,27 @@ impl OriginalWeights {
     }
 
     /// [`OriginalWeights::record`] for many containers with one save (a save rewrites and fsyncs the whole file:
-    /// one per container made adopting 1,024 containers take seconds).
+    /// one per container made adopting 1,024 containers take seconds). The file is written when something is new
+    /// or the last write failed; if this write fails, what it added is taken back, so [`OriginalWeights::get`]
+    /// never answers an original that is not on disk.
     pub fn record_all<'a>(
         &mut self,
         items: impl IntoIterator<Item = (&'a ContainerId, Weight)>,
     ) -> Result<(), StateError> {
-        let mut added = false;
+        let mut added = Vec::new();
         for (id, weight) in items {
             if !self.originals.contains_key(id) {
                 self.originals.insert(id.clone(), weight);
-                added = true;
+                added.push(id.clone());
             }
         }
-        if added {
-            self.save()?;
+        if !added.is_empty() || self.stale.get() {
+            if let Err(e) = self.save() {
+                for id in &added {
+                    self.originals.remove(id);
+                }
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -160,13 +169,20 @@ impl OriginalWeights {
         for id in ids {
             self.originals.remove(id);
         }
-        if self.originals.len() != before {
+        if self.originals.len() != before || self.stale.get() {
             self.save()?;
         }
         Ok(())
     }
 
+    /// Writes the file; a failure marks it stale (see [`OriginalWeights::record_all`]).
     fn save(&self) -> Result<(), StateError> {
+        let result = self.write_file();
+        self.stale.set(result.is_err());
+        result
+    }
+
+    fn write_file(&self) -> Result<(), StateError> {
         let Some(path) = &self.path else { return Ok(()) };
         let io = |source| StateError::Io { path: path.clone(), source };
         let disk = OnDisk {
@@ -185,6 +201,121 @@ impl OriginalWeights {
     }
 }
 
+/// What a state file holds, read without taking it over: for `ddiskqos-agent state show` and `state reset`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inspection {
+    /// The file exists.
+    pub exists: bool,
+    /// The pid in the lock file, when an agent holds the lock now.
+    pub holder: Option<String>,
+    /// Every entry that reads as a container id and a weight 1..=1000 (from a damaged file: those that still do).
+    pub originals: BTreeMap<ContainerId, Weight>,
+    /// What is wrong with the file; empty when an agent would load it.
+    pub problems: Vec<String>,
+}
+
+/// Reads the state file at `path` as an operator would want to see it, never failing on its content: a file an
+/// agent refuses is described, entry by entry where it can be. Creates nothing.
+pub fn inspect(path: &Path) -> Result<Inspection, StateError> {
+    let mut out = Inspection { holder: holder(path)?, ..Inspection::default() };
+    let text = match std::fs::read(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(source) => return Err(StateError::Io { path: path.to_path_buf(), source }),
+    };
+    out.exists = true;
+    let value: serde_json::Value = match serde_json::from_slice(&text) {
+        Ok(v) => v,
+        Err(e) => {
+            out.problems.push(format!("not JSON ({e}); {} bytes", text.len()));
+            return Ok(out);
+        }
+    };
+    let Some(obj) = value.as_object() else {
+        out.problems.push("not a JSON object".into());
+        return Ok(out);
+    };
+    match obj.get("version").and_then(serde_json::Value::as_u64) {
+        Some(v) if v == u64::from(VERSION) => {}
+        Some(v) => out.problems.push(format!("version {v} is not the one this agent knows ({VERSION})")),
+        None => out.problems.push("no numeric \"version\"".into()),
+    }
+    for key in obj.keys().filter(|k| !["version", "originals"].contains(&k.as_str())) {
+        out.problems.push(format!("unknown field {key:?}"));
+    }
+    match obj.get("originals").and_then(serde_json::Value::as_object) {
+        None => out.problems.push("no \"originals\" object".into()),
+        Some(map) => {
+            for (id, w) in map {
+                match w.as_u64().map(Weight::new) {
+                    Some(Ok(weight)) if !id.is_empty() => {
+                        out.originals.insert(ContainerId::from(id.clone()), weight);
+                    }
+                    Some(Err(e)) => out.problems.push(format!("container {id:?}: {e}")),
+                    _ => out.problems.push(format!("container {id:?}: weight {w} is not a number 1..=1000")),
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The pid an agent holding `<path>.lock` wrote there, if one holds it now (the lock is tried, never kept).
+fn holder(path: &Path) -> Result<Option<String>, StateError> {
+    let lock_path = lock_path(path);
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&lock_path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(StateError::Io { path: lock_path, source }),
+    };
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(_free) => Ok(None),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+            let pid = std::fs::read_to_string(&lock_path).map(|s| s.trim().to_owned()).unwrap_or_default();
+            Ok(Some(if pid.is_empty() { "?".into() } else { pid }))
+        }
+        Err((_, errno)) => Err(StateError::Io { path: lock_path, source: errno.into() }),
+    }
+}
+
+impl OriginalWeights {
+    /// For `ddiskqos-agent state reset`: takes the state file's lock (so no agent runs on it; [`StateError::Locked`]
+    /// otherwise), keeps a copy of the current file as `<path>.bak-<unix seconds>` if there is one, and writes a
+    /// fresh file holding `keep`. The returned value holds the lock until dropped.
+    pub fn rewrite(path: &Path, keep: BTreeMap<ContainerId, Weight>) -> Result<(Self, Option<PathBuf>), StateError> {
+        let lock = lock_state(path)?;
+        let backup = match std::fs::symlink_metadata(path) {
+            Ok(m) if m.is_file() => {
+                let secs = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or_default();
+                let mut name = path.file_name().unwrap_or_default().to_os_string();
+                name.push(format!(".bak-{secs}"));
+                let backup = path.with_file_name(name);
+                std::fs::copy(path, &backup).map_err(|source| StateError::Io { path: backup.clone(), source })?;
+                Some(backup)
+            }
+            Ok(_) => {
+                return Err(StateError::Malformed {
+                    path: path.to_path_buf(),
+                    message: "not a regular file: move it away by hand".into(),
+                })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(source) => return Err(StateError::Io { path: path.to_path_buf(), source }),
+        };
+        let state =
+            Self { path: Some(path.to_path_buf()), originals: keep, _lock: Some(lock), stale: Default::default() };
+        state.save()?;
+        Ok((state, backup))
+    }
+}
+
 /// Creates the state directory (0700) if missing, then takes `<path>.lock` exclusively.
 fn lock_state(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, StateError> {
     let io = |source| StateError::Io { path: path.to_path_buf(), source };
@@ -192,21 +323,34 @@ fn lock_state(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, StateErro
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io)?;
     }
     let lock_path = lock_path(path);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&lock_path)
-        .map_err(|source| StateError::Io { path: lock_path.clone(), source })?;
+    let open = |write: bool| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .create(write)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&lock_path)
+    };
+    // A read-only state directory (a full or read-only file system) still lets an agent start, take the lock
+    // on the existing lock file and restore what the file holds; it then changes no weight whose original it
+    // cannot save (see `reconcile`).
+    let (file, writable) = match open(true) {
+        Ok(f) => (f, true),
+        Err(e) if e.raw_os_error() == Some(libc::EROFS) => {
+            (open(false).map_err(|_| StateError::Io { path: lock_path.clone(), source: e })?, false)
+        }
+        Err(source) => return Err(StateError::Io { path: lock_path.clone(), source }),
+    };
     match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
         Ok(mut lock) => {
             // The holder's pid, for the error a second agent prints.
-            let pid = format!("{}\n", std::process::id());
-            let wrote = lock.set_len(0).and_then(|()| lock.write_all(pid.as_bytes()));
-            wrote.map_err(|source| StateError::Io { path: lock_path.clone(), source })?;
+            if writable {
+                let pid = format!("{}\n", std::process::id());
+                let wrote = lock.set_len(0).and_then(|()| lock.write_all(pid.as_bytes()));
+                wrote.map_err(|source| StateError::Io { path: lock_path.clone(), source })?;
+            }
             Ok(lock)
         }
         Err((_, nix::errno::Errno::EWOULDBLOCK)) => {

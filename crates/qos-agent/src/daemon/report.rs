@@ -64,6 +64,16 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 name = %name(&self.tracked, &id), error = %error,
                 "cannot read I/O counters; skipping this container until they read again"),
             Report::Gone { id } => self.drop_tracked(&id),
+            Report::SaveFailed { error, first } => {
+                if first {
+                    error!(error = %error, "cannot save the state file: no weight is changed until it can be saved \
+                        (no weight is written whose original is not on file); putting back the originals the agent \
+                        changed; trying again every round")
+                } else {
+                    debug!(error = %error, "state file still cannot be saved")
+                }
+            }
+            Report::SavesResumed => info!("state file saved again: changing weights again"),
         }
     }
 }

@@ -99,6 +99,9 @@ pub struct Status {
     pub dry_run: bool,
     /// One row per container, by name.
     pub containers: Vec<StatusRow>,
+    /// The state file cannot be saved: weight changes are held (originals put back) until it can.
+    #[serde(default)]
+    pub saves_held: bool,
 }
 
 impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
@@ -127,7 +130,12 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             })
             .collect();
         rows.sort_by(|a, b| a.name.cmp(&b.name).then(a.id.cmp(&b.id)));
-        Status { actuator: self.actuator, dry_run: self.cfg.dry_run, containers: rows }
+        Status {
+            actuator: self.actuator,
+            dry_run: self.cfg.dry_run,
+            containers: rows,
+            saves_held: self.reconciler.saves_held(),
+        }
     }
 }
 
@@ -149,6 +157,7 @@ mod tests {
                 bytes_at_level: 0,
                 seconds_at_level: 0.0,
             }],
+            saves_held: false,
         };
         let json = serde_json::to_value(&st).unwrap();
         assert_eq!(json["actuator"], serde_json::json!({"configured": "auto", "in_use": "cgroupfs"}));

@@ -4,6 +4,7 @@
 use qos_core::{ContainerId, Weight, WeightChange};
 
 use crate::backend::{AppliedVia, BackendError};
+use crate::state::StateError;
 
 /// What is known of a container's original weight when it starts being tracked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +35,9 @@ pub enum Output {
         /// The container.
         id: ContainerId,
     },
-    /// Record these originals in the state file, in one save (before the writes that need them).
+    /// Record these originals in the state file and write it, in one save (before the writes that need them);
+    /// answer with [`Reconciler::handle_save_result`](super::Reconciler::handle_save_result). While saves are held
+    /// the list may be empty: the file is written anyway, to learn whether saving works again.
     SaveOriginals(Vec<(ContainerId, Weight)>),
     /// Write and verify a weight; answer with [`Reconciler::handle_write_result`](super::Reconciler::handle_write_result).
     Write {
@@ -150,6 +153,16 @@ pub enum Report {
         /// Why.
         error: BackendError,
     },
+    /// The state file could not be saved: weight changes are held (originals the agent changed are put back,
+    /// nothing else is written) until a save works. Sent on every failed save; `first` on the one that started it.
+    SaveFailed {
+        /// Why.
+        error: StateError,
+        /// The failure that started the hold (the one to log).
+        first: bool,
+    },
+    /// A save worked again after [`Report::SaveFailed`]: weights are written again.
+    SavesResumed,
     /// Every restore of a shutdown (or of entering dry run) is done.
     RestoresFinished(Summary),
     /// The container's counters cannot be read; sent on the first failure since the last good sample.

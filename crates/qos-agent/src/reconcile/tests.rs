@@ -27,6 +27,13 @@ fn vanished(id: &ContainerId) -> BackendError {
     })
 }
 
+fn unsaveable() -> crate::state::StateError {
+    crate::state::StateError::Io {
+        path: PathBuf::from("/fake/state.json"),
+        source: std::io::Error::from_raw_os_error(libc::EROFS),
+    }
+}
+
 fn decision(c: &str, weight: Option<u64>, reason: Reason) -> WeightChange {
     WeightChange {
         id: id(c),
@@ -43,6 +50,8 @@ fn decision(c: &str, weight: Option<u64>, reason: Reason) -> WeightChange {
 enum Did {
     Read(String),
     Save(Vec<(String, u32)>),
+    /// A save that failed (the state file cannot be written).
+    SaveFailed(Vec<(String, u32)>),
     Write(String, u32),
     Forget(Vec<String>),
 }
@@ -56,6 +65,8 @@ struct Sim {
     broken_writes: BTreeSet<ContainerId>,
     broken_reads: BTreeSet<ContainerId>,
     vanished: BTreeSet<ContainerId>,
+    /// Saves of the state file fail.
+    broken_saves: bool,
     did: Vec<Did>,
     reports: Vec<Report>,
 }
@@ -117,10 +128,17 @@ impl Sim {
                     self.r.handle_write_result(&id, result);
                 }
                 Output::SaveOriginals(items) => {
-                    self.did.push(Did::Save(items.iter().map(|(i, w)| (i.to_string(), w.get())).collect()));
+                    let list = items.iter().map(|(i, w)| (i.to_string(), w.get())).collect();
+                    if self.broken_saves {
+                        self.did.push(Did::SaveFailed(list));
+                        self.r.handle_save_result(Err(unsaveable()));
+                        continue;
+                    }
+                    self.did.push(Did::Save(list));
                     for (i, w) in items {
                         self.state_file.entry(i).or_insert(w);
                     }
+                    self.r.handle_save_result(Ok(()));
                 }
                 Output::ForgetOriginals(ids) => {
                     self.did.push(Did::Forget(ids.iter().map(ToString::to_string).collect()));
@@ -402,9 +420,15 @@ fn shutdown_restores_what_the_agent_changed_and_forgets_it_in_one_save() {
     s.drain();
     assert_eq!(
         s.take(),
-        vec![write("broken", 600), write("demoted", 500), write("gone", 700), forget(&["top", "demoted", "gone"])],
-        "top needs no write; never was not changed by the agent"
+        vec![
+            write("broken", 600),
+            write("demoted", 500),
+            write("gone", 700),
+            forget(&["never", "top", "demoted", "gone"])
+        ],
+        "top needs no write; never was not changed by the agent, so its saved original is only forgotten"
     );
+    assert_eq!(s.on_file("never"), None, "a clean stop leaves only failed restores on file");
     assert_eq!(s.summary(), Some(Summary { restored: 2, restore_failures: 1 }));
     assert_eq!(s.on_file("broken"), Some(600), "kept for the next agent");
     assert_eq!(s.count(|r| matches!(r, Report::RestoreFailed { .. })), 1);
@@ -506,12 +530,94 @@ fn at_most_one_read_or_write_is_outstanding() {
     r.handle_tracked(&id("b"), Original::Read(w(100)), Tracking::Follow);
     r.handle_decisions(vec![decision("a", Some(1000), Reason::New), decision("b", Some(1000), Reason::New)]);
     assert!(matches!(r.poll_output(), Some(Output::SaveOriginals(v)) if v.len() == 2));
+    assert!(r.poll_output().is_none(), "waits for the save's result");
+    r.handle_save_result(Ok(()));
     assert!(matches!(r.poll_output(), Some(Output::Write { id, .. }) if id.as_str() == "a"));
     assert!(r.poll_output().is_none(), "waits for a's result");
     r.handle_write_result(&id("b"), Ok(AppliedVia::CgroupFile)); // not asked for: ignored
     assert!(r.poll_output().is_none());
     r.handle_write_result(&id("a"), Ok(AppliedVia::CgroupFile));
     assert!(matches!(r.poll_output(), Some(Output::Report(Report::Written { .. }))));
+}
+
+// ----- saves that fail -----
+
+#[test]
+fn a_failed_save_holds_every_change_puts_originals_back_and_resumes_when_a_save_works() {
+    let mut s = Sim::new(false);
+    s.managed("a", 100);
+    s.managed("b", 300);
+    s.decide(vec![decision("a", Some(40), Reason::Demoted)]);
+    assert_eq!(s.take(), vec![save(&[("a", 100)]), write("a", 40)]);
+
+    // The state file becomes unwritable: b's original cannot be saved, so b is not written; a goes back.
+    s.broken_saves = true;
+    s.decide(vec![decision("b", Some(1000), Reason::New), decision("a", Some(10), Reason::Demoted)]);
+    assert_eq!(s.take(), vec![Did::SaveFailed(vec![("b".into(), 300)]), write("a", 100)]);
+    assert!(s.r.saves_held());
+    assert_eq!((s.file("a"), s.file("b")), (100, 300));
+    let first = |s: &Sim, want: bool| s.count(|r| matches!(r, Report::SaveFailed { first, .. } if *first == want));
+    assert_eq!(first(&s, true), 1);
+
+    // Every round tries the save again; nothing but originals is written meanwhile, and it is said once.
+    s.decide(vec![decision("a", Some(200), Reason::Boosted)]);
+    s.round();
+    s.round();
+    assert_eq!(s.take(), vec![Did::SaveFailed(vec![("b".into(), 300)]), Did::SaveFailed(vec![("b".into(), 300)])]);
+    assert_eq!((first(&s, true), first(&s, false)), (1, 2));
+
+    // The file is writable again: the next round saves, then writes what the engine wants now.
+    s.broken_saves = false;
+    s.round();
+    assert_eq!(s.take(), vec![save(&[("b", 300)]), write("a", 200), write("b", 1000)]);
+    assert!(!s.r.saves_held());
+    assert_eq!(s.count(|r| matches!(r, Report::SavesResumed)), 1);
+    assert_eq!((s.on_file("a"), s.on_file("b")), (Some(100), Some(300)));
+
+    s.r.handle_shutdown();
+    s.drain();
+    assert_eq!((s.file("a"), s.file("b")), (100, 300));
+    assert_eq!(s.summary(), Some(Summary { restored: 2, restore_failures: 0 }));
+}
+
+#[test]
+fn a_restore_that_fails_while_saves_are_held_is_retried_every_round() {
+    let mut s = Sim::new(false);
+    s.managed("a", 100);
+    s.managed("b", 100);
+    s.decide(vec![decision("a", Some(40), Reason::Demoted)]);
+    s.broken_saves = true;
+    s.broken_writes.insert(id("a"));
+    s.decide(vec![decision("b", Some(40), Reason::Demoted)]);
+    assert_eq!(s.file("a"), 40);
+    s.round();
+    assert_eq!(s.file("a"), 40, "still broken");
+    s.broken_writes.clear();
+    s.round();
+    assert_eq!((s.file("a"), s.file("b")), (100, 100), "put back although saves still fail; b never written");
+    // Stopped while still held: nothing else to put back, and the file's entries are forgotten (or left
+    // holding the weight the container has).
+    s.r.handle_shutdown();
+    s.drain();
+    assert_eq!((s.file("a"), s.file("b")), (100, 100));
+    assert!(s.did.iter().all(|d| !matches!(d, Did::Write(c, v) if c == "b" && *v != 100)));
+}
+
+#[test]
+fn a_crashed_agents_container_is_restored_at_shutdown_while_saves_fail() {
+    let mut s = Sim::new(false);
+    s.broken_saves = true;
+    // Left at 40 by a SIGKILLed agent; its original 100 is on file.
+    s.track("a", 40, Original::OnFile(w(100)), Tracking::Follow);
+    s.managed("b", 100);
+    s.decide(vec![decision("a", Some(1000), Reason::New), decision("b", Some(1000), Reason::New)]);
+    // a's original is on file, so a may be written; b's save fails, and a goes back to its original.
+    assert_eq!(s.file("b"), 100);
+    assert_eq!(s.file("a"), 100);
+    s.r.handle_shutdown();
+    s.drain();
+    assert_eq!((s.file("a"), s.file("b")), (100, 100));
+    assert_eq!(s.summary().map(|x| x.restore_failures), Some(0));
 }
 
 // ----- model-based -----
@@ -533,6 +639,7 @@ mod model {
         Remove(u8),
         Reload(bool),
         SampleFailed(u8),
+        BreakSaves(bool),
     }
 
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -566,6 +673,7 @@ mod model {
             1 => c.clone().prop_map(Step::Remove),
             1 => any::<bool>().prop_map(Step::Reload),
             1 => c.prop_map(Step::SampleFailed),
+            1 => prop::bool::weighted(0.4).prop_map(Step::BreakSaves),
         ]
     }
 
@@ -699,10 +807,13 @@ mod model {
                     s.r.handle_reload(d);
                 }
                 Step::SampleFailed(c) => s.r.handle_sample_failed(&cid(c), broken(&cid(c))),
+                Step::BreakSaves(on) => s.broken_saves = on,
             }
             let on_file_before: BTreeSet<ContainerId> = s.state_file.keys().cloned().collect();
+            let held_before = s.r.saves_held();
             s.drain();
-            check_outputs(&s, before, reports_before, &on_file_before, &removed, dry)?;
+            let originals = model.iter().map(|(i, m)| (i.clone(), m.original)).collect();
+            check_outputs(&s, before, reports_before, &on_file_before, &removed, dry, held_before, &originals)?;
             // The vanished ones the reconciler found are removals.
             for r in &s.reports[reports_before..] {
                 if let Report::Gone { id } = r {
@@ -728,9 +839,11 @@ mod model {
         let before = s.did.len();
         let reports_before = s.reports.len();
         let on_file_before: BTreeSet<ContainerId> = s.state_file.keys().cloned().collect();
+        let held_before = s.r.saves_held();
         s.r.handle_shutdown();
         s.drain();
-        check_outputs(&s, before, reports_before, &on_file_before, &removed, dry)?;
+        let originals = model.iter().map(|(i, m)| (i.clone(), m.original)).collect();
+        check_outputs(&s, before, reports_before, &on_file_before, &removed, dry, held_before, &originals)?;
         let failed: BTreeSet<&ContainerId> = s.reports[reports_before..]
             .iter()
             .filter_map(|r| match r {
@@ -751,7 +864,9 @@ mod model {
         Ok(())
     }
 
-    /// Invariants on what one drain did.
+    /// Invariants on what one drain did: no write whose original is not on file (saved by a save that worked), and
+    /// while saves fail, no write but of an original.
+    #[allow(clippy::too_many_arguments)]
     fn check_outputs(
         s: &Sim,
         before: usize,
@@ -759,21 +874,33 @@ mod model {
         on_file_before: &BTreeSet<ContainerId>,
         removed: &BTreeSet<ContainerId>,
         dry: bool,
+        held_before: bool,
+        originals: &BTreeMap<ContainerId, Option<Weight>>,
     ) -> Result<(), TestCaseError> {
         let mut on_file = on_file_before.clone();
+        let mut held = held_before;
         let restores_finished = s.reports[reports_before..].iter().any(|r| matches!(r, Report::RestoresFinished(_)));
         for d in &s.did[before..] {
             match d {
                 Did::Save(items) => {
                     prop_assert!(!dry, "no save in dry run");
                     on_file.extend(items.iter().map(|(c, _)| id(c)));
+                    held = false;
+                }
+                Did::SaveFailed(_) => {
+                    prop_assert!(!dry, "no save in dry run");
+                    held = true;
                 }
                 Did::Forget(ids) => {
                     for c in ids {
                         on_file.remove(&id(c));
                     }
                 }
-                Did::Write(c, _) => {
+                Did::Write(c, v) => {
+                    if held {
+                        let original = originals.get(&id(c)).copied().flatten().map(|o| o.get());
+                        prop_assert_eq!(Some(*v), original, "write to {} while saves fail is not its original", c);
+                    }
                     prop_assert!(
                         on_file.contains(&id(c)),
                         "write to {} whose original is not on file: {:?}",
@@ -796,7 +923,17 @@ mod model {
     /// Where nothing is broken and a round has given retries their chance, the file holds what the model says.
     fn check_steady(s: &Sim, i: &ContainerId, m: &Expect, dry: bool, step: &Step) -> Result<(), TestCaseError> {
         let healthy = !s.broken_writes.contains(i) && !s.broken_reads.contains(i) && !s.vanished.contains(i);
-        if !healthy || dry || !matches!(step, Step::Round) {
+        if dry || !matches!(step, Step::Round) {
+            return Ok(());
+        }
+        // A round tries a held save again; once saves work, it works.
+        prop_assert!(s.broken_saves || !s.r.saves_held(), "held after a round although saves work");
+        if !healthy {
+            return Ok(());
+        }
+        if s.r.saves_held() {
+            // Everything the agent changed is back at its original.
+            prop_assert!(!m.changed, "{} left at {} while saves fail (original {:?})", i, s.files[i], m.original);
             return Ok(());
         }
         match m.want {

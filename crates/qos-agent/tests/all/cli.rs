@@ -275,6 +275,8 @@ fn example_unit_runs_the_paths_it_installs() {
         "RuntimeDirectory=ddiskqos",
         "ProtectSystem=strict",
         "After=docker.service",
+        // One counter file per container: 1024 descriptors are too few on a busy host (see the unit's comment).
+        "LimitNOFILE=65536",
     ] {
         assert!(unit.lines().any(|l| l.trim() == line), "missing {line:?}");
     }
@@ -289,6 +291,95 @@ fn example_unit_runs_the_paths_it_installs() {
     let wd = unit.lines().find_map(|l| l.strip_prefix("WatchdogSec=")).expect("WatchdogSec");
     let wd = qos_core::units::parse_duration(wd.trim()).unwrap();
     assert!(wd >= Duration::from_secs(2) * 3, "{wd:?}");
+}
+
+// ----- state show / state reset -----
+
+#[test]
+fn state_show_describes_a_good_file_a_damaged_one_and_the_agent_holding_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = run_config(dir.path(), "", "");
+    let state = dir.path().join("state.json");
+    let out = agent(&["-c", &cfg, "state", "show"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no file"), "{}", String::from_utf8_lossy(&out.stdout));
+
+    std::fs::write(&state, r#"{"version":1,"originals":{"aaa":100,"bbb":40}}"#).unwrap();
+    let out = agent(&["-c", &cfg, "state", "show"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("ok: 2") && text.contains("bbb") && text.contains("no agent"),
+        "{text}"
+    );
+
+    // Damaged: an unknown version and one bad weight; the good entry is still listed. Exit 1.
+    std::fs::write(&state, r#"{"version":99,"originals":{"aaa":100,"bbb":0}}"#).unwrap();
+    let out = agent(&["-c", &cfg, "state", "show"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    for want in ["DAMAGED", "version 99", "\"bbb\"", "aaa"] {
+        assert!(text.contains(want), "{want:?} missing:\n{text}");
+    }
+    std::fs::write(&state, "\u{0}garbage").unwrap();
+    let text = String::from_utf8_lossy(&agent(&["-c", &cfg, "state", "show"]).stdout).into_owned();
+    assert!(text.contains("not JSON"), "{text}");
+
+    // Held by an agent: show names its pid (the lock file holds it), reset refuses.
+    let held = qos_agent::state::OriginalWeights::load(Some(&dir.path().join("other.json"))).unwrap();
+    let out = agent(&["-c", &cfg, "state", "show", "--state-file", dir.path().join("other.json").to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("pid {}", std::process::id())), "{text}");
+    let out = agent(&[
+        "-c",
+        &cfg,
+        "state",
+        "reset",
+        "--to",
+        "100",
+        "--state-file",
+        dir.path().join("other.json").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("stop it first"), "{}", stderr(&out));
+    drop(held);
+}
+
+#[test]
+fn state_reset_puts_named_cgroups_back_and_rewrites_the_file_keeping_what_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = run_config(dir.path(), "", "");
+    let root = dir.path().join("cgroup");
+    for c in ["pods/a", "pods/b", "other"] {
+        fixture_cgroup(&root.join(c), 0);
+        std::fs::write(root.join(c).join("blkio.bfq.weight"), "40\n").unwrap();
+    }
+    let state = dir.path().join("state.json");
+    std::fs::write(&state, r#"{"version":1,"originals":{"keep":300,"bad":"x"}}"#).unwrap();
+    let out = agent(&["-c", &cfg, "state", "reset", "--to", "100", "--children-of", "pods", "other"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}\n{text}", stderr(&out));
+    for c in ["pods/a", "pods/b", "other"] {
+        assert_eq!(std::fs::read_to_string(root.join(c).join("blkio.bfq.weight")).unwrap().trim(), "100", "{c}");
+        assert!(text.contains(&format!("{c}: weight 40 -> 100")), "{text}");
+    }
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    assert_eq!(v, serde_json::json!({"version": 1, "originals": {"keep": 300}}));
+    let backups: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("state.json.bak-"))
+        .collect();
+    assert_eq!(backups.len(), 1, "the damaged file is kept");
+    assert!(std::fs::read_to_string(backups[0].path()).unwrap().contains("\"bad\""));
+    // An agent loads the rewritten file.
+    assert_eq!(qos_agent::state::OriginalWeights::load(Some(&state)).unwrap().len(), 1);
+
+    // A cgroup outside the root, or a bad weight, is refused before anything is written.
+    let out = agent(&["-c", &cfg, "state", "reset", "--to", "100", "../etc"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("../etc"), "{}", stderr(&out));
+    let out = agent(&["-c", &cfg, "state", "reset", "--to", "0", "other"]);
+    assert!(stderr(&out).contains("--to 0"), "{}", stderr(&out));
 }
 
 // ----- systemd notify protocol -----

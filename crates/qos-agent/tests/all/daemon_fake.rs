@@ -61,6 +61,8 @@ struct Inner {
     sample_fault: HashMap<String, Fault>,
     /// Containers whose weight cannot be read (EIO, EACCES) although the cgroup exists.
     read_broken: HashSet<String>,
+    /// Containers whose counters cannot be attached (EMFILE, say).
+    attach_broken: HashSet<String>,
 }
 
 /// The shared state behind the three fake backends.
@@ -170,8 +172,13 @@ struct FakeCounters(World);
 
 impl CounterSource for FakeCounters {
     async fn attach(&mut self, info: &ContainerInfo) -> Result<(), BackendError> {
-        self.0.with(|w| w.attached.insert(info.id.to_string()));
-        Ok(())
+        self.0.with(|w| {
+            if w.attach_broken.contains(info.id.as_str()) {
+                return Err(error(&info.id, Fault::Broken, "attach"));
+            }
+            w.attached.insert(info.id.to_string());
+            Ok(())
+        })
     }
 
     fn detach(&mut self, id: &ContainerId) {
@@ -748,6 +755,92 @@ async fn failed_restore_of_an_excluded_container_is_retried_and_kept_on_file() {
     h.shutdown().await;
     assert_eq!(world.weight("x"), 400);
     assert_eq!(on_file(&path), serde_json::json!({}));
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_weight_is_written_without_a_saved_original_held_until_the_state_file_saves_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    let world = World::with_containers(&["a", "b", "c"], KERNEL_DEFAULT);
+    let logs = LogBuffer::default();
+    let _guard = logs.install();
+    let originals = OriginalWeights::load(Some(&path)).unwrap();
+    let h = Harness::start_with(cfg(), &world, vec![info("a", &[]), info("b", &[])], originals);
+    h.settle().await;
+    world.set_read("a", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!(world.weight("a"), 200, "demoted while the file saves");
+    assert_eq!(on_file(&path), serde_json::json!({"a": 100, "b": 100}));
+
+    // The state file can no longer be replaced (even by root: renaming a file over a non-empty directory fails).
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir_all(path.join("blocker")).unwrap();
+    h.send(DiscoveryEvent::Started(info("c", &[]))).await;
+    assert_eq!(world.writes_to("c"), Vec::<u32>::new(), "c's original cannot be saved: never written");
+    assert_eq!(world.weight("a"), KERNEL_DEFAULT, "what the agent changed goes back");
+    world.set_read("b", 3 * MIB);
+    world.read_more("a", 20 * MIB);
+    h.rounds(4).await;
+    assert_eq!(world.writes_to("c"), Vec::<u32>::new());
+    assert_eq!((world.weight("a"), world.weight("b")), (KERNEL_DEFAULT, KERNEL_DEFAULT), "no change while held");
+    assert_eq!(logs.count("cannot save the state file"), 1, "said once, not every round");
+    assert_eq!(logs.count("changing weights again"), 0);
+    assert!(h.status().await.saves_held, "status says so");
+
+    // Saving works again: the next round saves c's original, then writes what the engine wants now.
+    std::fs::remove_dir_all(&path).unwrap();
+    h.rounds(1).await;
+    assert_eq!(logs.count("state file saved again"), 1);
+    assert!(!h.status().await.saves_held);
+    assert_eq!(world.writes_to("c"), vec![1000]);
+    assert_eq!((world.weight("a"), world.weight("b")), (40, 200));
+    assert_eq!(on_file(&path), serde_json::json!({"a": 100, "b": 100, "c": 100}));
+
+    assert_eq!(h.shutdown().await.restore_failures, 0);
+    for c in ["a", "b", "c"] {
+        assert_eq!(world.weight(c), KERNEL_DEFAULT, "{c} restored");
+    }
+    assert_eq!(on_file(&path), serde_json::json!({}));
+}
+
+#[tokio::test(start_paused = true)]
+async fn stopped_while_the_state_file_cannot_be_saved_every_original_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    let world = World::with_containers(&["a", "b"], KERNEL_DEFAULT);
+    let originals = OriginalWeights::load(Some(&path)).unwrap();
+    let h = Harness::start_with(cfg(), &world, vec![info("a", &[])], originals);
+    h.settle().await;
+    world.set_read("a", 12 * MIB);
+    h.rounds(2).await;
+    assert_eq!(world.weight("a"), 40);
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir_all(path.join("blocker")).unwrap();
+    h.send(DiscoveryEvent::Started(info("b", &[]))).await;
+    let summary = h.shutdown().await;
+    assert_eq!((world.weight("a"), world.weight("b")), (KERNEL_DEFAULT, KERNEL_DEFAULT));
+    assert_eq!(world.writes_to("b"), Vec::<u32>::new());
+    assert_eq!(summary.restore_failures, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn counters_that_could_not_be_attached_are_tried_again_until_they_are() {
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
+    world.with(|w| w.attach_broken.insert("a".into()));
+    let h = Harness::start(cfg(), &world, vec![]);
+    h.settle().await;
+    h.send(DiscoveryEvent::Started(info("a", &[]))).await;
+    world.set_read("a", 3 * MIB);
+    h.rounds(4).await;
+    assert_eq!(world.samples_of("a"), 0);
+    assert_eq!(world.weight("a"), 1000, "not sampled, so not demoted");
+    world.with(|w| w.attach_broken.remove("a"));
+    h.rounds(qos_agent::daemon::REATTACH_EVERY as u32).await;
+    assert!(world.samples_of("a") > 0, "attached again within {} rounds", qos_agent::daemon::REATTACH_EVERY);
+    world.read_more("a", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!(world.weight("a"), 200, "then demoted by its I/O");
+    h.shutdown().await;
 }
 
 /// The originals recorded in a state file.

@@ -16,6 +16,9 @@
 //! - `faults_real`: dockerd restarts, churn, SIGKILL, broken and vanishing cgroup files, bad config (a private
 //!   dockerd); the fixture-based fault tests there run without root.
 //! - `scale_real`: correctness at 1,024 cgroups and 32 containers.
+//! - `attacks_real`: the attacks of issue 12 replayed (a metrics flood by `nobody`, two agents on one state file, a
+//!   container moving its process into another cgroup, a read-only state directory, a planted symlink, an idle
+//!   status client): no cgroup at a wrong weight after a clean stop.
 //! - `v2_real`: the agent on real cgroup v2 (BFQ and io.cost loop devices, a dockerd on v2); it runs only inside
 //!   `scripts/cgroup-v2.sh` (the machine boots v1), so `scripts/test.sh` skips it in the main run and runs it there.
 //!
@@ -25,6 +28,7 @@
 //! `daemon_fake` installs this binary's one global tracing subscriber (lines routed to the emitting thread's
 //! buffer), so its log assertions cannot race with other tests.
 
+mod attacks_real;
 mod cgroup_dir_real;
 mod cgroup_fixtures;
 mod cgroup_real;

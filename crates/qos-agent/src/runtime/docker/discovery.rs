@@ -108,8 +108,10 @@ impl DockerDiscovery {
     /// Lists the running containers, remembering which and when for [`DockerDiscovery::is_replayed`].
     async fn list(&mut self) -> Result<Vec<ContainerInfo>, DiscoveryError> {
         self.listed_at_ns = unix_ns();
-        let list = self.api.list().await?;
-        self.listed = list.iter().map(|c| c.id.clone()).collect();
+        // Every running container the listing saw, also those it refused (a moved process): a replayed start of
+        // one of them must not bring it in through the event path.
+        let (list, seen) = self.api.list().await?;
+        self.listed = seen;
         Ok(list)
     }
 
@@ -136,6 +138,12 @@ impl Inspector {
     /// Builds the container's info from a start event alone, if its cgroup is at the driver's default place.
     fn info_from_event(&self, id: &str, mut attributes: HashMap<String, String>) -> Option<ContainerInfo> {
         let cgroup = container_cgroup(&self.root, id, self.driver, None).ok()?;
+        // Its processes must be there: an empty cgroup (they moved away, or exited) takes the inspect path, which
+        // cross-checks the container's process and refuses a moved one.
+        let procs = std::fs::read(cgroup.path().join("cgroup.procs")).ok()?;
+        if procs.iter().all(u8::is_ascii_whitespace) {
+            return None;
+        }
         let name = attributes.remove("name").unwrap_or_default();
         // Event attributes are the container's labels plus `image` and `name` (and `exitCode` on die).
         attributes.remove("image");
@@ -147,20 +155,23 @@ impl Inspector {
         })
     }
 
-    async fn list(&self) -> Result<Vec<ContainerInfo>, DiscoveryError> {
+    /// The running containers the agent may manage, and the ids of every running container listed.
+    async fn list(&self) -> Result<(Vec<ContainerInfo>, HashSet<ContainerId>), DiscoveryError> {
         let list = self
             .docker
             .list_containers(Some(ListContainersOptions { all: false, ..Default::default() }))
             .await
             .map_err(|e| DiscoveryError::Runtime { what: "list containers".into(), detail: e.to_string() })?;
         let mut out = Vec::with_capacity(list.len());
+        let mut seen = HashSet::with_capacity(list.len());
         for c in list {
             let Some(id) = c.id else { continue };
+            seen.insert(ContainerId::from(id.clone()));
             if let Some(info) = self.inspect(&id).await {
                 out.push(info);
             }
         }
-        Ok(out)
+        Ok((out, seen))
     }
 
     /// One API call per container when it appears (never per round). `None` for a container that is already gone
