@@ -129,7 +129,7 @@ impl OriginalWeights {
         self.save()
     }
 
-    /// [`OriginalWeights::record`] for many containers with one save (a save rewrites and fsyncs the whole file:
+    /// [`OriginalWeights::record`] for many containers with one save (a save rewrites the whole file:
     /// one per container made adopting 1,024 containers take seconds). The file is written when something is new
     /// or the last write failed; if this write fails, what it added is taken back, so [`OriginalWeights::get`]
     /// never answers an original that is not on disk.
@@ -190,9 +190,12 @@ impl OriginalWeights {
             originals: self.originals.iter().map(|(k, v)| (k.to_string(), v.get() as u16)).collect(),
         };
         let (tmp, mut f) = create_temp(path).map_err(io)?;
+        // No fsync: the file must survive the agent's crash (SIGKILL), which the page cache does, not the
+        // machine's, after which no cgroup weight survives either (and /run, the default place, is gone). An
+        // fsync here blocked the daemon loop for up to 175 ms per save on a loaded disk (the bench's strace,
+        // 2026-11-23), delaying new containers' top weight. The rename keeps every reader on a whole file.
         let written = f
             .write_all(serde_json::to_string_pretty(&disk).expect("serializable").as_bytes())
-            .and_then(|()| f.sync_all())
             .and_then(|()| std::fs::rename(&tmp, path));
         if written.is_err() {
             let _ = std::fs::remove_file(&tmp);
