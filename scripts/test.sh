@@ -9,9 +9,10 @@ cd "$(dirname "$0")/.."
 bash scripts/setup-host.sh
 export DDISKQOS_REQUIRE_REAL=1
 export PATH="/usr/bin:$PATH"   # Debian's docker CLI, matching the daemon
-# Every target (benches run once in test mode); --no-fail-fast: one run reports every failing binary. The cgroup-v2
-# module needs the v2 test bed and runs below, in it.
-cargo test --workspace --all-targets --locked --no-fail-fast -- --include-ignored --skip v2_real::
+# Every target; --no-fail-fast: one run reports every failing binary. The cgroup-v2 module needs the v2 test bed
+# and runs below, in it. The criterion benches (their own harness, which takes no --skip) run once in test mode.
+cargo test --workspace --lib --bins --tests --examples --locked --no-fail-fast -- --include-ignored --skip v2_real::
+cargo test --workspace --benches --locked --no-fail-fast
 cargo test --workspace --doc --locked
 
 # cgroup v2 for real (crates/qos-agent/tests/all/v2_real.rs): the agent against a dockerd on v2 with a BFQ and an
