@@ -318,7 +318,7 @@ fn sandbox_config(
             namespace: NAMESPACE.into(),
             attempt: 0,
         }),
-        hostname: name.into(),
+        // No hostname: a host-network pod shares the node's UTS namespace, and runc refuses to set one there.
         log_directory: log_dir.to_string_lossy().into_owned(),
         annotations: annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<HashMap<_, _>>(),
         linux: Some(cri::LinuxPodSandboxConfig {
