@@ -59,14 +59,13 @@ fn agent_manages_pods_through_containerd() {
     // one whose weight someone set, and one with a bad annotation (managed like any other).
     let (reader, idle, pinned, excluded, bad) = (uid(1), uid(2), uid(3), uid(4), uid(5));
     let sleep = "exec sleep 100000";
-    // 30 MB/s (a blkio throttle rule on the pod cgroup, set by the test) so every level shows in the weight file.
-    let read = format!("sleep 1; exec dd if={} of=/dev/null bs=1M count=1000 iflag=direct", dev.display());
+    // About 20 MB/s (2 MiB direct reads, 0.1 s apart), so every level shows in the pod cgroup's weight file.
+    let read = format!(
+        "sleep 1; i=0; while [ $i -lt 900 ]; do dd if={} of=/dev/null bs=1M count=2 skip=$i iflag=direct 2>/dev/null; \
+         i=$((i+2)); sleep 0.1; done; exec sleep 100000",
+        dev.display()
+    );
     containerd.run_pod("reader", &reader, Qos::Burstable, &[], &read, &[&dev]);
-    std::fs::write(
-        pod_dir(Qos::Burstable, &reader).join("blkio.throttle.read_bps_device"),
-        format!("{} {}", disk.devnum, 30 << 20),
-    )
-    .unwrap();
     containerd.run_pod("idle", &idle, Qos::BestEffort, &[], sleep, &[]);
     containerd.run_pod("pinned", &pinned, Qos::Guaranteed, &[("ddiskqos.io/weight", "300")], sleep, &[]);
     containerd.run_pod("excluded", &excluded, Qos::Burstable, &[("ddiskqos.io/exclude", "true")], sleep, &[]);
@@ -97,7 +96,7 @@ idle_promote_after = "off"
     let reader_dir = pod_dir(Qos::Burstable, &reader);
     let recorder = {
         let dir = reader_dir.clone();
-        std::thread::spawn(move || record_weights(&dir, Duration::from_secs(8), Duration::from_millis(10)))
+        std::thread::spawn(move || record_weights(&dir, Duration::from_secs(12), Duration::from_millis(10)))
     };
     for (what, dir, want) in [
         ("idle BestEffort pod at the top", pod_dir(Qos::BestEffort, &idle), 1000),
@@ -113,7 +112,7 @@ idle_promote_after = "off"
             agent.log_text()
         );
     }
-    eprintln!("agent start -> existing pods weighted: {:.2} s", started.elapsed().as_secs_f64());
+    eprintln!("existing pods weighted {:.2} s after Agent::start returned", started.elapsed().as_secs_f64());
     assert_eq!(bfq_weight(&pod_dir(Qos::Burstable, &excluded)), Some(123), "excluded pod touched");
     let log = agent.log_text();
     assert!(log.contains("ddiskqos.io/weight") && log.contains("abc"), "bad annotation not reported:\n{log}");
@@ -153,14 +152,14 @@ idle_promote_after = "off"
     eprintln!("containerd stop -> restarted -> agent resynced: {:.1} s", t.elapsed().as_secs_f64());
     assert_eq!(bfq_weight(&pod_dir(Qos::Guaranteed, &pinned)), Some(300), "pinned pod changed over the restart");
     let after = uid(7);
-    containerd.run_pod("after-restart", &after, Qos::Guaranteed, &[], sleep, &[]);
+    containerd.run_pod("restarted", &after, Qos::Guaranteed, &[], sleep, &[]);
     assert!(
         weight_becomes(&pod_dir(Qos::Guaranteed, &after), 1000, Duration::from_secs(5)).is_some(),
         "pod made after the containerd restart not managed; log:\n{}",
         agent.log_text()
     );
     let status = agent.status().expect("status");
-    assert!(status.contains("ddiskqos-test/reader") && status.contains("ddiskqos-test/after-restart"), "{status}");
+    assert!(status.contains("ddiskqos-test/reader") && status.contains("ddiskqos-test/restarted"), "{status}");
 
     // SIGTERM: every pod's weight back to what it was (100, the default; the excluded one never changed).
     let code = agent.stop();

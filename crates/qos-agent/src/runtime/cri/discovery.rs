@@ -9,7 +9,7 @@
 //! The entry's id is the pod uid (stable across sandbox re-creation, and the name of its cgroup), its name
 //! `namespace/name`, its labels the pod's `ddiskqos.io/*` annotations, its cgroup the pod cgroup.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -113,6 +113,9 @@ impl CriDiscovery {
     async fn list(&mut self) -> Result<BTreeMap<String, (String, ContainerInfo)>, DiscoveryError> {
         self.watch_tree();
         let sandboxes = self.client.ready_sandboxes().await?;
+        // A refused sandbox stays refused (one warning) while it is listed; forgotten once it is gone.
+        let listed: HashSet<&str> = sandboxes.iter().map(|s| s.id.as_str()).collect();
+        self.refused.retain(|s| listed.contains(s.as_str()));
         let mut out = BTreeMap::new();
         for sb in sandboxes {
             let Some(uid) = sb.metadata.as_ref().map(|m| m.uid.clone()) else { continue };
@@ -145,8 +148,6 @@ impl CriDiscovery {
                 self.queue.push_back(DiscoveryEvent::Started(info.clone()));
             }
         }
-        let live: BTreeSet<&String> = now.values().map(|(s, _)| s).collect();
-        self.refused.retain(|s| live.contains(s));
         self.known = now;
         Ok(())
     }
