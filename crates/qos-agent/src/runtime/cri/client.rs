@@ -13,6 +13,36 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::backend::DiscoveryError;
 
+/// The two calls discovery makes, so it can run against a fake runtime in tests.
+pub trait SandboxSource: Send {
+    /// What this is, for logs (the socket).
+    fn describe(&self) -> String;
+    /// The READY pod sandboxes.
+    fn ready_sandboxes(&mut self) -> impl std::future::Future<Output = Result<Vec<PodSandbox>, DiscoveryError>> + Send;
+    /// The `info` map of a verbose `PodSandboxStatus`.
+    fn sandbox_info(
+        &mut self,
+        sandbox_id: &str,
+    ) -> impl std::future::Future<Output = Result<std::collections::HashMap<String, String>, DiscoveryError>> + Send;
+}
+
+impl SandboxSource for CriClient {
+    fn describe(&self) -> String {
+        self.socket.display().to_string()
+    }
+
+    async fn ready_sandboxes(&mut self) -> Result<Vec<PodSandbox>, DiscoveryError> {
+        CriClient::ready_sandboxes(self).await
+    }
+
+    async fn sandbox_info(
+        &mut self,
+        sandbox_id: &str,
+    ) -> Result<std::collections::HashMap<String, String>, DiscoveryError> {
+        CriClient::sandbox_info(self, sandbox_id).await
+    }
+}
+
 /// One CRI call's deadline: the runtime answers these from memory, so a slow answer means trouble.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::client::CriClient;
+use super::client::{CriClient, SandboxSource};
 use super::naming::{cgroup_parent_from_info, pod_cgroup};
 use crate::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
 use crate::cgroup::CgroupRoot;
@@ -47,9 +47,9 @@ const WATCHED: [&str; 7] = [
     "kubepods.slice/kubepods-besteffort.slice",
 ];
 
-/// Discovers the pods of a CRI runtime.
-pub struct CriDiscovery {
-    client: CriClient,
+/// Discovers the pods of a CRI runtime (`S`: the CRI client; a fake in tests).
+pub struct CriDiscovery<S = CriClient> {
+    client: S,
     root: Arc<CgroupRoot>,
     relist_interval: Duration,
     /// Pods managed now: uid → (sandbox id, what was reported for it).
@@ -65,19 +65,19 @@ pub struct CriDiscovery {
     last_list: Option<Instant>,
 }
 
-impl std::fmt::Debug for CriDiscovery {
+impl<S: SandboxSource> std::fmt::Debug for CriDiscovery<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CriDiscovery")
-            .field("socket", &self.client.socket())
+            .field("runtime", &self.client.describe())
             .field("known", &self.known.len())
             .field("lost", &self.lost)
             .finish()
     }
 }
 
-impl CriDiscovery {
+impl<S: SandboxSource> CriDiscovery<S> {
     /// Pods of the runtime `client` talks to; pod cgroups under `root`.
-    pub fn new(client: CriClient, root: Arc<CgroupRoot>, relist_interval: Duration) -> Self {
+    pub fn new(client: S, root: Arc<CgroupRoot>, relist_interval: Duration) -> Self {
         Self {
             client,
             root,
@@ -164,7 +164,7 @@ impl CriDiscovery {
                     self.queue.clear();
                     let list = now.values().map(|(_, info)| info.clone()).collect();
                     self.known = now;
-                    info!(socket = %self.client.socket().display(), pods = self.known.len(), "CRI runtime answers again");
+                    info!(runtime = %self.client.describe(), pods = self.known.len(), "CRI runtime answers again");
                     return DiscoveryEvent::Resync(list);
                 }
                 Err(e) => debug!(error = %e, retry_in = ?self.backoff, "CRI runtime still unreachable"),
@@ -233,7 +233,7 @@ fn policy_annotations(sb: &PodSandbox) -> BTreeMap<String, String> {
         .collect()
 }
 
-impl Discovery for CriDiscovery {
+impl<S: SandboxSource> Discovery for CriDiscovery<S> {
     async fn start(&mut self) -> Result<Vec<ContainerInfo>, DiscoveryError> {
         // Watch first, then list: a pod cgroup made in between wakes the first re-list.
         let ino = Inotify::init(InitFlags::IN_CLOEXEC)
@@ -296,5 +296,190 @@ impl Discovery for CriDiscovery {
                 return Ok(DiscoveryEvent::Lost(e.to_string()));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use k8s_cri::v1::PodSandboxMetadata;
+
+    use super::*;
+    use crate::cgroup::CgroupVersion;
+
+    /// An in-memory runtime: the sandboxes it lists, whether it answers, and how often each sandbox was inspected.
+    #[derive(Default)]
+    struct World {
+        sandboxes: Vec<(PodSandbox, String)>, // (sandbox, cgroup parent)
+        down: bool,
+        inspected: HashMap<String, usize>,
+    }
+
+    #[derive(Clone)]
+    struct Fake(Arc<Mutex<World>>);
+
+    impl SandboxSource for Fake {
+        fn describe(&self) -> String {
+            "fake".into()
+        }
+
+        async fn ready_sandboxes(&mut self) -> Result<Vec<PodSandbox>, DiscoveryError> {
+            let w = self.0.lock().unwrap();
+            if w.down {
+                return Err(DiscoveryError::Runtime { what: "ListPodSandbox".into(), detail: "Unavailable".into() });
+            }
+            Ok(w.sandboxes.iter().map(|(s, _)| s.clone()).collect())
+        }
+
+        async fn sandbox_info(&mut self, id: &str) -> Result<HashMap<String, String>, DiscoveryError> {
+            let mut w = self.0.lock().unwrap();
+            *w.inspected.entry(id.to_string()).or_default() += 1;
+            let parent = w.sandboxes.iter().find(|(s, _)| s.id == id).map(|(_, p)| p.clone()).unwrap_or_default();
+            let json = serde_json::json!({ "config": { "linux": { "cgroup_parent": parent } } });
+            Ok(HashMap::from([("info".to_string(), json.to_string())]))
+        }
+    }
+
+    fn uid(n: u8) -> String {
+        format!("0000000{n}-aaaa-bbbb-cccc-dddddddddddd")
+    }
+
+    fn sandbox(id: &str, uid: &str, annotations: &[(&str, &str)]) -> PodSandbox {
+        PodSandbox {
+            id: id.into(),
+            metadata: Some(PodSandboxMetadata {
+                name: format!("p-{id}"),
+                uid: uid.into(),
+                namespace: "ns".into(),
+                attempt: 0,
+            }),
+            annotations: annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            ..Default::default()
+        }
+    }
+
+    struct Setup {
+        _tmp: tempfile::TempDir,
+        root: Arc<CgroupRoot>,
+        world: Arc<Mutex<World>>,
+        discovery: CriDiscovery<Fake>,
+    }
+
+    fn setup() -> Setup {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = Arc::new(CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap());
+        let world = Arc::new(Mutex::new(World::default()));
+        let discovery = CriDiscovery::new(Fake(world.clone()), root.clone(), Duration::from_secs(2));
+        Setup { _tmp: tmp, root, world, discovery }
+    }
+
+    impl Setup {
+        /// A READY pod whose cgroup exists (if `mkdir`) at the kubelet's Burstable place.
+        fn add(&self, id: &str, uid: &str, annotations: &[(&str, &str)], mkdir: bool) {
+            let parent = format!("/kubepods/burstable/pod{uid}");
+            if mkdir {
+                std::fs::create_dir_all(self.root.path().join(&parent[1..])).unwrap();
+            }
+            self.world.lock().unwrap().sandboxes.push((sandbox(id, uid, annotations), parent));
+        }
+
+        fn remove(&self, id: &str) {
+            self.world.lock().unwrap().sandboxes.retain(|(s, _)| s.id != id);
+        }
+
+        async fn next(&mut self) -> DiscoveryEvent {
+            tokio::time::timeout(Duration::from_secs(30), self.discovery.next_event())
+                .await
+                .expect("an event within 30 s of virtual time")
+                .unwrap()
+        }
+    }
+
+    fn started_id(ev: &DiscoveryEvent) -> String {
+        match ev {
+            DiscoveryEvent::Started(info) => info.id.as_str().to_string(),
+            other => panic!("expected Started, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pods_appear_and_go_and_policy_annotations_become_labels() {
+        let mut s = setup();
+        s.add("sb1", &uid(1), &[("ddiskqos.io/weight", "300"), ("other.io/x", "y")], true);
+        let list = s.discovery.start().await.unwrap();
+        assert_eq!(list.len(), 1);
+        let info = &list[0];
+        assert_eq!(info.id.as_str(), uid(1));
+        assert_eq!(info.name, "ns/p-sb1");
+        assert_eq!(info.labels, BTreeMap::from([("ddiskqos.io/weight".to_string(), "300".to_string())]));
+        let dir = info.cgroup.as_ref().unwrap().path();
+        assert_eq!(dir, s.root.path().join(format!("kubepods/burstable/pod{}", uid(1))));
+
+        s.add("sb2", &uid(2), &[], true);
+        assert_eq!(started_id(&s.next().await), uid(2));
+        s.remove("sb1");
+        assert_eq!(s.next().await, DiscoveryEvent::Stopped(ContainerId::new(uid(1))));
+        // Known sandboxes are inspected once, however many re-lists see them.
+        assert_eq!(s.world.lock().unwrap().inspected["sb2"], 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recreated_sandbox_is_a_stop_then_a_start() {
+        let mut s = setup();
+        s.add("old", &uid(1), &[], true);
+        assert_eq!(s.discovery.start().await.unwrap().len(), 1);
+        s.remove("old");
+        s.add("new", &uid(1), &[], false);
+        assert_eq!(s.next().await, DiscoveryEvent::Stopped(ContainerId::new(uid(1))));
+        assert_eq!(started_id(&s.next().await), uid(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_whose_cgroup_is_not_there_yet_is_retried_and_a_refused_one_inspected_once() {
+        let mut s = setup();
+        s.add("early", &uid(1), &[], false);
+        // Names another pod's cgroup: refused.
+        s.world.lock().unwrap().sandboxes.push((sandbox("evil", &uid(3), &[]), format!("/kubepods/pod{}", uid(1))));
+        assert!(s.discovery.start().await.unwrap().is_empty());
+        std::fs::create_dir_all(s.root.path().join(format!("kubepods/burstable/pod{}", uid(1)))).unwrap();
+        assert_eq!(started_id(&s.next().await), uid(1));
+        // More re-lists: the refused sandbox is not asked about again.
+        s.add("later", &uid(2), &[], true);
+        assert_eq!(started_id(&s.next().await), uid(2));
+        let w = s.world.lock().unwrap();
+        assert_eq!(w.inspected["evil"], 1, "{:?}", w.inspected);
+        assert!(w.inspected["early"] >= 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unreachable_runtime_is_lost_then_resynced_in_full() {
+        let mut s = setup();
+        s.add("a", &uid(1), &[], true);
+        s.discovery.start().await.unwrap();
+        s.world.lock().unwrap().down = true;
+        assert!(matches!(s.next().await, DiscoveryEvent::Lost(m) if m.contains("Unavailable")));
+        // While down, the pod goes and another comes; when the runtime answers, the full list.
+        s.remove("a");
+        s.add("b", &uid(2), &[], true);
+        let t = tokio::time::Instant::now();
+        let resync = {
+            let world = s.world.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(2500)).await;
+                world.lock().unwrap().down = false;
+            });
+            s.next().await
+        };
+        match resync {
+            DiscoveryEvent::Resync(list) => {
+                assert_eq!(list.iter().map(|i| i.id.as_str().to_string()).collect::<Vec<_>>(), vec![uid(2)]);
+            }
+            other => panic!("expected Resync, got {other:?}"),
+        }
+        // Retries after 0.2, 0.6, 1.4 and 3.0 s (backoff doubling from 0.2 s): the fourth finds it back.
+        let waited = t.elapsed();
+        assert!(waited >= Duration::from_millis(2500) && waited <= Duration::from_millis(3100), "{waited:?}");
     }
 }
