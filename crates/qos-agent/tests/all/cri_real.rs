@@ -44,6 +44,7 @@ fn agent_manages_pods_through_containerd() {
         Need::Program("containerd"),
         Need::Program("ctr"),
         Need::Program("runc"),
+        Need::Program("setpriv"),
     ];
     if !require("agent_manages_pods_through_containerd", &needs) {
         return;
@@ -72,8 +73,18 @@ fn agent_manages_pods_through_containerd() {
     std::fs::write(pod_dir(Qos::Burstable, &excluded).join("blkio.bfq.weight"), "123").unwrap();
     containerd.run_pod("bad", &bad, Qos::BestEffort, &[("ddiskqos.io/weight", "abc")], sleep, &[]);
 
+    // The agent as the DaemonSet runs it: uid 0 with no capabilities at all (bounding set emptied, so exec gives it
+    // none) and no_new_privs.
+    let wrapper_dir = tempfile::tempdir().unwrap();
+    let wrapper = wrapper_dir.path().join("agent-without-capabilities");
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nexec setpriv --bounding-set=-all --inh-caps=-all --no-new-privs {AGENT} \"$@\"\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let mut agent = Agent::start(
-        AGENT,
+        &wrapper,
         &format!(
             r#"
 runtime = "cri"
@@ -93,6 +104,11 @@ idle_promote_after = "off"
         ),
     );
     let started = Instant::now();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid())).unwrap();
+    for cap in ["CapEff", "CapPrm", "CapBnd"] {
+        let line = status.lines().find(|l| l.starts_with(cap)).unwrap();
+        assert!(line.ends_with("0000000000000000"), "agent runs with capabilities: {line}");
+    }
     let reader_dir = pod_dir(Qos::Burstable, &reader);
     let recorder = {
         let dir = reader_dir.clone();
