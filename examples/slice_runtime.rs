@@ -211,7 +211,7 @@ async fn run(cfg: AgentConfig, root: Arc<CgroupRoot>, parent: &str, duration: Du
     cfg.validate()?;
     let started = Instant::now();
     let discovery = PollingDiscovery::new(root, parent, Duration::from_millis(100), started);
-    let writer = PrintingWriter { inner: CgroupDirWriter, started };
+    let writer = PrintingWriter { inner: CgroupDirWriter::default(), started };
     let counters = CgroupDirCounters::new();
     // No state file: this example restores everything it changed before it exits.
     let originals = OriginalWeights::load(None)?;

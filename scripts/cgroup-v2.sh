@@ -41,10 +41,10 @@ remove_children() {
     if [ -n "$(cat "$dir/cgroup.procs" 2>/dev/null)" ]; then
       die "cgroup $dir still has processes ($(tr '\n' ' ' < "$dir/cgroup.procs")); stop them first"
     fi
-    if ! rmdir "$dir" 2>/dev/null && [ -d "$dir" ]; then
-      sleep 0.2
-      rmdir "$dir" || die "cannot remove cgroup $dir"
-    fi
+    rmdir "$dir" 2>/dev/null || sleep 0.2
+    # An `if`, not `[ -d ] && ...`: that list's status 1 (already removed) would be the function's status and,
+    # under `set -e`, end the caller silently.
+    if [ -d "$dir" ]; then rmdir "$dir" || die "cannot remove cgroup $dir"; fi
   done < <(find "$root" -mindepth 1 -type d -printf '%d %p\n' | sort -rn | cut -d' ' -f2-)
 }
 
@@ -112,12 +112,17 @@ leave() {
       rmdir "$V2/$child" || die "cannot remove v2 cgroup $V2/$child"
     fi
   done < <(find "$V2" -mindepth 1 -maxdepth 1 -type d -printf '%f\n')
-  # Turn off for children every controller that was not on before (io; hugetlb, which Docker on v2 enables).
-  local was="" c
+  # Turn off for children every controller that was not on before (io; hugetlb, which Docker on v2 enables):
+  # first in the cgroups that were there before `enter` and stay (a dockerd on v2 enables its controllers in an
+  # existing docker/ too, and the root's cannot be turned off while a child still has them on: EBUSY), deepest
+  # first, then in the root.
+  local was="" c dir
   [ -f "$STATE_DIR/subtree_control.before" ] && was=$(cat "$STATE_DIR/subtree_control.before")
-  for c in $(cat "$V2/cgroup.subtree_control"); do
-    case " $was " in *" $c "*) ;; *) echo "-$c" > "$V2/cgroup.subtree_control" || die "cannot disable $c in $V2/cgroup.subtree_control";; esac
-  done
+  while IFS= read -r dir; do
+    for c in $(cat "$dir/cgroup.subtree_control"); do
+      case " $was " in *" $c "*) ;; *) echo "-$c" > "$dir/cgroup.subtree_control" || die "cannot disable $c in $dir/cgroup.subtree_control";; esac
+    done
+  done < <(find "$V2" -mindepth 1 -type d -printf '%d %p\n' | sort -rn | cut -d' ' -f2-; echo "$V2")
   release_detached_loops
   log "mounting blkio v1 again (retrying while dying v2 cgroups hold the controller, up to ${WAIT_SECS}s)"
   local deadline=$((SECONDS + WAIT_SECS))

@@ -9,12 +9,13 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::cgroups::{self, CgroupBackend};
+use qos_agent::cgroup::{CgroupRoot, CgroupVersion, V1_BFQ_BYTES};
+
+use crate::agent::Backends;
 use crate::cleanup::Cleanup;
 use crate::cli::{Common, RunArgs};
 use crate::disk::{self, Disk, DiskSource};
 use crate::files::{self, FileSpec};
-use crate::live::LiveOptions;
 use crate::model::{Meta, ModeReport, RunReport};
 use crate::runner::{self, Env, RunConfig};
 use crate::runtime::cgroup::CgroupRuntime;
@@ -32,10 +33,12 @@ pub struct Setup {
     pub runtime: Box<dyn Runtime>,
     /// Why this runtime.
     pub runtime_reason: String,
-    /// Counter/weight access.
-    pub backend: Arc<dyn CgroupBackend>,
-    /// Which implementation of it.
-    pub backend_name: &'static str,
+    /// The agent's backends for the runtime.
+    pub backends: Backends,
+    /// The cgroup hierarchy, as the agent detects it.
+    pub root: Arc<CgroupRoot>,
+    /// The work directory.
+    pub work: PathBuf,
     /// Test files by name.
     pub files: BTreeMap<String, PathBuf>,
 }
@@ -43,7 +46,14 @@ pub struct Setup {
 impl Setup {
     /// The environment a mode runs in.
     pub fn env(&self) -> Env<'_> {
-        Env { disk: &self.disk, runtime: &*self.runtime, backend: self.backend.clone(), files: self.files.clone() }
+        Env {
+            disk: &self.disk,
+            runtime: &*self.runtime,
+            backends: self.backends,
+            root: self.root.clone(),
+            work: self.work.clone(),
+            files: self.files.clone(),
+        }
     }
 }
 
@@ -52,10 +62,17 @@ pub fn preflight() -> Result<()> {
     if !sys::is_root() {
         bail!("ddiskqos-bench needs root (loop devices, mounts, cgroups, scheduler settings)");
     }
-    if !Path::new(cgroups::V1_BLKIO).join("cgroup.procs").exists() {
-        bail!("no cgroup v1 blkio hierarchy at {} (this bench drives v1 blkio + BFQ)", cgroups::V1_BLKIO);
-    }
+    detect_root()?;
     Ok(())
+}
+
+/// The block-I/O cgroup hierarchy, detected as the agent detects it; the bench drives v1 blkio with BFQ.
+fn detect_root() -> Result<CgroupRoot> {
+    let root = CgroupRoot::detect().context("detecting the cgroup hierarchy (qos_agent::cgroup::CgroupRoot)")?;
+    if root.version() != CgroupVersion::V1 {
+        bail!("the block-I/O hierarchy at {} is cgroup v2: this bench drives v1 blkio + BFQ", root.path().display());
+    }
+    Ok(root)
 }
 
 /// Creates the work directory, the disk, the files and the runtime.
@@ -82,43 +99,43 @@ pub fn set_up(common: &Common, plan: &Plan, cleanup: &'static Cleanup) -> Result
     for assignment in &common.bfq_set {
         disk.set_tunable(assignment, cleanup)?;
     }
+    let d = &disk.info;
     eprintln!(
         "disk: {} {} ({}), scheduler bfq, files in {}",
-        disk.kind,
-        disk.dev.display(),
-        disk.backing.as_ref().map(|b| format!("sparse file {}", b.display())).unwrap_or_default(),
-        disk.files_dir.display()
+        d.kind,
+        d.dev.display(),
+        d.backing.as_ref().map(|b| format!("sparse file {}", b.display())).unwrap_or_default(),
+        d.files_dir.display()
     );
     let bar = ProgressBar::new(total_mib).with_style(
         ProgressStyle::with_template("creating files {bar:40} {pos}/{len} MiB {elapsed}").expect("valid template"),
     );
     let started = std::time::Instant::now();
-    let paths = files::create_all(&disk.files_dir, &specs, common.seed, |n| bar.set_position(n))?;
+    let paths = files::create_all(&disk.info.files_dir, &specs, common.seed, |n| bar.set_position(n))?;
     bar.finish_and_clear();
     eprintln!("files: {total_mib} MiB written in {:.1} s", started.elapsed().as_secs_f64());
     let files = specs.iter().zip(paths).map(|(s, p)| (s.name.clone(), p)).collect();
-    cgroups::v1_blkio_with_bfq()?;
-    let (backend, backend_name) = cgroups::default_backend();
+    let root = Arc::new(detect_root()?);
+    if !root.path().join(V1_BFQ_BYTES).exists() {
+        bail!("{} has no {V1_BFQ_BYTES}: BFQ is not active on any device", root.path().display());
+    }
     let exe = std::env::current_exe().context("cannot find this executable")?;
-    let (runtime, runtime_reason): (Box<dyn Runtime>, String) = match common.runtime {
-        RuntimeChoice::Cgroup => (
-            Box::new(CgroupRuntime::new(exe, common.cgroup_layout, backend.clone(), cleanup, &work)?),
-            "runtime cgroup (asked for)".into(),
-        ),
-        RuntimeChoice::Docker => (
-            Box::new(DockerRuntime::new(&exe, common.cgroup_layout, &disk.files_dir, &work, cleanup)?),
-            "runtime docker (asked for)".into(),
-        ),
-        RuntimeChoice::Auto if docker::daemon_answers() => (
-            Box::new(DockerRuntime::new(&exe, common.cgroup_layout, &disk.files_dir, &work, cleanup)?),
-            "runtime docker (a daemon answers)".into(),
-        ),
-        RuntimeChoice::Auto => (
-            Box::new(CgroupRuntime::new(exe, common.cgroup_layout, backend.clone(), cleanup, &work)?),
-            "runtime cgroup (no Docker daemon answers)".into(),
-        ),
+    let files_dir = disk.info.files_dir.clone();
+    let docker = |reason: &str| -> Result<(Box<dyn Runtime>, String, Backends)> {
+        let rt = DockerRuntime::new(&exe, common.cgroup_layout, &files_dir, &work, root.clone(), cleanup)?;
+        Ok((Box::new(rt), format!("runtime docker ({reason})"), Backends::Docker))
     };
-    Ok(Setup { disk, runtime, runtime_reason, backend, backend_name, files })
+    let cgroup = |reason: &str| -> Result<(Box<dyn Runtime>, String, Backends)> {
+        let rt = CgroupRuntime::new(exe.clone(), common.cgroup_layout, root.clone(), cleanup, &work)?;
+        Ok((Box::new(rt), format!("runtime cgroup ({reason})"), Backends::CgroupDir))
+    };
+    let (runtime, runtime_reason, backends) = match common.runtime {
+        RuntimeChoice::Cgroup => cgroup("asked for")?,
+        RuntimeChoice::Docker => docker("asked for")?,
+        RuntimeChoice::Auto if docker::daemon_answers() => docker("a daemon answers")?,
+        RuntimeChoice::Auto => cgroup("no Docker daemon answers")?,
+    };
+    Ok(Setup { disk, runtime, runtime_reason, backends, root, work, files })
 }
 
 /// Size of the loop device for `total_mib` of files: 25 % and 512 MiB spare, whole GiB, at least 1 GiB.
@@ -132,7 +149,7 @@ pub fn run_config(common: &Common, plan: Plan, exp1: bool, exp2: bool) -> Result
     Ok(RunConfig {
         plan,
         engine: common.engine_config()?,
-        live: LiveOptions { sample_interval: common.sample_interval },
+        sample_interval: common.sample_interval,
         gap: common.gap,
         settle: Duration::from_millis(50),
         warmup: Duration::from_millis(500),
@@ -212,11 +229,11 @@ pub fn meta(
         runtime: setup.runtime.name().into(),
         runtime_reason: setup.runtime_reason.clone(),
         cgroup_layout: format!("{:?}", common.cgroup_layout).to_lowercase(),
-        cgroup_backend: setup.backend_name.into(),
+        agent: format!("qos_agent::daemon::Daemon on {}", setup.backends.describe()),
         background: if background.is_empty() { background_label(common.background) } else { background },
-        disk: serde_json::to_value(&setup.disk)?,
-        engine: serde_json::to_value(&cfg.engine)?,
-        sample_interval_ms: cfg.live.sample_interval.as_secs_f64() * 1e3,
+        disk: setup.disk.info.clone(),
+        engine: cfg.engine.clone(),
+        sample_interval_ms: cfg.sample_interval.as_secs_f64() * 1e3,
         plan,
         quick,
         gap_ms: cfg.gap.as_secs_f64() * 1e3,

@@ -1,15 +1,20 @@
 //! The disk under test: by default a sparse file on the host disk, attached as a loop device with direct I/O (so
 //! reads reach the real disk), BFQ as its scheduler, and an ext4 file system mounted under the work directory.
 //! An existing block device (formatted only with `--format`) or an existing directory also works. Every step
-//! registers its undo in the [`Cleanup`] stack. The disk that holds `/` is never touched.
+//! registers its undo in the [`Cleanup`] stack.
+//!
+//! Device facts and the writes to a device's queue come from the agent's library (`qos_agent::blockdev`): which
+//! disk a node or a path is on, its scheduler, the guarded scheduler switch and BFQ tunable writes (allowed for the
+//! test disk only; the disk backing `/` is always refused). What stays here is the bench's own: the sparse file,
+//! losetup, mkfs, mount and the undo stack.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
+use qos_agent::blockdev::{self, DevNum};
+use serde::{Deserialize, Serialize};
 
 use crate::cleanup::{Cleanup, Token};
 use crate::sys;
@@ -36,11 +41,11 @@ pub enum DiskSource {
     Dir(PathBuf),
 }
 
-/// The prepared disk.
-#[derive(Debug, Clone, Serialize)]
-pub struct Disk {
+/// The disk as the report records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskInfo {
     /// `loop`, `device` or `dir`.
-    pub kind: &'static str,
+    pub kind: String,
     /// The block device the files live on, e.g. `/dev/loop3`.
     pub dev: PathBuf,
     /// The whole disk whose queue carries the scheduler, e.g. `loop3`.
@@ -53,24 +58,56 @@ pub struct Disk {
     pub backing: Option<PathBuf>,
     /// Size of the device in bytes.
     pub size: u64,
+}
+
+/// The prepared disk.
+#[derive(Debug, Clone)]
+pub struct Disk {
+    /// What the report records.
+    pub info: DiskInfo,
     /// BFQ's `low_latency` before the first mode changed it.
-    #[serde(skip)]
     low_latency_base: Arc<Mutex<Option<String>>>,
+    /// The first value of every BFQ tunable the bench changed, restored by one cleanup action.
+    originals: Arc<Mutex<BTreeMap<String, String>>>,
 }
 
 impl Disk {
+    fn new(info: DiskInfo, cleanup: &Cleanup) -> Self {
+        let originals: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
+        let (o, name) = (originals.clone(), info.disk_name.clone());
+        cleanup.push(format!("restore BFQ tunables of {name}"), move || {
+            let mut first_err = None;
+            for (key, old) in std::mem::take(&mut *o.lock().unwrap_or_else(|p| p.into_inner())) {
+                if let Err(e) = blockdev::set_bfq_tunable(&name, &key, &old, std::slice::from_ref(&name)) {
+                    first_err.get_or_insert(e);
+                }
+            }
+            first_err.map_or(Ok(()), |e| Err(e.into()))
+        });
+        Self { info, low_latency_base: Default::default(), originals }
+    }
+
     fn queue(&self) -> PathBuf {
-        Path::new("/sys/block").join(&self.disk_name).join("queue")
+        Path::new("/sys/block").join(&self.info.disk_name).join("queue")
+    }
+
+    /// Sets a BFQ tunable through the agent's guarded write (this disk only); the first old value of each key is
+    /// kept for the final restore. Returns the value it had.
+    fn set(&self, key: &str, value: &str) -> Result<String> {
+        let name = &self.info.disk_name;
+        let old = blockdev::set_bfq_tunable(name, key, value, std::slice::from_ref(name))
+            .with_context(|| format!("setting BFQ {key}={value} on {name}"))?;
+        self.originals.lock().unwrap_or_else(|p| p.into_inner()).entry(key.to_string()).or_insert(old.clone());
+        Ok(old)
     }
 
     /// Switches BFQ's `strict_guarantees` (and, for [`BfqMode::StrictNoLowLatency`], `low_latency`) for `mode`.
     /// Other modes keep the `low_latency` the device had when the first mode started (after `--bfq-set`).
     pub fn set_mode(&self, mode: BfqMode) -> Result<()> {
-        let iosched = self.queue().join("iosched");
         let base = {
             let mut base = self.low_latency_base.lock().unwrap_or_else(|p| p.into_inner());
             if base.is_none() {
-                *base = Some(sys::read_trim(&iosched.join("low_latency"))?);
+                *base = Some(sys::read_trim(&self.queue().join("iosched/low_latency"))?);
             }
             base.clone().unwrap_or_default()
         };
@@ -79,40 +116,24 @@ impl Disk {
             BfqMode::Strict => ("1", base.as_str()),
             BfqMode::StrictNoLowLatency => ("1", "0"),
         };
-        for (name, value) in [("strict_guarantees", strict), ("low_latency", low_latency)] {
-            let file = iosched.join(name);
-            sys::write_existing(&file, value)?;
-            let back = sys::read_trim(&file)?;
-            if back != value {
-                bail!("{} reads {back:?} after writing {value:?}", file.display());
-            }
-        }
+        self.set("strict_guarantees", strict)?;
+        self.set("low_latency", low_latency)?;
         Ok(())
     }
 
-    /// Writes a BFQ tunable given as `KEY=VALUE` and returns its old value (the caller restores it).
-    fn write_tunable(&self, assignment: &str) -> Result<(String, String)> {
+    /// Sets a BFQ tunable given as `KEY=VALUE` (`low_latency=0`, `slice_idle=0`, ...); the returned token puts the
+    /// old value back early (the run's end restores it in any case).
+    pub fn set_tunable(&self, assignment: &str, cleanup: &Cleanup) -> Result<Token> {
         let Some((key, value)) = assignment.split_once('=') else {
             bail!("--bfq-set wants KEY=VALUE, got {assignment:?}");
         };
-        if key.is_empty() || key.contains('/') || key.contains("..") || key == "strict_guarantees" {
+        if key == "strict_guarantees" {
             bail!("--bfq-set {key}: not a tunable the bench lets you set (strict_guarantees comes from --modes)");
         }
-        let file = self.queue().join("iosched").join(key);
-        let old = sys::read_trim(&file)?;
-        sys::write_existing(&file, value)?;
-        Ok((key.to_string(), old))
-    }
-
-    /// Sets a BFQ tunable (`low_latency=0`, `slice_idle=0`, ...), registering the restore of its old value; run
-    /// the returned token to restore it early.
-    pub fn set_tunable(&self, assignment: &str, cleanup: &Cleanup) -> Result<Token> {
-        let (key, old) = self.write_tunable(assignment)?;
-        let f = self.queue().join("iosched").join(&key);
-        Ok(cleanup.push(format!("restore {key}={old} on {}", self.disk_name), move || {
-            if f.exists() {
-                sys::write_existing(&f, &old)?;
-            }
+        let old = self.set(key, value)?;
+        let (name, key) = (self.info.disk_name.clone(), key.to_string());
+        Ok(cleanup.push(format!("restore {key}={old} on {name}"), move || {
+            blockdev::set_bfq_tunable(&name, &key, &old, std::slice::from_ref(&name))?;
             Ok(())
         }))
     }
@@ -165,7 +186,8 @@ fn prepare_loop(dir: &Path, size: u64, work: &Path, cleanup: &Cleanup) -> Result
     let d = dev.clone();
     cleanup.push(format!("detach {dev}"), move || detach_loop(&d));
     let dev = PathBuf::from(dev);
-    let disk_name = whole_disk_name(&dev)?;
+    let num = DevNum::of_node(&dev)?;
+    let disk_name = blockdev::disk_of_dev(num)?;
     ensure_not_root_disk(&disk_name)?;
     let dio = sys::read_trim(&Path::new("/sys/block").join(&disk_name).join("loop/dio")).unwrap_or_default();
     if dio != "1" {
@@ -174,16 +196,16 @@ fn prepare_loop(dir: &Path, size: u64, work: &Path, cleanup: &Cleanup) -> Result
     use_bfq(&disk_name, cleanup)?;
     mkfs(&dev)?;
     let files_dir = mount(&dev, work, cleanup)?;
-    Ok(Disk {
-        kind: "loop",
-        maj_min: maj_min(&dev)?,
+    let info = DiskInfo {
+        kind: "loop".into(),
+        maj_min: num.to_string(),
         dev,
         disk_name,
         files_dir,
         backing: Some(backing),
         size,
-        low_latency_base: Default::default(),
-    })
+    };
+    Ok(Disk::new(info, cleanup))
 }
 
 fn detach_loop(dev: &str) -> Result<()> {
@@ -200,11 +222,8 @@ fn detach_loop(dev: &str) -> Result<()> {
 }
 
 fn prepare_device(path: &Path, format: bool, work: &Path, cleanup: &Cleanup) -> Result<Disk> {
-    let meta = std::fs::metadata(path).with_context(|| format!("cannot stat {}", path.display()))?;
-    if !meta.file_type().is_block_device() {
-        bail!("{} is not a block device", path.display());
-    }
-    let disk_name = whole_disk_name(path)?;
+    let num = DevNum::of_node(path)?;
+    let disk_name = blockdev::disk_of_dev(num)?;
     ensure_not_root_disk(&disk_name)?;
     let canonical = path.canonicalize()?;
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
@@ -221,26 +240,22 @@ fn prepare_device(path: &Path, format: bool, work: &Path, cleanup: &Cleanup) -> 
     mkfs(path)?;
     let files_dir = mount(path, work, cleanup)?;
     let size = sys::run("blockdev", &["--getsize64", &path.to_string_lossy()])?.trim().parse().unwrap_or(0);
-    Ok(Disk {
-        kind: "device",
-        maj_min: maj_min(path)?,
+    let info = DiskInfo {
+        kind: "device".into(),
+        maj_min: num.to_string(),
         dev: path.to_path_buf(),
         disk_name,
         files_dir,
         backing: None,
         size,
-        low_latency_base: Default::default(),
-    })
+    };
+    Ok(Disk::new(info, cleanup))
 }
 
 fn prepare_dir(dir: &Path, cleanup: &Cleanup) -> Result<Disk> {
-    let st = nix::sys::stat::stat(dir).with_context(|| format!("cannot stat {}", dir.display()))?;
-    let (major, minor) = (nix::sys::stat::major(st.st_dev), nix::sys::stat::minor(st.st_dev));
-    let sys_dev = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
-    if !sys_dev.exists() {
-        bail!("{} is not on a block device ({major}:{minor}): BFQ weights cannot act there", dir.display());
-    }
-    let disk_name = disk_of_sysfs(&sys_dev)?;
+    let num = DevNum::of_path(dir)?;
+    let disk_name = blockdev::disk_of_path(dir)
+        .with_context(|| format!("{} is not on a block device ({num}): BFQ weights cannot act there", dir.display()))?;
     ensure_not_root_disk(&disk_name)?;
     use_bfq(&disk_name, cleanup)?;
     let files_dir = dir.join(format!("ddiskqos-bench-{}", std::process::id()));
@@ -249,20 +264,20 @@ fn prepare_dir(dir: &Path, cleanup: &Cleanup) -> Result<Disk> {
     cleanup.push(format!("remove {}", files_dir.display()), move || {
         std::fs::remove_dir_all(&f).with_context(|| format!("cannot remove {}", f.display()))
     });
-    let name = sys::read_trim(&sys_dev.join("uevent"))?
+    let name = sys::read_trim(&PathBuf::from(format!("/sys/dev/block/{num}/uevent")))?
         .lines()
         .find_map(|l| l.strip_prefix("DEVNAME=").map(str::to_string))
         .unwrap_or_else(|| disk_name.clone());
-    Ok(Disk {
-        kind: "dir",
+    let info = DiskInfo {
+        kind: "dir".into(),
         dev: Path::new("/dev").join(name),
         disk_name,
-        maj_min: format!("{major}:{minor}"),
+        maj_min: num.to_string(),
         files_dir,
         backing: None,
         size: 0,
-        low_latency_base: Default::default(),
-    })
+    };
+    Ok(Disk::new(info, cleanup))
 }
 
 fn mkfs(dev: &Path) -> Result<()> {
@@ -308,42 +323,11 @@ fn unmount(mnt: &Path) -> Result<()> {
     sys::run("umount", &["-l", &m]).map(|_| ())
 }
 
-/// `major:minor` of a block device node.
-pub fn maj_min(dev: &Path) -> Result<String> {
-    let st = nix::sys::stat::stat(dev).with_context(|| format!("cannot stat {}", dev.display()))?;
-    Ok(format!("{}:{}", nix::sys::stat::major(st.st_rdev), nix::sys::stat::minor(st.st_rdev)))
-}
-
-/// The whole disk (the one with a scheduler) of a block device node: `sda` for `/dev/sda2`, `loop3` for itself.
-fn whole_disk_name(dev: &Path) -> Result<String> {
-    let st = nix::sys::stat::stat(dev).with_context(|| format!("cannot stat {}", dev.display()))?;
-    let sys_dev = format!("/sys/dev/block/{}:{}", nix::sys::stat::major(st.st_rdev), nix::sys::stat::minor(st.st_rdev));
-    disk_of_sysfs(Path::new(&sys_dev))
-}
-
-/// Resolves `/sys/dev/block/M:m` to the name of its whole disk.
-fn disk_of_sysfs(sys_dev: &Path) -> Result<String> {
-    let real = sys_dev.canonicalize().with_context(|| format!("cannot resolve {}", sys_dev.display()))?;
-    let node = if real.join("partition").exists() { real.parent().map(Path::to_path_buf) } else { Some(real.clone()) };
-    let name = node
-        .and_then(|n| n.file_name().map(|s| s.to_string_lossy().into_owned()))
-        .with_context(|| format!("no disk name in {}", real.display()))?;
-    if !Path::new("/sys/block").join(&name).join("queue").exists() {
-        bail!("{name} has no request queue (device-mapper or similar?): pick a plain disk or the loop device");
-    }
-    Ok(name)
-}
-
-/// The disk holding `/`, if `/` is on a block device.
-pub fn root_disk() -> Option<String> {
-    let st = nix::sys::stat::stat("/").ok()?;
-    let sys_dev = format!("/sys/dev/block/{}:{}", nix::sys::stat::major(st.st_dev), nix::sys::stat::minor(st.st_dev));
-    disk_of_sysfs(Path::new(&sys_dev)).ok()
-}
-
-/// Refuses to touch the root disk.
+/// Refuses to touch a disk the agent's library protects (the one backing `/`, and the disks under it), before
+/// anything is set up on it.
 pub fn ensure_not_root_disk(disk_name: &str) -> Result<()> {
-    if root_disk().as_deref() == Some(disk_name) {
+    let protected = blockdev::protected_disks().context("cannot tell which disk backs /")?;
+    if protected.iter().any(|p| p == disk_name) {
         bail!(
             "{disk_name} holds the root file system: the bench never changes its scheduler \
              (use the default loop device)"
@@ -352,53 +336,18 @@ pub fn ensure_not_root_disk(disk_name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Parses the scheduler file (`none mq-deadline [bfq]`) into (available, active).
-pub fn parse_scheduler(text: &str) -> (Vec<String>, Option<String>) {
-    let mut available = Vec::new();
-    let mut active = None;
-    for word in text.split_whitespace() {
-        if let Some(name) = word.strip_prefix('[').and_then(|w| w.strip_suffix(']')) {
-            active = Some(name.to_string());
-            available.push(name.to_string());
-        } else {
-            available.push(word.to_string());
-        }
-    }
-    (available, active)
-}
-
-/// Makes BFQ the scheduler of `disk_name`, registering the restore of the previous scheduler and tunables.
+/// Makes BFQ the scheduler of `disk_name` (the agent's guarded switch, this disk only), registering the restore of
+/// the previous scheduler.
 fn use_bfq(disk_name: &str, cleanup: &Cleanup) -> Result<()> {
-    let queue = Path::new("/sys/block").join(disk_name).join("queue");
-    let sched_file = queue.join("scheduler");
-    let (available, active) = parse_scheduler(&sys::read_trim(&sched_file)?);
-    if !available.iter().any(|s| s == "bfq") {
+    let allowed = [disk_name.to_string()];
+    if !blockdev::scheduler(disk_name)?.available.iter().any(|s| s == "bfq") {
         // BFQ may be a module that is not loaded yet.
         let _ = sys::run("modprobe", &["bfq"]);
     }
-    if active.as_deref() != Some("bfq") {
-        sys::write_existing(&sched_file, "bfq")?;
-        let (_, now) = parse_scheduler(&sys::read_trim(&sched_file)?);
-        if now.as_deref() != Some("bfq") {
-            bail!("{} did not switch to bfq (active: {now:?})", sched_file.display());
-        }
-        let old = active.unwrap_or_else(|| "none".into());
-        let f = sched_file.clone();
+    let old = blockdev::switch_scheduler(disk_name, "bfq", &allowed)?;
+    if old != "bfq" {
         cleanup.push(format!("restore scheduler {old} on {disk_name}"), move || {
-            if f.exists() {
-                sys::write_existing(&f, &old)?;
-            }
-            Ok(())
-        });
-    }
-    // BFQ may have been active already (a device we did not create): put back the tunables the modes change.
-    for name in ["strict_guarantees", "low_latency"] {
-        let file = queue.join("iosched").join(name);
-        let old = sys::read_trim(&file)?;
-        cleanup.push(format!("restore {name}={old} on {disk_name}"), move || {
-            if file.exists() {
-                sys::write_existing(&file, &old)?;
-            }
+            blockdev::switch_scheduler(&allowed[0], &old, &allowed)?;
             Ok(())
         });
     }
@@ -410,16 +359,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn scheduler_parsing() {
-        let (avail, active) = parse_scheduler("none [mq-deadline] kyber bfq\n");
-        assert_eq!(avail, vec!["none", "mq-deadline", "kyber", "bfq"]);
-        assert_eq!(active.as_deref(), Some("mq-deadline"));
-        assert_eq!(parse_scheduler("none").1, None);
-    }
-
-    #[test]
     fn root_disk_is_refused() {
-        if let Some(root) = root_disk() {
+        if let Some(root) = blockdev::protected_disks().ok().and_then(|p| p.into_iter().next()) {
             let err = ensure_not_root_disk(&root).unwrap_err().to_string();
             assert!(err.contains("root file system"), "{err}");
         }

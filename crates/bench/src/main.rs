@@ -2,22 +2,22 @@
 //!
 //! Replays the dDiskQoS paper's experiments (Tables 3-5) on this machine: a loop device with BFQ, a background
 //! stream, foreground readers as new cgroups or containers, and three variants per case (Alone, Original,
-//! dDiskQoS with the engine live). See the crate README.
+//! dDiskQoS with the shipped agent's daemon applying weights). See the crate README.
 //!
 //! ## Layout
 //! - `cli`: flags; `app`: the `run` command end to end; `sweep`: the knob sweep.
 //! - `disk`, `files`, `cleanup`: the device, the test files, the undo stack (also on Ctrl-C).
 //! - `workload`: the experiments as data; `runner`: one BFQ mode; `runtime/`: cgroup and Docker readers.
-//! - `live`: qos-core's engine on real counters and weights; `cgroups`: counter/weight files.
+//! - `agent`: the shipped agent's daemon (`qos_agent::daemon::Daemon`) with the agent's own backends, driving the
+//!   weights; the bench only reads weight files.
 //! - `reader`: the reader processes (hidden subcommands); `stats`, `model`, `report/`: results and output.
 
+mod agent;
 mod app;
-mod cgroups;
 mod cleanup;
 mod cli;
 mod disk;
 mod files;
-mod live;
 mod model;
 mod reader;
 mod report;
@@ -30,7 +30,7 @@ mod workload;
 
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Parser;
 
 use crate::cli::{Cli, Cmd};
@@ -65,6 +65,7 @@ fn dispatch(cmd: Cmd) -> Result<()> {
             report::json::check_consistency(&run)?;
             let dir = out.unwrap_or_else(|| json.parent().map(|p| p.to_path_buf()).unwrap_or_default());
             print!("{}", report::table::render(&run));
+            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
             let (svg, png) = (dir.join("chart.svg"), dir.join("chart.png"));
             report::chart::write(&run, &svg, &png)?;
             println!("chart: {} and {}", svg.display(), png.display());

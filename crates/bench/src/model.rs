@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::agent::{AgentReport, WeightRead};
+use crate::disk::DiskInfo;
 use crate::stats::{mib_per_s, Latency, Ratios, Summary};
 use crate::workload::{BfqMode, PaperRow, Plan, Variant};
 
@@ -36,16 +38,16 @@ pub struct Meta {
     /// `flat` or `nested` cgroups (see `--cgroup-layout`).
     #[serde(default)]
     pub cgroup_layout: String,
-    /// What reads counters and writes weights (`qos_agent::cgroup` or the bench's own v1 reader).
+    /// The agent's daemon and the backends it ran on (`crate::agent::Backends`).
     #[serde(default)]
-    pub cgroup_backend: String,
+    pub agent: String,
     /// The background reader's command.
     pub background: String,
-    /// The device (see `disk::Disk`).
-    pub disk: serde_json::Value,
-    /// The engine's configuration (qos-core `Config`).
-    pub engine: serde_json::Value,
-    /// Counter sampling interval of the live engine, ms.
+    /// The device.
+    pub disk: DiskInfo,
+    /// The engine's configuration (the agent's `[mlfq]`).
+    pub engine: qos_core::Config,
+    /// The agent's `sample_interval`, ms.
     pub sample_interval_ms: f64,
     /// Repetitions and schedule.
     pub plan: Plan,
@@ -74,8 +76,10 @@ pub struct ModeReport {
     pub exp2: Vec<CaseReport>,
     /// The background's throughput over whole variant blocks (reads and pauses between them).
     pub background_blocks: BTreeMap<Variant, Throughput>,
-    /// What the live engine did (samples, verified writes, every weight decision).
-    pub live: serde_json::Value,
+    /// What the agent's daemon did (dry-run switches, restores, its metrics); absent in reports from before the
+    /// bench ran the shipped daemon.
+    #[serde(default)]
+    pub agent: Option<AgentReport>,
 }
 
 /// Bytes over time.
@@ -115,6 +119,13 @@ pub struct Sample {
     pub bg_bytes: u64,
     /// The container/cgroup id.
     pub id: String,
+    /// The reader's weight, read from its cgroup file before its first I/O: in dDiskQoS blocks awaited until it
+    /// was the top weight, in the others read once (the original).
+    #[serde(default)]
+    pub weight: Option<WeightRead>,
+    /// The background's weight, read from its cgroup file when this reader had finished.
+    #[serde(default)]
+    pub bg_weight: Option<u32>,
 }
 
 /// One variant of one case.

@@ -1,9 +1,12 @@
-//! Runs the experiments of one BFQ mode: starts the background, starts the live engine (which adopts the
-//! background and demotes it), then runs every round's variant blocks in rotating order.
+//! Runs the experiments of one BFQ mode: starts the agent's daemon (in dry run), the readers' containers (Docker)
+//! and the background, lets the daemon demote the background, then runs every round's variant blocks in rotating
+//! order.
 //!
 //! A variant block: Alone stops the background (SIGSTOP, waits for its in-flight I/O to drain); Original lets it
-//! run with every weight at BFQ's default; dDiskQoS lets it run with the engine's weights written. Each read is a
-//! new cgroup/container; in dDiskQoS blocks the engine sees it before its first I/O.
+//! run; dDiskQoS lets it run with the daemon out of dry run (its weights written). In Alone and Original blocks the
+//! daemon is in dry run: it has restored every original weight and keeps sampling and deciding, writing nothing.
+//! Each read is a new cgroup/container; in dDiskQoS blocks the bench waits before its first I/O until its weight
+//! file reads the top weight.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,13 +15,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use indicatif::ProgressBar;
-use qos_core::{Config, ContainerId};
+use qos_agent::backend::ContainerInfo;
+use qos_agent::cgroup::CgroupRoot;
+use qos_core::ContainerId;
 
-use crate::cgroups::CgroupBackend;
+use crate::agent::{self, Agent, Backends, WeightRead};
 use crate::disk::Disk;
-use crate::live::{LiveEngine, LiveOptions, LiveStats};
 use crate::model::{CaseReport, ModeReport, Sample, Throughput};
-use crate::runtime::{Background, BackgroundKind, NoHooks, ReaderHooks, Runtime};
+use crate::runtime::{Background, BackgroundKind, ReaderHooks, Runtime};
 use crate::stats::Latency;
 use crate::workload::{self, BfqMode, Exp2Reader, Plan, Variant};
 
@@ -27,15 +31,15 @@ use crate::workload::{self, BfqMode, Exp2Reader, Plan, Variant};
 pub struct RunConfig {
     /// Repetitions and schedule.
     pub plan: Plan,
-    /// Engine configuration for the dDiskQoS variant.
-    pub engine: Config,
-    /// Live loop options.
-    pub live: LiveOptions,
+    /// The agent's engine configuration (`[mlfq]`).
+    pub engine: qos_core::Config,
+    /// The agent's `sample_interval`.
+    pub sample_interval: Duration,
     /// Pause after each foreground read.
     pub gap: Duration,
     /// Pause after switching variant (background resumes, weights set).
     pub settle: Duration,
-    /// Time the background runs under the engine before the first round (at least; up to 3x until it is demoted).
+    /// Time the background runs under the agent before the first round (at least; up to 3x until it is demoted).
     pub warmup: Duration,
     /// Background reader.
     pub background: BackgroundKind,
@@ -52,8 +56,12 @@ pub struct Env<'a> {
     pub disk: &'a Disk,
     /// Where readers run.
     pub runtime: &'a dyn Runtime,
-    /// Counter and weight access.
-    pub backend: Arc<dyn CgroupBackend>,
+    /// The agent's backends for this runtime.
+    pub backends: Backends,
+    /// The cgroup hierarchy, as the agent detected it.
+    pub root: Arc<CgroupRoot>,
+    /// The bench's work directory (the agent's state file goes there).
+    pub work: PathBuf,
     /// Test files by name.
     pub files: BTreeMap<String, PathBuf>,
 }
@@ -64,14 +72,26 @@ impl Env<'_> {
     }
 }
 
-struct LiveHooks<'a>(&'a LiveEngine);
+/// What the bench does around a reader: announce it to the agent (cgroup runtime), read its weight (in dDiskQoS
+/// blocks: wait until the agent's top weight is in its file), announce its end.
+struct AgentHooks<'a> {
+    agent: &'a Agent,
+    wait_top: bool,
+}
 
-impl ReaderHooks for LiveHooks<'_> {
-    fn created(&self, id: &ContainerId, dir: &Path) -> Result<()> {
-        self.0.add(id, dir)
+impl ReaderHooks for AgentHooks<'_> {
+    fn created(&self, info: &ContainerInfo, since: Instant) -> Result<WeightRead> {
+        self.agent.announce_started(info)?;
+        let dir = info.cgroup.as_ref().with_context(|| format!("container {} has no cgroup", info.id))?;
+        if self.wait_top {
+            self.agent.wait_for_weight(dir, self.agent.top(), since)
+        } else {
+            agent::read_weight(dir)
+        }
     }
+
     fn finished(&self, id: &ContainerId) {
-        self.0.remove(id);
+        self.agent.announce_stopped(id);
     }
 }
 
@@ -87,8 +107,8 @@ struct Acc {
 struct ModeRun<'a, 'e> {
     env: &'a Env<'e>,
     cfg: &'a RunConfig,
-    bg: Background,
-    live: LiveEngine,
+    bg: &'a Background,
+    agent: &'a Agent,
     blocks: BTreeMap<Variant, Throughput>,
     progress: &'a ProgressBar,
     mode: BfqMode,
@@ -103,44 +123,51 @@ pub fn run_mode(env: &Env<'_>, cfg: &RunConfig, mode: BfqMode, progress: &Progre
     let reads = (if cfg.exp1 { cfg.plan.exp1.iter().map(|c| c.reps as usize).sum::<usize>() } else { 0 }
         + if cfg.exp2 { cfg.plan.exp2_reps as usize * cfg.plan.exp2.len() } else { 0 })
         * 3;
+    progress.set_message(format!("{}: starting the agent", mode.name()));
+    let agent_cfg = agent::config(cfg.engine.clone(), cfg.sample_interval, &env.work);
+    let agent = Agent::start(agent_cfg, env.backends, env.root.clone())?;
     progress.set_message(format!("{}: starting {reads} readers", mode.name()));
-    env.runtime.prepare(reads)?;
-    progress.set_message(format!("{}: starting the background", mode.name()));
-    let bg = env.runtime.start_background(bg_file, cfg.background)?;
-    let result = (|| -> Result<ModeReport> {
-        let live = LiveEngine::start(cfg.engine.clone(), cfg.live, env.backend.clone())?;
-        live.adopt(&bg.container_id(), &bg.cgroup)?;
-        // Let the engine demote the background (it starts at the top like any container it first sees).
+    let bg = env.runtime.prepare(reads).and_then(|()| {
+        progress.set_message(format!("{}: starting the background", mode.name()));
+        env.runtime.start_background(bg_file, cfg.background, &AgentHooks { agent: &agent, wait_top: false })
+    });
+    let bg = match bg {
+        Ok(bg) => bg,
+        Err(e) => {
+            drop(agent);
+            let _ = env.runtime.end_mode();
+            return Err(e);
+        }
+    };
+    let result = (|| -> Result<_> {
+        // Let the daemon demote the background (it enters at the top like any container it first sees).
         let warm = Instant::now();
-        while warm.elapsed() < cfg.warmup
-            || (live.view(&bg.container_id()).map(|v| v.0) != Some(live.bottom()) && warm.elapsed() < 3 * cfg.warmup)
-        {
+        while warm.elapsed() < cfg.warmup || (!agent.demoted_any() && warm.elapsed() < 3 * cfg.warmup) {
             std::thread::sleep(Duration::from_millis(10));
         }
-        let mut run = ModeRun { env, cfg, bg: bg.clone(), live, blocks: BTreeMap::new(), progress, mode };
+        let mut run = ModeRun { env, cfg, bg: &bg, agent: &agent, blocks: BTreeMap::new(), progress, mode };
         let exp1 = if cfg.exp1 { run.exp1()? } else { Vec::new() };
         let exp2 = if cfg.exp2 { run.exp2()? } else { Vec::new() };
-        run.bg.thaw();
-        let ModeRun { live, blocks, .. } = run;
-        let stats: LiveStats = live.stop();
-        Ok(ModeReport {
-            mode,
-            iosched,
-            duration_s: started.elapsed().as_secs_f64(),
-            exp1,
-            exp2,
-            background_blocks: blocks,
-            live: serde_json::to_value(&stats)?,
-        })
+        Ok((exp1, exp2, run.blocks))
     })();
     bg.thaw();
+    // Stopped while its containers still exist: the daemon restores what it changed.
+    let agent_report = agent.stop();
     let stopped = env.runtime.stop_background(&bg);
-    env.backend.forget(&bg.cgroup);
     let ended = env.runtime.end_mode();
-    let report = result?;
+    let (exp1, exp2, background_blocks) = result?;
+    let agent = agent_report?;
     stopped?;
     ended?;
-    Ok(report)
+    Ok(ModeReport {
+        mode,
+        iosched,
+        duration_s: started.elapsed().as_secs_f64(),
+        exp1,
+        exp2,
+        background_blocks,
+        agent: Some(agent),
+    })
 }
 
 impl ModeRun<'_, '_> {
@@ -148,16 +175,16 @@ impl ModeRun<'_, '_> {
     fn enter(&self, variant: Variant) -> Result<()> {
         match variant {
             Variant::Alone => {
-                self.live.set_active(false)?;
-                self.bg.freeze(&*self.env.backend)?;
+                self.agent.set_dry_run(true)?;
+                self.bg.freeze()?;
             }
             Variant::Original => {
                 self.bg.thaw();
-                self.live.set_active(false)?;
+                self.agent.set_dry_run(true)?;
             }
             Variant::DDiskQos => {
                 self.bg.thaw();
-                self.live.set_active(true)?;
+                self.agent.set_dry_run(false)?;
             }
         }
         std::thread::sleep(self.cfg.settle);
@@ -165,24 +192,20 @@ impl ModeRun<'_, '_> {
     }
 
     fn bg_bytes(&self) -> Result<u64> {
-        Ok(self.env.backend.read_counters(&self.bg.cgroup)?.read)
-    }
-
-    fn hooks(&self, variant: Variant) -> Box<dyn ReaderHooks + '_> {
-        match variant {
-            Variant::DDiskQos => Box::new(LiveHooks(&self.live)),
-            _ => Box::new(NoHooks),
-        }
+        self.bg.bytes()
     }
 
     /// One read, measured; returns the sample and the background's bytes during it.
     fn read_one(&self, file: &Path, size_mib: u64, round: usize, variant: Variant) -> Result<(Sample, f64)> {
-        let hooks = self.hooks(variant);
+        let hooks = AgentHooks { agent: self.agent, wait_top: variant == Variant::DDiskQos };
         let b0 = self.bg_bytes()?;
         let t0 = Instant::now();
-        let out = self.env.runtime.run_reader(file, &*hooks)?;
+        let out = self.env.runtime.run_reader(file, &hooks)?;
         let window = t0.elapsed().as_secs_f64();
         let bg_bytes = self.bg_bytes()?.saturating_sub(b0);
+        // What the background's weight is now, read from its file: the agent's decision in dDiskQoS blocks, the
+        // restored original in the others.
+        let bg_weight = agent::read_weight(&self.bg.cgroup)?.weight;
         let want = size_mib << 20;
         if out.report.bytes != want {
             bail!("reader of {} read {} bytes, expected {want}", file.display(), out.report.bytes);
@@ -202,6 +225,8 @@ impl ModeRun<'_, '_> {
             charged_bytes: out.charged_bytes,
             bg_bytes: if variant == Variant::Alone { 0 } else { bg_bytes },
             id: out.id,
+            weight: Some(out.weight),
+            bg_weight: Some(bg_weight),
         };
         Ok((sample, window))
     }

@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::app;
 use crate::cleanup::Cleanup;
 use crate::cli::SweepArgs;
-use crate::live::LiveOptions;
+use crate::disk::DiskInfo;
 use crate::model::ModeReport;
 use crate::report::table::{background_ratio, fmt_ms};
 use crate::runner;
@@ -31,6 +31,23 @@ pub struct Setting {
     pub sample_interval: Duration,
     /// BFQ tunables set for this setting only (`KEY=VALUE`).
     pub bfq: Vec<String>,
+}
+
+/// `sweep.json`.
+#[derive(Debug, Serialize)]
+pub struct SweepReport {
+    /// When the sweep ended (UTC).
+    pub date_utc: String,
+    /// `uname -r`.
+    pub kernel: String,
+    /// `cgroup` or `docker`.
+    pub runtime: String,
+    /// The device.
+    pub disk: DiskInfo,
+    /// Smallest acceptable background share of Original's.
+    pub min_background: f64,
+    /// Every setting in every mode.
+    pub points: Vec<Point>,
 }
 
 /// The settings: the baseline, then each knob varied alone.
@@ -194,14 +211,14 @@ pub fn run(args: &SweepArgs, cleanup: &'static Cleanup) -> Result<()> {
     let base = app::run_config(common, plan.clone(), true, false)?;
     let setup = app::set_up(common, &plan, cleanup)?;
     let env = setup.env();
-    let list = settings(&base.engine, base.live.sample_interval);
+    let list = settings(&base.engine, base.sample_interval);
     let bar = app::progress(u64::from(args.reps) * 2 * 3 * (list.len() * common.modes.len()) as u64);
     let mut points = Vec::new();
     for &mode in &common.modes {
         for setting in &list {
             let cfg = runner::RunConfig {
                 engine: setting.engine.clone(),
-                live: LiveOptions { sample_interval: setting.sample_interval },
+                sample_interval: setting.sample_interval,
                 ..base.clone()
             };
             let mut restore = Vec::new();
@@ -227,14 +244,14 @@ pub fn run(args: &SweepArgs, cleanup: &'static Cleanup) -> Result<()> {
     print!("{text}");
     std::fs::create_dir_all(&common.out)?;
     std::fs::write(common.out.join("sweep.txt"), &text)?;
-    let json = serde_json::json!({
-        "date_utc": crate::sys::utc_now(),
-        "kernel": crate::sys::kernel_release(),
-        "runtime": setup.runtime.name(),
-        "disk": setup.disk,
-        "min_background": args.min_background,
-        "points": points,
-    });
+    let json = SweepReport {
+        date_utc: crate::sys::utc_now(),
+        kernel: crate::sys::kernel_release(),
+        runtime: setup.runtime.name().into(),
+        disk: setup.disk.info.clone(),
+        min_background: args.min_background,
+        points,
+    };
     std::fs::write(common.out.join("sweep.json"), serde_json::to_string_pretty(&json)?)?;
     println!("\nwrote {}", common.out.join("sweep.json").display());
     Ok(())

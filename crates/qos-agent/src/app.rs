@@ -11,7 +11,8 @@ use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use crate::backend::{CounterSource, Discovery, WeightWriter};
-use crate::config::{AgentConfig, RuntimeKind};
+use crate::cgroup::CgroupRoot;
+use crate::config::{ActuatorMode, AgentConfig, RuntimeKind};
 use crate::daemon::{Command, Daemon, Summary};
 use crate::metrics::Metrics;
 use crate::runtime::cgroup_dir::{CgroupDirCounters, CgroupDirDiscovery, CgroupDirWriter};
@@ -38,10 +39,14 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
         RuntimeKind::Docker => {
             let docker = docker::connect(&cfg.docker.socket).await?;
             let data_disk = if cfg.devices.check.is_empty() { docker::data_disk(&docker).await } else { None };
+            let devices = if cfg.devices.check.is_empty() {
+                data_disk.iter().cloned().collect()
+            } else {
+                cfg.devices.check.clone()
+            };
             blockdev::check::check_at_start(&cfg, &root, data_disk)?;
-            let discovery = DockerDiscovery::new(docker.clone(), root.clone()).await?;
-            let counters = DockerCounters::with_root(docker.clone(), root.clone());
-            let writer = DockerWriter::new(docker, cfg.actuator);
+            let files = file_writer(&root, devices, &metrics);
+            let (discovery, counters, writer) = docker_backends(docker, root.clone(), cfg.actuator, files).await?;
             info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
             let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?;
             serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?
@@ -56,7 +61,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
                 cfg.clone(),
                 discovery,
                 CgroupDirCounters::with_root(root.clone()),
-                CgroupDirWriter,
+                file_writer(&root, cfg.devices.check.clone(), &metrics),
                 originals,
                 metrics.clone(),
             )?;
@@ -82,6 +87,27 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
     };
     info!(restored = summary.restored, failures = summary.restore_failures, "stopped");
     Ok(summary)
+}
+
+/// The Docker runtime's discovery, counters and writer, assembled as [`run`] assembles them (the bench runs the
+/// daemon on these too, so it measures the shipped wiring): discovery by events, counters from the cgroup files
+/// behind the parent gate, the writer in `actuator` mode over `files` (see [`file_writer`]).
+pub async fn docker_backends(
+    docker: bollard::Docker,
+    root: Arc<CgroupRoot>,
+    actuator: ActuatorMode,
+    files: CgroupDirWriter,
+) -> Result<(DockerDiscovery, DockerCounters, DockerWriter)> {
+    let discovery = DockerDiscovery::new(docker.clone(), root.clone()).await?;
+    let counters = DockerCounters::with_root(docker.clone(), root);
+    let writer = DockerWriter::with_files(docker, actuator, files);
+    Ok((discovery, counters, writer))
+}
+
+/// The cgroup-file writer: on v2 it checks the devices of `[devices] check` (or Docker's data disk) besides each
+/// container's own, and exports which weight acts on each device.
+pub fn file_writer(root: &CgroupRoot, devices: Vec<String>, metrics: &Metrics) -> CgroupDirWriter {
+    CgroupDirWriter::new(root.path()).with_devices(devices).with_metric(metrics.device_weight_effective.clone())
 }
 
 /// Serves metrics and the status socket, installs the signal handlers, and runs the daemon; the control socket

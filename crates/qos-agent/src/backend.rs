@@ -142,4 +142,13 @@ pub trait WeightWriter: Send {
         info: &ContainerInfo,
         weight: Weight,
     ) -> impl Future<Output = Result<AppliedVia, BackendError>> + Send;
+    /// The block devices the writer has looked at and what governs each (cgroup v2: BFQ, io.cost or nothing), for
+    /// status. Writers that do not track devices return nothing.
+    fn device_table(&self) -> Vec<crate::blockdev::DeviceFacts> {
+        Vec::new()
+    }
+    /// The devices of a container's last weight read or write and what governed each (cgroup v2), for status.
+    fn container_devices(&self, _id: &ContainerId) -> Vec<(crate::blockdev::DevNum, crate::blockdev::Governor)> {
+        Vec::new()
+    }
 }

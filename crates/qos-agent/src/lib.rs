@@ -22,8 +22,9 @@
 //!
 //! ## Embedding
 //! Another runtime implements [`backend::Discovery`] (and, if its containers are not plain cgroups, the other two
-//! traits), then runs `Daemon::new(cfg, discovery, CgroupDirCounters::new(), CgroupDirWriter, ..).run(commands)`
-//! with the cgroup-dir runtime's counters and writer (`qos_agent::runtime::cgroup_dir`).
+//! traits), then runs
+//! `Daemon::new(cfg, discovery, CgroupDirCounters::new(), CgroupDirWriter::default(), ..).run(commands)` with the
+//! cgroup-dir runtime's counters and writer (`qos_agent::runtime::cgroup_dir`).
 //! See `examples/slice_runtime.rs`.
 
 pub mod app;

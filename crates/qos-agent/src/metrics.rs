@@ -57,6 +57,8 @@ pub struct Metrics {
     pub round_cpu_seconds: Counter<f64, AtomicU64>,
     /// Current time between round starts: `sample_interval`, or longer when the CPU budget stretches it.
     pub round_interval_seconds: Gauge<f64, AtomicU64>,
+    /// Per device: 1 if a cgroup weight acts on it, 0 if not (see [`DeviceWeightEffective`]).
+    pub device_weight_effective: DeviceWeightEffective,
 }
 
 impl Metrics {
@@ -75,6 +77,7 @@ impl Metrics {
             round_seconds: Histogram::new(exponential_buckets(1e-5, 2.0, 18)),
             round_cpu_seconds: Counter::default(),
             round_interval_seconds: Gauge::default(),
+            device_weight_effective: DeviceWeightEffective::default(),
         }
     }
 
@@ -96,6 +99,7 @@ impl Metrics {
             "Time between sampling rounds (stretched beyond sample_interval by the CPU budget)",
             self.round_interval_seconds.clone(),
         );
+        self.device_weight_effective.register(&mut r);
         r
     }
 
@@ -144,5 +148,56 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+// ----- Per-device weight effectiveness (cgroup v2: which weight file acts on each device) -----
+
+/// Labels of `ddiskqos_device_weight_effective`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeviceLabels {
+    /// `MAJ:MIN`.
+    pub device: String,
+    /// `bfq`, `io-cost`, `bfq+io-cost` or `none`.
+    pub governor: String,
+}
+
+/// `ddiskqos_device_weight_effective{device,governor}`: 1 when a cgroup weight acts on the device (BFQ, io.cost),
+/// 0 when none does. One series per device: a device whose governor changes loses its old series. Set by the
+/// weight writer, which owns the device table; cheap to clone (shared).
+#[derive(Clone, Debug, Default)]
+pub struct DeviceWeightEffective {
+    family: Family<DeviceLabels, Gauge>,
+    current: Arc<std::sync::Mutex<std::collections::BTreeMap<String, String>>>,
+}
+
+impl DeviceWeightEffective {
+    /// Records what governs `device` now.
+    pub fn set(&self, device: &str, governor: &str, effective: bool) {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = current.insert(device.to_owned(), governor.to_owned()) {
+            if old != governor {
+                self.family.remove(&DeviceLabels { device: device.to_owned(), governor: old });
+            }
+        }
+        let labels = DeviceLabels { device: device.to_owned(), governor: governor.to_owned() };
+        self.family.get_or_create(&labels).set(i64::from(effective));
+    }
+
+    /// The value of `device`'s series, with its governor label (for tests and status).
+    pub fn get(&self, device: &str) -> Option<(String, i64)> {
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let governor = current.get(device)?.clone();
+        let value =
+            self.family.get_or_create(&DeviceLabels { device: device.to_owned(), governor: governor.clone() }).get();
+        Some((governor, value))
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "device_weight_effective",
+            "1 if a cgroup block-I/O weight acts on the device (BFQ or io.cost), 0 if none does",
+            self.family.clone(),
+        );
     }
 }

@@ -58,9 +58,10 @@ pub fn check(cfg: &AgentConfig) -> Result<Preflight, PreflightError> {
         match std::fs::metadata(socket) {
             Ok(m) if m.file_type().is_socket() => {}
             Ok(_) => return Err(fail("docker.socket", socket.display().to_string(), "is not a socket")),
-            Err(e) => {
-                return Err(fail("docker.socket", socket.display().to_string(), format!("{e} (is dockerd running?)")))
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(fail("docker.socket", socket.display().to_string(), "does not exist (is dockerd running?)"))
             }
+            Err(e) => return Err(fail("docker.socket", socket.display().to_string(), e.to_string())),
         }
         not_checked.push(format!("whether dockerd answers on {}", socket.display()));
         if cfg.devices.check.is_empty() {

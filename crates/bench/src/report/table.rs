@@ -174,23 +174,61 @@ pub fn background_ratio(mode: &ModeReport) -> Option<f64> {
     (o.mib_per_s > 0.0).then(|| d.mib_per_s / o.mib_per_s)
 }
 
-fn live_line(mode: &ModeReport) -> String {
-    let l = &mode.live;
-    let get = |k: &str| l.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
-    let by_weight = l
-        .get("writes_by_weight")
-        .and_then(|m| m.as_object())
-        .map(|m| m.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>().join(", "))
-        .unwrap_or_default();
+fn agent_line(mode: &ModeReport) -> String {
+    let Some(a) = &mode.agent else {
+        return "agent: not recorded (a report from before the bench ran the daemon)".into();
+    };
+    let m = &a.metrics;
+    let decisions: Vec<String> = m.decisions.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    let cpu = if m.rounds > 0 { m.round_cpu_seconds * 1e6 / m.rounds as f64 } else { 0.0 };
     format!(
-        "live engine: {} sampling rounds (mean {:.0} us), {} verified weight writes ({by_weight}), \
-         {} write errors, {} counter errors",
-        get("rounds"),
-        l.get("mean_round_us").and_then(|v| v.as_f64()).unwrap_or(0.0),
-        get("verified_writes"),
-        get("write_errors"),
-        get("counter_errors"),
+        "agent: {} rounds (mean {:.0} us, {cpu:.0} us CPU), decisions {{{}}}, {} write failures, {} sample failures, \
+         {} dry-run switches; at shutdown {} restored, {} restore failures",
+        m.rounds,
+        m.mean_round_us(),
+        decisions.join(", "),
+        m.write_failures,
+        m.sample_failures,
+        a.switches.len(),
+        a.restored,
+        a.restore_failures,
     )
+}
+
+/// The weights the bench read: readers' before their first I/O and the background's after each read, by variant.
+fn weights_line(mode: &ModeReport) -> String {
+    let mut parts = Vec::new();
+    for v in Variant::ALL {
+        let samples = mode.exp1.iter().chain(&mode.exp2).filter_map(|r| r.variant(v)).flat_map(|c| &c.samples);
+        let (mut readers, mut bg) = (std::collections::BTreeMap::new(), std::collections::BTreeMap::new());
+        let mut waited: f64 = 0.0;
+        for s in samples {
+            if let Some(w) = s.weight {
+                *readers.entry(w.weight).or_insert(0u64) += 1;
+                waited = waited.max(w.waited_ms);
+            }
+            if let Some(w) = s.bg_weight {
+                *bg.entry(w).or_insert(0u64) += 1;
+            }
+        }
+        if readers.is_empty() && bg.is_empty() {
+            continue;
+        }
+        let fmt = |m: &std::collections::BTreeMap<u32, u64>| {
+            m.iter().map(|(w, n)| format!("{w} x{n}")).collect::<Vec<_>>().join(", ")
+        };
+        parts.push(format!(
+            "{}: readers {} (longest wait {}), background {}",
+            v.label(),
+            fmt(&readers),
+            fmt_ms(waited),
+            fmt(&bg)
+        ));
+    }
+    if parts.is_empty() {
+        return String::new();
+    }
+    format!("weights read back: {}", parts.join("; "))
 }
 
 /// Everything about one mode.
@@ -222,7 +260,11 @@ pub fn mode_section(run: &RunReport, mode: &ModeReport) -> String {
         .collect();
     let ratio = background_ratio(mode).map(|r| format!(" (dDiskQoS/Original {:.0} %)", r * 100.0)).unwrap_or_default();
     let _ = writeln!(out, "background over whole blocks: {}{ratio}", blocks.join(", "));
-    let _ = writeln!(out, "{}", live_line(mode));
+    let _ = writeln!(out, "{}", agent_line(mode));
+    let weights = weights_line(mode);
+    if !weights.is_empty() {
+        let _ = writeln!(out, "{weights}");
+    }
     let checks = target_checks(mode);
     if !checks.is_empty() {
         let met = checks.iter().filter(|c| c.ok).count();
@@ -240,16 +282,18 @@ pub fn mode_section(run: &RunReport, mode: &ModeReport) -> String {
 pub fn render(run: &RunReport) -> String {
     let m = &run.meta;
     let mut out = format!(
-        "ddiskqos-bench: {} | kernel {} | {} CPUs | {} | device {} | engine sampling every {:.0} ms via {} | {}\n",
+        "ddiskqos-bench: {} | kernel {} | {} CPUs | {} | device {} | agent sampling every {:.0} ms | {}\n",
         m.date_utc,
         m.kernel,
         m.cpus,
         if m.quick { "quick mode" } else { "full mode" },
-        m.disk.get("dev").and_then(|v| v.as_str()).unwrap_or("?"),
+        m.disk.dev.display(),
         m.sample_interval_ms,
-        m.cgroup_backend,
         m.runtime_reason,
     );
+    if !m.agent.is_empty() {
+        let _ = writeln!(out, "agent: {}", m.agent);
+    }
     for note in &m.notes {
         let _ = writeln!(out, "note: {note}");
     }
@@ -299,7 +343,7 @@ pub(crate) mod tests {
             exp1: vec![row(1), row(10), row(100)],
             exp2: vec![],
             background_blocks: blocks,
-            live: serde_json::json!({"rounds": 3, "verified_writes": 5, "writes_by_weight": {"10": 2, "1000": 3}}),
+            agent: None,
         }
     }
 

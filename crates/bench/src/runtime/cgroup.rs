@@ -1,5 +1,6 @@
 //! The cgroup runtime: every reader is a process of this binary (`read-file`) in a fresh blkio cgroup under
-//! `/sys/fs/cgroup/blkio/ddiskqos-bench-<pid>/`, which the process joins before its first I/O.
+//! the blkio root, which the process joins before its first I/O: `ddiskqos-bench-<pid>-fg-<n>` directly under the
+//! root (flat layout) or `ddiskqos-bench-<pid>/fg-<n>` (nested).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -8,10 +9,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use qos_agent::cgroup::{CgroupDir, CgroupRoot, CounterReader};
 use qos_core::ContainerId;
 
+use super::procs;
 use super::{fio_args, parse_report, Background, BackgroundKind, ReadOutcome, ReaderHooks, Runtime, INTERNAL_THREADS};
-use crate::cgroups::{self, CgroupBackend};
+use crate::agent::container_info;
 use crate::cleanup::Cleanup;
 
 /// Where the bench's cgroups go.
@@ -33,7 +36,7 @@ pub struct CgroupRuntime {
     prefix: String,
     exe: PathBuf,
     next: AtomicU64,
-    backend: Arc<dyn CgroupBackend>,
+    root: Arc<CgroupRoot>,
     cleanup: &'static Cleanup,
     log_dir: PathBuf,
     /// Background processes, reaped when stopped.
@@ -45,25 +48,23 @@ impl CgroupRuntime {
     pub fn new(
         exe: PathBuf,
         layout: CgroupLayout,
-        backend: Arc<dyn CgroupBackend>,
+        root: Arc<CgroupRoot>,
         cleanup: &'static Cleanup,
         log_dir: &Path,
     ) -> Result<Self> {
-        let root = cgroups::v1_blkio_with_bfq()?;
         let name = format!("ddiskqos-bench-{}", std::process::id());
         let (parent, prefix) = match layout {
             CgroupLayout::Nested => {
-                let parent = root.join(&name);
-                cgroups::create(&parent)?;
+                let parent = root.path().join(&name);
+                procs::create(&parent)?;
                 let p = parent.clone();
                 cleanup.push(format!("remove cgroup {}", parent.display()), move || remove_tree(&p));
                 (parent, String::new())
             }
             CgroupLayout::Flat => {
-                let (r, prefix) = (root.clone(), format!("{name}-"));
-                cleanup
-                    .push(format!("remove cgroups {}/{prefix}*", root.display()), move || remove_prefixed(&r, &prefix));
-                (root, format!("{name}-"))
+                let (r, prefix) = (root.path().to_path_buf(), format!("{name}-"));
+                cleanup.push(format!("remove cgroups {}/{prefix}*", r.display()), move || remove_prefixed(&r, &prefix));
+                (root.path().to_path_buf(), format!("{name}-"))
             }
         };
         Ok(Self {
@@ -71,20 +72,22 @@ impl CgroupRuntime {
             prefix,
             exe,
             next: AtomicU64::new(0),
-            backend,
+            root,
             cleanup,
             log_dir: log_dir.to_path_buf(),
             children: Default::default(),
         })
     }
 
-    fn new_cgroup(&self, prefix: &str) -> Result<(ContainerId, PathBuf, crate::cleanup::Token)> {
+    fn new_cgroup(&self, prefix: &str) -> Result<(ContainerId, CgroupDir, crate::cleanup::Token)> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let name = format!("{}{prefix}-{n}", self.prefix);
-        let dir = self.parent.join(&name);
-        cgroups::create(&dir)?;
-        let d = dir.clone();
-        let token = self.cleanup.push(format!("remove cgroup {}", dir.display()), move || cgroups::kill_and_remove(&d));
+        let path = self.parent.join(&name);
+        procs::create(&path)?;
+        let p = path.clone();
+        let token = self.cleanup.push(format!("remove cgroup {}", path.display()), move || procs::kill_and_remove(&p));
+        let rel = path.strip_prefix(self.root.path()).context("the bench's cgroups are below the root")?;
+        let dir = self.root.resolve_relative(&rel.to_string_lossy())?;
         Ok((ContainerId::new(name), dir, token))
     }
 }
@@ -108,7 +111,7 @@ fn remove_tree(dir: &Path) -> Result<()> {
             }
         }
     }
-    cgroups::kill_and_remove(dir)
+    procs::kill_and_remove(dir)
 }
 
 impl Runtime for CgroupRuntime {
@@ -116,9 +119,10 @@ impl Runtime for CgroupRuntime {
         "cgroup"
     }
 
-    fn start_background(&self, file: &Path, kind: BackgroundKind) -> Result<Background> {
+    fn start_background(&self, file: &Path, kind: BackgroundKind, hooks: &dyn ReaderHooks) -> Result<Background> {
         let (id, dir, _token) = self.new_cgroup("bg")?;
-        let dir_s = dir.to_string_lossy().into_owned();
+        hooks.created(&container_info(id.as_str(), dir.clone()), Instant::now())?;
+        let dir_s = dir.path().to_string_lossy().into_owned();
         let file_s = file.to_string_lossy().into_owned();
         let mut argv: Vec<String> = vec!["exec-in".into(), "--cgroup".into(), dir_s.clone(), "--".into()];
         match kind.resolve() {
@@ -142,19 +146,12 @@ impl Runtime for CgroupRuntime {
             .with_context(|| format!("cannot start the background: {}", argv.join(" ")))?;
         self.children.lock().unwrap_or_else(|p| p.into_inner()).push(child);
         let bg = Background { id: id.to_string(), cgroup: dir, command: argv[4..].join(" ") };
-        let start = Instant::now();
-        while cgroups::pids(&bg.cgroup).is_empty() || self.backend.read_counters(&bg.cgroup)?.read == 0 {
-            if start.elapsed().as_secs() > 10 {
-                let log = std::fs::read_to_string(&log).unwrap_or_default();
-                bail!("the background did not start reading within 10 s: {}\n{log}", bg.command);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
+        bg.wait_reading(|| std::fs::read_to_string(&log).unwrap_or_default())?;
         Ok(bg)
     }
 
     fn stop_background(&self, bg: &Background) -> Result<()> {
-        let removed = cgroups::kill_and_remove(&bg.cgroup);
+        let removed = procs::kill_and_remove(bg.cgroup.path());
         for mut child in self.children.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
             let _ = child.kill();
             let _ = child.wait();
@@ -166,11 +163,11 @@ impl Runtime for CgroupRuntime {
         let (id, dir, token) = self.new_cgroup("fg")?;
         let t0 = Instant::now();
         let result = (|| {
-            hooks.created(&id, &dir)?;
+            let weight = hooks.created(&container_info(id.as_str(), dir.clone()), t0)?;
             let out = Command::new(&self.exe)
                 .arg("read-file")
                 .arg("--cgroup")
-                .arg(&dir)
+                .arg(dir.path())
                 .arg(file)
                 .stdin(Stdio::null())
                 .output()
@@ -180,12 +177,11 @@ impl Runtime for CgroupRuntime {
                 bail!("reader of {} failed ({}): {}", file.display(), out.status, String::from_utf8_lossy(&out.stderr));
             }
             let report = parse_report(&String::from_utf8_lossy(&out.stdout))?;
-            let charged = self.backend.read_counters(&dir).ok().map(|c| c.read);
-            Ok(ReadOutcome { id: id.to_string(), report, wall, charged_bytes: charged })
+            let charged = CounterReader::open(&dir).and_then(|mut r| r.read()).ok().map(|c| c.read);
+            Ok(ReadOutcome { id: id.to_string(), report, wall, charged_bytes: charged, weight })
         })();
         hooks.finished(&id);
         let removed = self.cleanup.run(token);
-        self.backend.forget(&dir);
         removed?;
         result
     }

@@ -13,22 +13,26 @@
 //! to the root disk, seconds per container while the background loads that disk in BFQ's default mode) out of the
 //! measurements; exited readers are removed at the end of the mode for the same reason.
 //!
-//! Weights are written to the cgroup file: Docker 20.10 discards `--blkio-weight` on this kernel.
+//! The bench writes no weight: the agent's daemon (with the agent binary's Docker backends, see `crate::agent`)
+//! discovers the containers from Docker's events and applies weights; the bench finds each container's cgroup with
+//! the agent's own naming (`qos_agent::runtime::docker::container_cgroup`) and reads its weight file.
 
 use std::collections::VecDeque;
 use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use qos_agent::cgroup::{CgroupDir, CgroupRoot};
+use qos_agent::runtime::docker::CgroupDriver;
 use qos_core::ContainerId;
 
 use super::cgroup::CgroupLayout;
 use super::{fio_args, parse_report, Background, BackgroundKind, ReadOutcome, ReaderHooks, Runtime};
-use crate::cgroups::{self, CgroupBackend};
+use crate::agent::container_info;
 use crate::cleanup::Cleanup;
 use crate::sys;
 
@@ -61,6 +65,9 @@ pub struct DockerRuntime {
     ctl_dir: PathBuf,
     lib_mounts: Vec<String>,
     layout: CgroupLayout,
+    /// The cgroup hierarchy (the agent's detection) and dockerd's cgroup driver: where containers' cgroups are.
+    root: Arc<CgroupRoot>,
+    driver: CgroupDriver,
     next: AtomicU64,
     cleanup: &'static Cleanup,
     label: String,
@@ -77,17 +84,20 @@ impl DockerRuntime {
         layout: CgroupLayout,
         files_dir: &Path,
         work: &Path,
+        root: Arc<CgroupRoot>,
         cleanup: &'static Cleanup,
     ) -> Result<Self> {
         if !daemon_answers() {
             bail!("no Docker daemon answers on {SOCKET} (start dockerd, or use --runtime cgroup)");
         }
+        let driver_name = sys::run("docker", &["info", "--format", "{{.CgroupDriver}}"])?;
+        let driver: CgroupDriver = driver_name.trim().parse().context("docker info: cgroup driver")?;
         let pid = std::process::id();
         let image = format!("ddiskqos-bench:run-{pid}");
-        let root = work.join("image-root");
-        build_rootfs(&root, exe)?;
+        let image_root = work.join("image-root");
+        build_rootfs(&image_root, exe)?;
         let tar = work.join("image.tar");
-        sys::run("tar", &["-C", &root.to_string_lossy(), "-cf", &tar.to_string_lossy(), "."])?;
+        sys::run("tar", &["-C", &image_root.to_string_lossy(), "-cf", &tar.to_string_lossy(), "."])?;
         sys::run("docker", &["import", &tar.to_string_lossy(), &image])?;
         let _ = std::fs::remove_file(&tar);
         let img = image.clone();
@@ -118,6 +128,8 @@ impl DockerRuntime {
             ctl_dir,
             lib_mounts,
             layout,
+            root,
+            driver,
             next: AtomicU64::new(0),
             cleanup,
             label,
@@ -183,21 +195,24 @@ fn build_rootfs(root: &Path, exe: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The blkio cgroup of a container, waiting until it exists (runc creates it when the container starts): flat
-/// (`--cgroup-parent=/`), Docker's default `docker/<id>`, or the systemd driver's scope.
-fn container_cgroup(id: &str, timeout: Duration) -> Result<PathBuf> {
-    let v1 = Path::new(cgroups::V1_BLKIO);
-    let candidates =
-        [v1.join(id), v1.join("docker").join(id), v1.join("system.slice").join(format!("docker-{id}.scope"))];
-    let start = Instant::now();
-    loop {
-        if let Some(dir) = candidates.iter().find(|d| d.exists()) {
-            return Ok(dir.clone());
+impl DockerRuntime {
+    /// The blkio cgroup of a container, by the agent's naming for dockerd's driver and the bench's
+    /// `--cgroup-parent` (flat: `/`; nested: Docker's default), waiting until it exists (runc creates it when the
+    /// container starts).
+    fn container_cgroup(&self, id: &str, timeout: Duration) -> Result<CgroupDir> {
+        let parent = match self.layout {
+            CgroupLayout::Flat => Some("/"),
+            CgroupLayout::Nested => None,
+        };
+        let start = Instant::now();
+        loop {
+            match qos_agent::runtime::docker::container_cgroup(&self.root, id, self.driver, parent) {
+                Ok(dir) => return Ok(dir),
+                Err(e) if e.is_vanished() && start.elapsed() <= timeout => {}
+                Err(e) => return Err(e).with_context(|| format!("no cgroup of container {id} within {timeout:?}")),
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
-        if start.elapsed() > timeout {
-            bail!("no blkio cgroup of container {id} appeared within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -206,7 +221,7 @@ impl Runtime for DockerRuntime {
         "docker"
     }
 
-    fn start_background(&self, file: &Path, kind: BackgroundKind) -> Result<Background> {
+    fn start_background(&self, file: &Path, kind: BackgroundKind, hooks: &dyn ReaderHooks) -> Result<Background> {
         let name = format!("ddqb-{}-bg", std::process::id());
         let file_c = self.in_container(file)?;
         let mut args: Vec<String> = vec!["run".into(), "-d".into()];
@@ -225,24 +240,18 @@ impl Runtime for DockerRuntime {
         let i = id.clone();
         self.cleanup
             .push(format!("remove container {name}"), move || sys::run("docker", &["rm", "-f", &i]).map(|_| ()));
-        let cgroup = match container_cgroup(&id, Duration::from_secs(10)) {
+        let logs = || sys::run("docker", &["logs", &id]).unwrap_or_default();
+        let cgroup = match self.container_cgroup(&id, Duration::from_secs(10)) {
             Ok(dir) => dir,
             Err(e) => {
                 let state = sys::run("docker", &["inspect", "-f", "{{.State.Status}} exit={{.State.ExitCode}}", &id]);
-                let logs = sys::run("docker", &["logs", &id]).unwrap_or_default();
-                bail!("{e:#}; background container: {} {logs}", state.unwrap_or_default().trim());
+                bail!("{e:#}; background container: {} {}", state.unwrap_or_default().trim(), logs());
             }
         };
+        hooks.created(&container_info(&id, cgroup.clone()), Instant::now())?;
         *self.bg_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(id.clone());
-        let bg = Background { id, cgroup, command: command.join(" ") };
-        let start = Instant::now();
-        while cgroups::V1Bfq.read_counters(&bg.cgroup).map(|c| c.read).unwrap_or(0) == 0 {
-            if start.elapsed().as_secs() > 10 {
-                let logs = sys::run("docker", &["logs", &bg.id]).unwrap_or_default();
-                bail!("the background container did not start reading within 10 s: {}\n{logs}", bg.command);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let bg = Background { id: id.clone(), cgroup, command: command.join(" ") };
+        bg.wait_reading(logs)?;
         Ok(bg)
     }
 
@@ -301,8 +310,8 @@ impl Runtime for DockerRuntime {
         };
         let t0 = Instant::now();
         let cid = ContainerId::new(&p.id);
-        hooks.created(&cid, &p.cgroup)?;
         let result = (|| -> Result<ReadOutcome> {
+            let weight = hooks.created(&container_info(&p.id, p.cgroup.clone()), t0)?;
             // Opening the FIFO for writing completes once the reader has it open for reading (it does at start).
             let mut go = std::fs::OpenOptions::new()
                 .write(true)
@@ -316,7 +325,7 @@ impl Runtime for DockerRuntime {
                 if t0.elapsed() > deadline {
                     bail!("reader container {} gave no result within {deadline:?}", p.id);
                 }
-                if !p.cgroup.exists() && !p.result.exists() {
+                if !p.cgroup.path().exists() && !p.result.exists() {
                     // Exited without a result: its logs say why.
                     std::thread::sleep(Duration::from_millis(50));
                     if !p.result.exists() {
@@ -330,7 +339,7 @@ impl Runtime for DockerRuntime {
             let text =
                 std::fs::read_to_string(&p.result).with_context(|| format!("cannot read {}", p.result.display()))?;
             let report = parse_report(&text)?;
-            Ok(ReadOutcome { id: p.id.clone(), report, wall, charged_bytes: None })
+            Ok(ReadOutcome { id: p.id.clone(), report, wall, charged_bytes: None, weight })
         })();
         hooks.finished(&cid);
         let _ = std::fs::remove_file(&p.go);
@@ -343,7 +352,7 @@ impl Runtime for DockerRuntime {
 #[derive(Debug)]
 struct Pooled {
     id: String,
-    cgroup: PathBuf,
+    cgroup: CgroupDir,
     go: PathBuf,
     result: PathBuf,
 }
@@ -375,7 +384,7 @@ impl DockerRuntime {
         );
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
         let id = sys::run("docker", &argv)?.trim().to_string();
-        let cgroup = container_cgroup(&id, Duration::from_secs(30))?;
+        let cgroup = self.container_cgroup(&id, Duration::from_secs(30))?;
         Ok(Pooled { id, cgroup, go, result })
     }
 }

@@ -2,21 +2,25 @@
 //! real Docker containers from a locally built image ([`docker::DockerRuntime`]).
 //!
 //! Both start every foreground reader as a *new* cgroup (container) and call [`ReaderHooks::created`] after the
-//! cgroup exists and before the reader's first I/O — the moment the agent's "container started" event would reach
-//! the engine — and [`ReaderHooks::finished`] after it exited.
+//! cgroup exists and before the reader's first I/O (the bench then announces it to the agent where the agent cannot
+//! see it by itself, and reads its weight file, in dDiskQoS blocks until the agent's top weight is there), and
+//! [`ReaderHooks::finished`] after it exited.
 
 pub mod cgroup;
 pub mod docker;
+pub mod procs;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use nix::sys::signal::Signal;
+use qos_agent::backend::ContainerInfo;
+use qos_agent::cgroup::{CgroupDir, CounterReader};
 use qos_core::ContainerId;
 use serde::Serialize;
 
-use crate::cgroups::{self, CgroupBackend};
+use crate::agent::WeightRead;
 use crate::reader::ReadReport;
 
 /// Which runtime to use.
@@ -78,66 +82,57 @@ pub fn fio_args(file: &str) -> Vec<String> {
 
 /// Notified around each reader's life.
 pub trait ReaderHooks: Sync {
-    /// The reader's cgroup exists; its first I/O comes after this returns.
-    fn created(&self, id: &ContainerId, dir: &Path) -> Result<()>;
-    /// The reader exited.
+    /// The reader's cgroup exists; its first I/O comes after this returns. Returns its weight as read from the
+    /// cgroup's weight file just before that I/O.
+    fn created(&self, info: &ContainerInfo, since: Instant) -> Result<WeightRead>;
+    /// The reader exited (its cgroup still exists).
     fn finished(&self, id: &ContainerId);
 }
 
-/// Hooks that do nothing (Alone and Original: no agent).
-#[derive(Debug, Clone, Copy)]
-pub struct NoHooks;
-
-impl ReaderHooks for NoHooks {
-    fn created(&self, _: &ContainerId, _: &Path) -> Result<()> {
-        Ok(())
-    }
-    fn finished(&self, _: &ContainerId) {}
-}
-
 /// One finished foreground read.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct ReadOutcome {
     /// Container or cgroup id.
     pub id: String,
     /// The reader's own report (bytes, read time).
     pub report: ReadReport,
     /// From creating the cgroup/container to the reader's exit, as the bench saw it.
-    #[serde(serialize_with = "crate::report::json::ser_ms")]
     pub wall: Duration,
     /// Bytes the kernel charged to the reader's cgroup (cgroup runtime; the container's cgroup is gone in time
     /// for Docker).
     pub charged_bytes: Option<u64>,
+    /// The reader's weight, read from its cgroup file before its first I/O.
+    pub weight: WeightRead,
 }
 
 /// The long-lived background reader.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct Background {
     /// Its id (cgroup name or container id).
     pub id: String,
     /// Its blkio cgroup.
-    pub cgroup: PathBuf,
+    pub cgroup: CgroupDir,
     /// What runs there.
     pub command: String,
 }
 
 impl Background {
-    /// Engine id.
-    pub fn container_id(&self) -> ContainerId {
-        ContainerId::new(&self.id)
+    /// Bytes it has read (its cgroup's counter file, read now).
+    pub fn bytes(&self) -> Result<u64> {
+        Ok(CounterReader::open(&self.cgroup)?.read()?.read)
     }
 
     /// Stops its processes (SIGSTOP) and waits until its byte counter stands still (in-flight I/O drained).
-    pub fn freeze(&self, backend: &dyn CgroupBackend) -> Result<()> {
-        if cgroups::signal_all(&self.cgroup, Signal::SIGSTOP) == 0 {
+    pub fn freeze(&self) -> Result<()> {
+        if procs::signal_all(self.cgroup.path(), Signal::SIGSTOP) == 0 {
             bail!("background {} has no process left to stop", self.id);
         }
         let start = Instant::now();
-        let mut last = backend.read_counters(&self.cgroup)?.read;
+        let mut last = self.bytes()?;
         let mut still = 0;
         while still < 3 && start.elapsed() < Duration::from_secs(2) {
             std::thread::sleep(Duration::from_millis(10));
-            let now = backend.read_counters(&self.cgroup)?.read;
+            let now = self.bytes()?;
             still = if now == last { still + 1 } else { 0 };
             last = now;
         }
@@ -146,13 +141,25 @@ impl Background {
 
     /// Lets it run again.
     pub fn thaw(&self) {
-        cgroups::signal_all(&self.cgroup, Signal::SIGCONT);
+        procs::signal_all(self.cgroup.path(), Signal::SIGCONT);
     }
 
     /// Fails if its processes are gone (fio died, container exited).
     pub fn check_alive(&self) -> Result<()> {
-        if cgroups::pids(&self.cgroup).is_empty() {
+        if procs::pids(self.cgroup.path()).is_empty() {
             bail!("the background reader {} is not running any more ({})", self.id, self.command);
+        }
+        Ok(())
+    }
+
+    /// Waits until it has read something (it runs), at most 10 s; `why` explains a failure.
+    pub fn wait_reading(&self, why: impl Fn() -> String) -> Result<()> {
+        let start = Instant::now();
+        while procs::pids(self.cgroup.path()).is_empty() || self.bytes().unwrap_or(0) == 0 {
+            if start.elapsed() > Duration::from_secs(10) {
+                bail!("the background did not start reading within 10 s: {}\n{}", self.command, why());
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
         Ok(())
     }
@@ -162,8 +169,9 @@ impl Background {
 pub trait Runtime: Send + Sync + std::fmt::Debug {
     /// `cgroup` or `docker`.
     fn name(&self) -> &'static str;
-    /// Starts the background reader on `file` (a path on the test file system); it runs until stopped.
-    fn start_background(&self, file: &Path, kind: BackgroundKind) -> Result<Background>;
+    /// Starts the background reader on `file` (a path on the test file system); it runs until stopped. `hooks`
+    /// hear of its cgroup before it starts reading.
+    fn start_background(&self, file: &Path, kind: BackgroundKind, hooks: &dyn ReaderHooks) -> Result<Background>;
     /// Stops and removes the background.
     fn stop_background(&self, bg: &Background) -> Result<()>;
     /// Runs one foreground reader of `file` as a new cgroup/container and waits for it.

@@ -12,9 +12,11 @@
 //!   [`disk_of_path`], [`io_cost_enabled`]) and the root-disk protection;
 //! - `switch.rs`: the guarded writes;
 //! - [`check`]: the agent's start-up check (which devices matter, a loud warning where weights cannot act);
-//! - [`iocost`]: the opt-in io.cost set-up (measure a device, write its model and qos lines).
+//! - [`iocost`]: the opt-in io.cost set-up (measure a device, write its model and qos lines);
+//! - `governor.rs`: which cgroup-v2 weight file acts on each device ([`Governor`]), cached in a [`DeviceTable`].
 
 pub mod check;
+mod governor;
 pub mod iocost;
 mod switch;
 
@@ -24,6 +26,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+pub use governor::{DeviceFacts, DeviceTable, Governor, DEFAULT_MAX_AGE};
 pub use switch::{set_bfq_tunable, switch_scheduler, switch_to_bfq};
 
 use crate::cgroup::root_device;

@@ -130,3 +130,44 @@ fn tunables_are_guarded_and_read_back() {
     let err = set_bfq_tunable_in(sys.path(), ROOT_ON_VDA, "vda", "low_latency", "0", &allowed(&["vda"])).unwrap_err();
     assert!(err.to_string().contains("backs the root filesystem"), "{err}");
 }
+
+#[test]
+fn device_table_governors_and_cache() {
+    use std::time::{Duration, Instant};
+    let sys = fake_sys();
+    let cg = tempfile::tempdir().unwrap();
+    fs::write(sys.path().join("devices/block/loop3/dev"), "7:3\n").unwrap();
+    let loop3 = DevNum { major: 7, minor: 3 };
+    let mut table = DeviceTable::with_sys(sys.path(), cg.path()).with_max_age(Duration::from_secs(5));
+    assert_eq!(table.dev_of_name("loop3").unwrap(), loop3);
+    assert!(matches!(table.dev_of_name("sdz").unwrap_err(), DeviceError::Io { .. }));
+    assert!(matches!(table.dev_of_name("../x").unwrap_err(), DeviceError::InvalidName { .. }));
+
+    // No io.cost.qos (v1 host), scheduler none: nothing acts; first sight reports "new" (Some(None)).
+    let t0 = Instant::now();
+    let (facts, changed) = table.get(loop3, t0);
+    assert_eq!((facts.governor, changed), (Governor::NONE, Some(None)));
+    assert_eq!(facts.disk.as_deref(), Some("loop3"));
+    assert!(facts.fix().contains("/sys/block/loop3/queue/scheduler") && facts.fix().contains("7:3 enable=1"));
+
+    // io.cost switched on: not seen while the facts are fresh, seen once they are stale or refreshed.
+    fs::write(cg.path().join("io.cost.qos"), "7:3 enable=1 ctrl=auto\n254:0 enable=0\n").unwrap();
+    let (facts, changed) = table.get(loop3, t0 + Duration::from_secs(4));
+    assert_eq!((facts.governor, changed), (Governor::NONE, None));
+    let (facts, changed) = table.get(loop3, t0 + Duration::from_secs(5));
+    assert_eq!((facts.governor.as_str(), changed), ("io-cost", Some(Some(Governor::NONE))));
+
+    // BFQ too: both act. A refresh reads at once; an unchanged refresh reports no change.
+    fs::write(sys.path().join("block/loop3/queue/scheduler"), "none [bfq]\n").unwrap();
+    let (facts, changed) = table.refresh(loop3, t0 + Duration::from_secs(6));
+    assert_eq!(facts.governor, Governor { bfq: true, io_cost: true });
+    assert_eq!(facts.governor.as_str(), "bfq+io-cost");
+    assert!(changed.is_some());
+    assert_eq!(table.refresh(loop3, t0 + Duration::from_secs(6)).1, None);
+
+    // A device sysfs does not know: ineffective, with the reason.
+    let (facts, _) = table.get(DevNum { major: 8, minor: 0 }, t0);
+    assert_eq!(facts.governor, Governor::NONE);
+    assert!(facts.error.as_deref().unwrap_or("").contains("no block device 8:0"), "{facts:?}");
+    assert_eq!(table.snapshot().iter().map(|f| f.dev.to_string()).collect::<Vec<_>>(), ["7:3", "8:0"]);
+}

@@ -99,6 +99,21 @@ pub enum CgroupError {
         /// The value read back, on the file's scale.
         read: u32,
     },
+    /// On cgroup v2: a device's effective weight in the file that governs it (its `MAJ:MIN` override if there is
+    /// one, else the default) is not what was written (values on the file's own scale).
+    #[error("wrote weight {wrote} to {path} but device {device} reads back {read} there ({what})")]
+    DeviceMismatch {
+        /// The weight file that governs the device.
+        path: PathBuf,
+        /// The device, `MAJ:MIN`.
+        device: String,
+        /// The value written.
+        wrote: u32,
+        /// The device's effective value read back.
+        read: u32,
+        /// Which line it came from: "its MAJ:MIN override" or "the default".
+        what: &'static str,
+    },
     /// A weight file holds a value that is not a valid weight for that file.
     #[error("{path} holds weight {value} outside the file's range: {source}")]
     WeightRange {

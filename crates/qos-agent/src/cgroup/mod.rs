@@ -51,4 +51,6 @@ pub use error::{CgroupError, Result};
 pub(crate) use mount::root_device;
 pub use mount::{CgroupRoot, CgroupVersion};
 pub use stat::{parse_blkio_stat, parse_io_stat};
-pub use weight_file::{WeightFile, WeightFileKind, V1_BFQ_WEIGHT, V1_BLKIO_WEIGHT, V2_BFQ_WEIGHT, V2_IO_WEIGHT};
+pub use weight_file::{
+    WeightFile, WeightFileKind, WeightLines, V1_BFQ_WEIGHT, V1_BLKIO_WEIGHT, V2_BFQ_WEIGHT, V2_IO_WEIGHT,
+};

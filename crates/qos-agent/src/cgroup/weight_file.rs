@@ -1,5 +1,6 @@
 //! [`WeightFile`]: a cgroup's block-I/O weight, read and written on the engine's [`Weight`] scale and verified.
 
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -10,6 +11,7 @@ use qos_core::{Weight, WeightError};
 use super::dir::CgroupDir;
 use super::error::{CgroupError, Result};
 use super::mount::CgroupVersion;
+use crate::blockdev::DevNum;
 
 /// v1 BFQ weight, 1..=1000. Reads `100\n`; accepts a plain number only ("default N" is EINVAL, checked on 6.18).
 pub const V1_BFQ_WEIGHT: &str = "blkio.bfq.weight";
@@ -147,7 +149,48 @@ impl WeightFile {
     /// Writes `weight` (converted to this file's scale). Does not read back; see [`WeightFile::write_verified`].
     pub fn write(&self, weight: Weight) -> Result<()> {
         let value = self.kind.file_value(weight);
-        let data = self.kind.data(value);
+        self.write_data(&self.kind.data(value))?;
+        tracing::debug!(path = %self.path.display(), %weight, value, "wrote weight");
+        Ok(())
+    }
+
+    /// Opens the file of `kind` in `dir` if the cgroup has it (`None` if not: e.g. `io.bfq.weight` without the
+    /// BFQ module); [`CgroupError::Vanished`] if the cgroup is gone.
+    pub fn open_kind(dir: &CgroupDir, kind: WeightFileKind) -> Result<Option<Self>> {
+        let path = dir.path().join(kind.file_name());
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_file() => Ok(Some(Self { path, dir: dir.path().to_owned(), kind })),
+            Ok(_) => Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) && dir.path().is_dir() => Ok(None),
+            Err(e) => Err(CgroupError::on_cgroup_file("stat", &path, dir.path(), e)),
+        }
+    }
+
+    /// The whole v2 file: the default and every `MAJ:MIN N` override, on the file's own scale.
+    pub fn read_lines(&self) -> Result<WeightLines> {
+        parse_weight_lines(&self.path, &self.read_bytes()?)
+    }
+
+    /// Writes `default VALUE` (v2 files; VALUE on the file's own scale). Overrides are left alone by the kernel.
+    pub fn write_default_value(&self, value: u32) -> Result<()> {
+        self.write_data(&format!("default {value}\n"))
+    }
+
+    /// Writes the override of one device: `MAJ:MIN VALUE`, or with `None` `MAJ:MIN default`, which removes the
+    /// override (both `io.weight` and `io.bfq.weight`, checked on Linux 6.18).
+    pub fn write_device(&self, dev: DevNum, value: Option<u32>) -> Result<()> {
+        match value {
+            Some(v) => self.write_data(&format!("{dev} {v}\n")),
+            None => self.write_data(&format!("{dev} default\n")),
+        }
+    }
+
+    /// One `write(2)` of `data`: a cgroup file parses each write call on its own.
+    fn write_data(&self, data: &str) -> Result<()> {
+        #[cfg(test)]
+        let merged = fixture_kernel::merge(&self.path, data);
+        #[cfg(test)]
+        let data = merged.as_deref().unwrap_or(data);
         let mut file = OpenOptions::new()
             .write(true)
             .create(false)
@@ -155,18 +198,15 @@ impl WeightFile {
             .truncate(true)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&self.path)
-            .map_err(|e| CgroupError::on_cgroup_write(&self.path, &self.dir, &data, e))?;
-        // One write(2): a cgroup file parses each write call on its own.
+            .map_err(|e| CgroupError::on_cgroup_write(&self.path, &self.dir, data, e))?;
         match file.write(data.as_bytes()) {
-            Ok(n) if n == data.len() => {}
+            Ok(n) if n == data.len() => Ok(()),
             Ok(n) => {
                 let source = std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write: {n} bytes"));
-                return Err(CgroupError::Write { path: self.path.clone(), data, source });
+                Err(CgroupError::Write { path: self.path.clone(), data: data.to_owned(), source })
             }
-            Err(e) => return Err(CgroupError::on_cgroup_write(&self.path, &self.dir, &data, e)),
+            Err(e) => Err(CgroupError::on_cgroup_write(&self.path, &self.dir, data, e)),
         }
-        tracing::debug!(path = %self.path.display(), %weight, value, "wrote weight");
-        Ok(())
     }
 
     /// Checks that the file holds what writing `weight` puts there. [`CgroupError::Mismatch`] (with both values
@@ -196,6 +236,10 @@ impl WeightFile {
 
     /// The default weight as the file states it, on the file's own scale.
     fn read_file_value(&self) -> Result<u32> {
+        parse_default_weight(&self.path, &self.read_bytes()?)
+    }
+
+    fn read_bytes(&self) -> Result<Vec<u8>> {
         let mut buf = Vec::with_capacity(256);
         OpenOptions::new()
             .read(true)
@@ -203,8 +247,45 @@ impl WeightFile {
             .open(&self.path)
             .and_then(|mut f| f.read_to_end(&mut buf))
             .map_err(|e| CgroupError::on_cgroup_file("read", &self.path, &self.dir, e))?;
-        parse_default_weight(&self.path, &buf)
+        Ok(buf)
     }
+}
+
+/// A v2 weight file's content: `default N` and the per-device `MAJ:MIN N` overrides (file scale).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightLines {
+    /// The `default` line.
+    pub default: u32,
+    /// Per-device overrides, which win over the default on their device.
+    pub devices: BTreeMap<DevNum, u32>,
+}
+
+impl WeightLines {
+    /// The weight that acts on `dev` in this file: its override, else the default.
+    pub fn effective(&self, dev: DevNum) -> u32 {
+        self.devices.get(&dev).copied().unwrap_or(self.default)
+    }
+}
+
+/// Parses a whole v2 weight file (or a v1 plain number, which has no overrides).
+pub(crate) fn parse_weight_lines(file: &Path, bytes: &[u8]) -> Result<WeightLines> {
+    let default = parse_default_weight(file, bytes)?;
+    let mut devices = BTreeMap::new();
+    for (index, line) in bytes.split(|b| *b == b'\n').enumerate() {
+        let mut fields = line.split(u8::is_ascii_whitespace).filter(|f| !f.is_empty());
+        let (Some(device), Some(value)) = (fields.next(), fields.next()) else { continue };
+        if device == b"default" {
+            continue;
+        }
+        let err = |reason: &str| CgroupError::parse(file, index + 1, line, reason);
+        let dev: DevNum =
+            std::str::from_utf8(device).ok().and_then(|d| d.parse().ok()).ok_or_else(|| err("bad device number"))?;
+        let value = parse_u32(value).ok_or_else(|| err("bad per-device weight"))?;
+        if devices.insert(dev, value).is_some() {
+            return Err(err("second line for the same device"));
+        }
+    }
+    Ok(WeightLines { default, devices })
 }
 
 /// The default weight in a weight file: `N` (v1) or a `default N` line (v2), possibly among `MAJ:MIN N`
@@ -237,6 +318,45 @@ pub(crate) fn parse_default_weight(file: &Path, bytes: &[u8]) -> Result<u32> {
 
 fn parse_u32(field: &[u8]) -> Option<u32> {
     std::str::from_utf8(field).ok().filter(|s| s.bytes().all(|b| b.is_ascii_digit()))?.parse().ok()
+}
+
+/// Unit tests' stand-in for the kernel: fixture weight files are regular files, where a write replaces the whole
+/// content; the kernel instead applies one line (`default N`, `MAJ:MIN N`, `MAJ:MIN default`) to the file's
+/// state. Only compiled for this crate's unit tests; real files are never merged.
+#[cfg(test)]
+pub(crate) mod fixture_kernel {
+    use super::*;
+
+    /// The content a v2 fixture file has after `data` is written to it, or `None` to write `data` as it is (v1
+    /// files, files that do not parse as v2).
+    pub(crate) fn merge(path: &Path, data: &str) -> Option<String> {
+        let old = std::fs::read(path).ok()?;
+        if !old.windows(7).any(|w| w == b"default") {
+            return None;
+        }
+        let mut lines = parse_weight_lines(path, &old).ok()?;
+        let mut fields = data.split_whitespace();
+        let (Some(key), Some(value), None) = (fields.next(), fields.next(), fields.next()) else { return None };
+        match (key, value) {
+            ("default", v) => lines.default = v.parse().ok()?,
+            (dev, "default") => {
+                lines.devices.remove(&dev.parse().ok()?);
+            }
+            (dev, v) => {
+                lines.devices.insert(dev.parse().ok()?, v.parse().ok()?);
+            }
+        }
+        Some(format(&lines))
+    }
+
+    /// The kernel's layout of a v2 weight file.
+    pub(crate) fn format(lines: &WeightLines) -> String {
+        let mut out = format!("default {}\n", lines.default);
+        for (dev, v) in &lines.devices {
+            out.push_str(&format!("{dev} {v}\n"));
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -320,6 +440,7 @@ mod tests {
             other => panic!("{other}"),
         }
         wf.write_then(Weight::new(700).unwrap(), |_| {}).unwrap();
-        assert_eq!(std::fs::read_to_string(wf.path()).unwrap(), "default 700\n");
+        // The fixture stands in for the kernel: `default N` leaves the override alone.
+        assert_eq!(std::fs::read_to_string(wf.path()).unwrap(), "default 700\n8:0 700\n");
     }
 }

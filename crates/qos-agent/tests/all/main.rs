@@ -18,6 +18,8 @@
 //!   dockerd); the fixture-based fault tests there run without root.
 //! - `cri_real`: the agent's CRI runtime against a private containerd, pods made through CRI as a kubelet would.
 //! - `scale_real`: correctness at 1,024 cgroups and 32 containers.
+//! - `v2_real`: the agent on real cgroup v2 (BFQ and io.cost loop devices, a dockerd on v2); it runs only inside
+//!   `scripts/cgroup-v2.sh` (the machine boots v1), so `scripts/test.sh` skips it in the main run and runs it there.
 //!
 //! Tests of this binary run in parallel threads of one process: a real test holds `testbed::exclusive()` for its
 //! whole run, so no two of them overlap (they measure latencies and CPU, and restart daemons).
@@ -37,6 +39,7 @@ mod faults_real;
 mod fuzz_parsers;
 mod k8s_manifests;
 mod scale_real;
+mod v2_real;
 
 /// The agent binary under test.
 const AGENT: &str = env!("CARGO_BIN_EXE_ddiskqos-agent");

@@ -1,12 +1,19 @@
 //! [`DockerWriter`]: weights through `docker update --blkio-weight` and/or the cgroup file, always verified in
 //! the file.
+//!
+//! On cgroup v2 Docker 20.10 writes `io.bfq.weight` (`default N`) and never `io.weight`, so its weight reaches
+//! BFQ devices only. The check after `docker update` is therefore the cgroup-dir writer's per-device one: the
+//! effective value in the file that governs each device. When a device under io.cost does not get the weight,
+//! `auto` writes the files itself from then on (which writes `io.weight`), and says so once.
 
 use bollard::models::ContainerUpdateBody;
 use bollard::Docker;
-use qos_core::Weight;
+use qos_core::{ContainerId, Weight};
 use tracing::warn;
 
 use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
+use crate::blockdev::{DevNum, DeviceFacts, Governor};
+use crate::cgroup::{CgroupError, V2_IO_WEIGHT};
 use crate::config::ActuatorMode;
 use crate::runtime::cgroup_dir::CgroupDirWriter;
 
@@ -17,6 +24,10 @@ pub struct DockerWriter {
     mode: ActuatorMode,
     /// `Some(false)` once Docker was seen to discard a weight: `auto` then writes the file directly.
     docker_delivers: Option<bool>,
+    /// Why the last Docker write was not in force, for the one fallback message.
+    missed: Missed,
+    /// Writes and verifies the cgroup files (and holds the device table and the restore snapshots).
+    files: CgroupDirWriter,
 }
 
 impl std::fmt::Debug for DockerWriter {
@@ -29,12 +40,22 @@ impl std::fmt::Debug for DockerWriter {
 }
 
 impl DockerWriter {
-    /// A writer in the given mode.
+    /// A writer in the given mode, with a default [`CgroupDirWriter`] for the files.
     pub fn new(docker: Docker, mode: ActuatorMode) -> Self {
-        Self { docker, mode, docker_delivers: None }
+        Self::with_files(docker, mode, CgroupDirWriter::default())
     }
 
-    async fn via_docker(&self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
+    /// A writer in the given mode whose file writes and checks go through `files`.
+    pub fn with_files(docker: Docker, mode: ActuatorMode, files: CgroupDirWriter) -> Self {
+        Self { docker, mode, docker_delivers: None, missed: Missed::Other, files }
+    }
+
+    /// Every device looked at so far and what governs it (for status).
+    pub fn device_table(&self) -> Vec<DeviceFacts> {
+        self.files.device_table()
+    }
+
+    async fn via_docker(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
         if weight.get() < 10 {
             return Err(BackendError::Runtime {
                 id: info.id.clone(),
@@ -48,15 +69,25 @@ impl DockerWriter {
             what: "docker update --blkio-weight",
             detail: e.to_string(),
         })?;
-        // Trust only the kernel's file: Docker 20.10 answers success and discards the weight on BFQ kernels.
-        let have = CgroupDirWriter::read_now(info)?;
-        let want = weight;
-        if have != want {
-            let path = info.cgroup.as_ref().map(|d| d.path().display().to_string()).unwrap_or_default();
+        // Trust only the kernel's files: Docker 20.10 answers success and discards the weight on BFQ-only v1
+        // kernels, and on v2 writes only io.bfq.weight, which does not act on io.cost devices.
+        if let Err(e) = self.files.verify_weight(info, weight) {
+            if e.is_vanished() {
+                return Err(e);
+            }
+            self.missed = match &e {
+                BackendError::Cgroup(CgroupError::DeviceMismatch { path, .. }) if path.ends_with(V2_IO_WEIGHT) => {
+                    Missed::IoWeight
+                }
+                BackendError::Cgroup(CgroupError::DeviceMismatch { what, .. }) if what.contains("override") => {
+                    Missed::Override
+                }
+                _ => Missed::Other,
+            };
             return Err(BackendError::Runtime {
                 id: info.id.clone(),
                 what: "docker update --blkio-weight",
-                detail: format!("dockerd answered success but {path} reads weight {have}, not {want}"),
+                detail: format!("dockerd answered success but the weight is not in force: {e}"),
             });
         }
         Ok(AppliedVia::RuntimeApi)
@@ -65,12 +96,12 @@ impl DockerWriter {
 
 impl WeightWriter for DockerWriter {
     async fn read(&mut self, info: &ContainerInfo) -> Result<Weight, BackendError> {
-        CgroupDirWriter::read_now(info)
+        self.files.read_weight(info)
     }
 
     async fn write(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
         match self.mode {
-            ActuatorMode::Cgroupfs => CgroupDirWriter::write_now(info, weight),
+            ActuatorMode::Cgroupfs => self.files.write_weight(info, weight),
             ActuatorMode::Docker => self.via_docker(info, weight).await,
             ActuatorMode::Auto => {
                 if self.docker_delivers != Some(false) && weight.get() >= 10 {
@@ -81,16 +112,45 @@ impl WeightWriter for DockerWriter {
                         }
                         Err(e) if e.is_vanished() => return Err(e),
                         Err(e) => {
-                            warn!(container = %info.id.short(), error = %e,
-                                  "actuator auto: the Docker API did not deliver the weight to the kernel \
-                                   (Docker discards --blkio-weight on kernels without blkio.weight, e.g. BFQ-only \
-                                   cgroup v1); writing cgroup weight files directly from now on");
+                            match self.missed {
+                                Missed::IoWeight => warn!(container = %info.id.short(), error = %e,
+                                    "actuator auto: Docker's --blkio-weight writes io.bfq.weight only, which does \
+                                     not act on a device under io.cost; writing the cgroup weight files (io.weight \
+                                     included) directly from now on"),
+                                Missed::Override => warn!(container = %info.id.short(), error = %e,
+                                    "actuator auto: Docker's --blkio-weight sets only the default of io.bfq.weight, \
+                                     and a per-device override (e.g. from --blkio-weight-device) wins over it; \
+                                     writing the cgroup weight files (overrides included) directly from now on"),
+                                Missed::Other => warn!(container = %info.id.short(), error = %e,
+                                    "actuator auto: the Docker API did not deliver the weight to the kernel \
+                                     (Docker discards --blkio-weight on kernels without blkio.weight, e.g. \
+                                     BFQ-only cgroup v1); writing cgroup weight files directly from now on"),
+                            }
                             self.docker_delivers = Some(false);
                         }
                     }
                 }
-                CgroupDirWriter::write_now(info, weight)
+                self.files.write_weight(info, weight)
             }
         }
     }
+
+    fn device_table(&self) -> Vec<DeviceFacts> {
+        DockerWriter::device_table(self)
+    }
+
+    fn container_devices(&self, id: &ContainerId) -> Vec<(DevNum, Governor)> {
+        self.files.container_devices(id)
+    }
+}
+
+/// Why a weight written through Docker was not in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Missed {
+    /// v2: a device under io.cost did not get it (Docker never writes `io.weight`).
+    IoWeight,
+    /// v2: a per-device `io.bfq.weight` override won over Docker's `default N`.
+    Override,
+    /// Anything else (v1: Docker discarded the weight).
+    Other,
 }

@@ -1,0 +1,499 @@
+//! The shipped agent, run by the bench: `qos_agent::daemon::Daemon` on its own thread with a current-thread tokio
+//! runtime (as `ddiskqos-agent` runs it), with the agent's own counters and weight writers.
+//!
+//! - Docker runtime: the backends `qos_agent::app::docker_backends` assembles for the agent binary
+//!   (`DockerDiscovery` by events, `DockerCounters` behind the parent gate, `DockerWriter` in the `auto` actuator
+//!   mode). The daemon finds the bench's containers itself, as it would any container.
+//! - cgroup runtime: a [`ChannelDiscovery`] (the bench announces `Started`/`Stopped` of its reader cgroups, which
+//!   sit directly under the blkio root where no discovery of the agent's could tell them from the host's other
+//!   cgroups) with `CgroupDirCounters::with_root` and `CgroupDirWriter`.
+//!
+//! The daemon runs for a whole BFQ mode, sampling and deciding all the time, so its timers (the starvation boost
+//! of the background every `boost_after`) follow the wall clock as in a long deployment. Alone and Original blocks
+//! use its own dry run ([`Agent::set_dry_run`]: `Command::Reload` with `dry_run = true`, whereupon it restores
+//! every original weight and writes nothing); dDiskQoS blocks `dry_run = false`, whereupon its next round writes
+//! every container's weight. The bench never writes a weight; it only reads weight files
+//! ([`Agent::wait_for_weight`], [`read_weight`]) to record what the kernel holds.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use qos_agent::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
+use qos_agent::cgroup::{CgroupDir, CgroupRoot, WeightFile};
+use qos_agent::config::ActuatorMode;
+use qos_agent::daemon::{Command, Daemon, Summary};
+use qos_agent::metrics::{Metrics, ReasonLabels};
+use qos_agent::runtime::cgroup_dir::CgroupDirCounters;
+use qos_agent::state::OriginalWeights;
+use qos_agent::AgentConfig;
+use qos_core::{ContainerId, Reason, Weight};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+
+/// Every reason the engine gives for a decision, for reading the daemon's `decisions` metric.
+const REASONS: [Reason; 9] = [
+    Reason::New,
+    Reason::Demoted,
+    Reason::Boosted,
+    Reason::PeriodicBoost,
+    Reason::IdlePromoted,
+    Reason::Pinned,
+    Reason::Managed,
+    Reason::Released,
+    Reason::Reconfigured,
+];
+
+/// How long a switch of the daemon's dry run, or a reader's weight, may take before the run fails.
+pub const WEIGHT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Which backends the daemon runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backends {
+    /// The agent binary's Docker backends.
+    Docker,
+    /// The bench's channel discovery with the cgroup-dir runtime's counters and writer.
+    CgroupDir,
+}
+
+impl Backends {
+    /// For the report.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Backends::Docker => {
+                "qos_agent::app::docker_backends: DockerDiscovery (events), DockerCounters::with_root, \
+                 DockerWriter (actuator auto)"
+            }
+            Backends::CgroupDir => {
+                "bench ChannelDiscovery (Started/Stopped announced by the bench), CgroupDirCounters::with_root, \
+                 CgroupDirWriter"
+            }
+        }
+    }
+}
+
+/// A weight file's content as the bench read it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct WeightRead {
+    /// The weight the file held.
+    pub weight: u32,
+    /// How long the bench waited for it, from the reader's cgroup existing (0 when read once, not awaited).
+    pub waited_ms: f64,
+}
+
+/// One switch of the daemon's dry run (a `Command::Reload`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DryRunSwitch {
+    /// Milliseconds since the daemon started.
+    pub t_ms: f64,
+    /// The new setting.
+    pub dry_run: bool,
+    /// Until the daemon had handled it: restored every original (to dry run), or ran the round that writes every
+    /// weight (from dry run).
+    pub took_ms: f64,
+}
+
+/// The daemon's own metrics at the end of a mode (`qos_agent::metrics::Metrics`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentMetrics {
+    /// Sampling rounds (`round_duration_seconds` count).
+    pub rounds: u64,
+    /// Wall time of all rounds, seconds (`round_duration_seconds` sum).
+    pub round_seconds: f64,
+    /// CPU time of all rounds, seconds (`round_cpu_seconds`).
+    pub round_cpu_seconds: f64,
+    /// Time between round starts at the end, ms (`round_interval_seconds`: the pacer's period).
+    pub round_interval_ms: f64,
+    /// Weight writes that failed or did not verify (`write_failures`).
+    pub write_failures: u64,
+    /// Counter reads that failed (`sample_failures`).
+    pub sample_failures: u64,
+    /// Times the runtime became unreachable (`runtime_outages`).
+    pub runtime_outages: u64,
+    /// Decisions by reason (`decisions`), reasons that never occurred left out.
+    pub decisions: BTreeMap<String, u64>,
+}
+
+impl AgentMetrics {
+    /// Reads the daemon's metrics (the round histogram's count and sum from its text exposition: prometheus-client
+    /// offers no other reader of them).
+    pub fn of(m: &Arc<Metrics>) -> Self {
+        let decisions = REASONS
+            .iter()
+            .filter_map(|r| {
+                let n = m.decisions.get(&ReasonLabels { reason: r.as_str().into() })?.get();
+                Some((r.as_str().to_string(), n))
+            })
+            .collect();
+        let text = m.render();
+        let value =
+            |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok());
+        Self {
+            rounds: value("ddiskqos_round_duration_seconds_count").unwrap_or_default() as u64,
+            round_seconds: value("ddiskqos_round_duration_seconds_sum").unwrap_or_default(),
+            round_cpu_seconds: m.round_cpu_seconds.get(),
+            round_interval_ms: m.round_interval_seconds.get() * 1e3,
+            write_failures: m.write_failures.get(),
+            sample_failures: m.sample_failures.get(),
+            runtime_outages: m.runtime_outages.get(),
+            decisions,
+        }
+    }
+
+    /// Mean wall time of a round, µs.
+    pub fn mean_round_us(&self) -> f64 {
+        if self.rounds == 0 {
+            0.0
+        } else {
+            self.round_seconds * 1e6 / self.rounds as f64
+        }
+    }
+}
+
+/// What the daemon did during one BFQ mode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentReport {
+    /// The backends it ran on.
+    pub backends: String,
+    /// Its `sample_interval`, ms.
+    pub sample_interval_ms: f64,
+    /// Every switch of its dry run.
+    pub switches: Vec<DryRunSwitch>,
+    /// `Summary::restored`: originals restored at shutdown (none when the mode ended in a dry-run block: the
+    /// switch to dry run restored them already).
+    pub restored: usize,
+    /// `Summary::restore_failures`.
+    pub restore_failures: usize,
+    /// Its metrics.
+    pub metrics: AgentMetrics,
+}
+
+/// Discovery by announcement: the bench sends `Started` when it created a reader's cgroup (before the reader's
+/// first I/O) and `Stopped` when the reader exited.
+#[derive(Debug)]
+pub struct ChannelDiscovery {
+    events: mpsc::UnboundedReceiver<DiscoveryEvent>,
+}
+
+impl Discovery for ChannelDiscovery {
+    async fn start(&mut self) -> Result<Vec<ContainerInfo>, DiscoveryError> {
+        Ok(Vec::new())
+    }
+
+    async fn next_event(&mut self) -> Result<DiscoveryEvent, DiscoveryError> {
+        match self.events.recv().await {
+            Some(ev) => Ok(ev),
+            // The bench stopped announcing: no more changes; the daemon stops on `Shutdown`.
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// The running daemon.
+#[derive(Debug)]
+pub struct Agent {
+    cfg: AgentConfig,
+    backends: Backends,
+    commands: mpsc::Sender<Command>,
+    /// `Some` for [`Backends::CgroupDir`]: where the bench announces its cgroups.
+    announce: Option<mpsc::UnboundedSender<DiscoveryEvent>>,
+    metrics: Arc<Metrics>,
+    thread: Option<JoinHandle<Result<Summary>>>,
+    started: Instant,
+    dry_run: Mutex<bool>,
+    switches: Mutex<Vec<DryRunSwitch>>,
+}
+
+impl Agent {
+    /// Starts the daemon in dry run with `cfg` (whose `dry_run` is overridden) on `backends`, and waits until it
+    /// has discovered what runs and serves commands.
+    pub fn start(mut cfg: AgentConfig, backends: Backends, root: Arc<CgroupRoot>) -> Result<Self> {
+        cfg.dry_run = true;
+        cfg.actuator = ActuatorMode::Auto;
+        cfg.validate().context("agent configuration")?;
+        let originals = OriginalWeights::load(Some(&cfg.state_file)).context("agent state file")?;
+        let metrics = Arc::new(Metrics::new());
+        let (commands, rx) = mpsc::channel(16);
+        let (announce, discovery) = match backends {
+            Backends::Docker => (None, None),
+            Backends::CgroupDir => {
+                let (tx, events) = mpsc::unbounded_channel();
+                (Some(tx), Some(ChannelDiscovery { events }))
+            }
+        };
+        let (c, m) = (cfg.clone(), metrics.clone());
+        let thread = std::thread::Builder::new()
+            .name("ddiskqos-agent".into())
+            .spawn(move || -> Result<Summary> {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                rt.block_on(async move {
+                    match discovery {
+                        None => {
+                            let docker = qos_agent::runtime::docker::connect(&c.docker.socket).await?;
+                            let files = qos_agent::app::file_writer(&root, c.devices.check.clone(), &m);
+                            let (d, counters, writer) =
+                                qos_agent::app::docker_backends(docker, root, c.actuator, files).await?;
+                            Ok(Daemon::new(c, d, counters, writer, originals, m)?.run(rx).await?)
+                        }
+                        Some(d) => {
+                            let writer = qos_agent::app::file_writer(&root, c.devices.check.clone(), &m);
+                            let counters = CgroupDirCounters::with_root(root);
+                            Ok(Daemon::new(c, d, counters, writer, originals, m)?.run(rx).await?)
+                        }
+                    }
+                })
+            })
+            .context("cannot start the agent's thread")?;
+        let mut agent = Self {
+            cfg,
+            backends,
+            commands,
+            announce,
+            metrics,
+            thread: Some(thread),
+            started: Instant::now(),
+            dry_run: Mutex::new(true),
+            switches: Mutex::new(Vec::new()),
+        };
+        if let Err(e) = agent.round_trip() {
+            return Err(agent.failure(e));
+        }
+        Ok(agent)
+    }
+
+    /// The top level's weight (new containers').
+    pub fn top(&self) -> Weight {
+        self.cfg.mlfq.levels[0].weight
+    }
+
+    /// Whether the daemon has demoted any container yet (its `decisions` metric).
+    pub fn demoted_any(&self) -> bool {
+        let demoted = ReasonLabels { reason: Reason::Demoted.as_str().into() };
+        self.metrics.decisions.get(&demoted).is_some_and(|c| c.get() > 0)
+    }
+
+    /// Sends a command; a daemon that is gone is an error.
+    fn send(&self, cmd: Command) -> Result<()> {
+        self.commands.blocking_send(cmd).map_err(|_| anyhow!("the agent's daemon has stopped"))
+    }
+
+    /// Asks for the status and waits for it: every command sent before has been handled. (Only the reply's
+    /// arrival matters; its fields are the agent's business.)
+    fn round_trip(&self) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Status(tx))?;
+        rx.blocking_recv().map(|_| ()).map_err(|_| anyhow!("the agent's daemon stopped without answering"))
+    }
+
+    /// The daemon thread's error, once it has ended (for a failure while talking to it).
+    fn failure(&mut self, e: anyhow::Error) -> anyhow::Error {
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(Err(daemon))) => daemon.context(e),
+            Some(Err(_)) => e.context("the agent's thread panicked"),
+            _ => e,
+        }
+    }
+
+    /// Switches the daemon's dry run and waits until it took effect: going dry, every original weight has been
+    /// restored; leaving it, the round that writes every container's weight has run.
+    pub fn set_dry_run(&self, dry_run: bool) -> Result<()> {
+        let mut current = self.dry_run.lock().unwrap_or_else(|p| p.into_inner());
+        if *current == dry_run {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let cfg = AgentConfig { dry_run, ..self.cfg.clone() };
+        self.send(Command::Reload(Box::new(cfg)))?;
+        self.round_trip()?;
+        if !dry_run {
+            // The reload asked for a round at once; the first round that ends after it wrote the weights. Every round
+            // adds its (non-zero) CPU time to `round_cpu_seconds`.
+            let cpu = self.metrics.round_cpu_seconds.get();
+            while self.metrics.round_cpu_seconds.get() == cpu {
+                if t0.elapsed() > WEIGHT_TIMEOUT {
+                    bail!("the agent ran no sampling round within {WEIGHT_TIMEOUT:?} after leaving dry run");
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        *current = dry_run;
+        let t_ms = t0.duration_since(self.started).as_secs_f64() * 1e3;
+        let took_ms = t0.elapsed().as_secs_f64() * 1e3;
+        self.switches.lock().unwrap_or_else(|p| p.into_inner()).push(DryRunSwitch { t_ms, dry_run, took_ms });
+        Ok(())
+    }
+
+    /// Tells a [`Backends::CgroupDir`] daemon that a container started (no-op for Docker, whose daemon sees its
+    /// events itself).
+    pub fn announce_started(&self, info: &ContainerInfo) -> Result<()> {
+        match &self.announce {
+            Some(tx) => tx.send(DiscoveryEvent::Started(info.clone())).map_err(|_| anyhow!("the agent has stopped")),
+            None => Ok(()),
+        }
+    }
+
+    /// Tells a [`Backends::CgroupDir`] daemon that a container stopped (no-op for Docker).
+    pub fn announce_stopped(&self, id: &ContainerId) {
+        if let Some(tx) = &self.announce {
+            let _ = tx.send(DiscoveryEvent::Stopped(id.clone()));
+        }
+    }
+
+    /// Waits until the weight file of `dir` reads `want` (the daemon wrote it), at most [`WEIGHT_TIMEOUT`].
+    pub fn wait_for_weight(&self, dir: &CgroupDir, want: Weight, since: Instant) -> Result<WeightRead> {
+        let file = WeightFile::open(dir)?;
+        loop {
+            let have = file.read()?;
+            let waited = since.elapsed();
+            if have == want {
+                return Ok(WeightRead { weight: have.get(), waited_ms: waited.as_secs_f64() * 1e3 });
+            }
+            if waited > WEIGHT_TIMEOUT {
+                bail!(
+                    "{} still reads {have} {WEIGHT_TIMEOUT:?} after the container started: the agent did not give it \
+                     the top weight {want}",
+                    file.path().display()
+                );
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    /// Stops the daemon (`Command::Shutdown`: it restores what it changed) and returns what it did.
+    pub fn stop(mut self) -> Result<AgentReport> {
+        let sent = self.send(Command::Shutdown);
+        let summary = match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(r)) => r.context("the agent's daemon failed")?,
+            Some(Err(_)) => bail!("the agent's thread panicked"),
+            None => bail!("the agent's daemon was already gone"),
+        };
+        sent?;
+        Ok(AgentReport {
+            backends: self.backends.describe().into(),
+            sample_interval_ms: self.cfg.sample_interval.as_secs_f64() * 1e3,
+            switches: std::mem::take(&mut *self.switches.lock().unwrap_or_else(|p| p.into_inner())),
+            restored: summary.restored,
+            restore_failures: summary.restore_failures,
+            metrics: AgentMetrics::of(&self.metrics),
+        })
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // A run that failed half-way: stop the daemon so it restores the weights it wrote.
+        if let Some(thread) = self.thread.take() {
+            let _ = self.commands.blocking_send(Command::Shutdown);
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Reads the weight file of `dir` once.
+pub fn read_weight(dir: &CgroupDir) -> Result<WeightRead> {
+    Ok(WeightRead { weight: WeightFile::open(dir)?.read()?.get(), waited_ms: 0.0 })
+}
+
+/// The agent's configuration for the bench: the defaults, the bench's engine and sampling interval, the state file
+/// and control socket in the bench's work directory.
+pub fn config(mlfq: qos_core::Config, sample_interval: Duration, work: &Path) -> AgentConfig {
+    AgentConfig {
+        mlfq,
+        sample_interval,
+        state_file: work.join("agent-state.json"),
+        control_socket: work.join("agent.sock"),
+        ..AgentConfig::default()
+    }
+}
+
+/// A container's description as discovery gives it to the daemon.
+pub fn container_info(id: &str, dir: CgroupDir) -> ContainerInfo {
+    ContainerInfo { id: ContainerId::new(id), name: id.to_string(), labels: BTreeMap::new(), cgroup: Some(dir) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qos_agent::cgroup::{CgroupVersion, V1_BFQ_BYTES, V1_BFQ_WEIGHT};
+
+    /// A fixture v1 tree: the daemon's own counters and writer drive it through the channel discovery.
+    fn fixture() -> (tempfile::TempDir, Arc<CgroupRoot>) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Arc::new(CgroupRoot::from_dir(CgroupVersion::V1, dir.path()).unwrap());
+        (dir, root)
+    }
+
+    fn cgroup(root: &CgroupRoot, name: &str, bytes: u64) -> CgroupDir {
+        let p = root.path().join(name);
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::write(p.join(V1_BFQ_WEIGHT), "100\n").unwrap();
+        set_bytes(root, name, bytes);
+        root.resolve_relative(name).unwrap()
+    }
+
+    fn set_bytes(root: &CgroupRoot, name: &str, bytes: u64) {
+        let text = format!("7:0 Read {bytes}\n7:0 Write 0\nTotal {bytes}\n");
+        std::fs::write(root.path().join(name).join(V1_BFQ_BYTES), text).unwrap();
+    }
+
+    fn weight(dir: &CgroupDir) -> u32 {
+        read_weight(dir).unwrap().weight
+    }
+
+    fn wait_until(mut f: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !f() {
+            assert!(start.elapsed() < Duration::from_secs(5), "condition not reached");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn dry_run_switches_write_and_restore_through_the_daemon() {
+        let (tmp, root) = fixture();
+        let work = tempfile::tempdir().unwrap();
+        let cfg = config(qos_core::Config::default(), Duration::from_millis(10), work.path());
+        let agent = Agent::start(cfg, Backends::CgroupDir, root.clone()).unwrap();
+        let bg = cgroup(&root, "bg", 0);
+        agent.announce_started(&container_info("bg", bg.clone())).unwrap();
+        set_bytes(&root, "bg", 1 << 30);
+        // Dry run: the engine decides (the background sinks) but nothing is written.
+        wait_until(|| agent.demoted_any());
+        assert_eq!(weight(&bg), 100);
+        agent.set_dry_run(false).unwrap();
+        assert_eq!(weight(&bg), 10, "leaving dry run writes the engine's weight before set_dry_run returns");
+        let fg = cgroup(&root, "fg", 0);
+        let since = Instant::now();
+        agent.announce_started(&container_info("fg", fg.clone())).unwrap();
+        let read = agent.wait_for_weight(&fg, agent.top(), since).unwrap();
+        assert_eq!(read.weight, 1000);
+        agent.set_dry_run(true).unwrap();
+        assert_eq!((weight(&bg), weight(&fg)), (100, 100), "dry run restores the originals");
+        agent.set_dry_run(false).unwrap();
+        assert_eq!((weight(&bg), weight(&fg)), (10, 1000));
+        let report = agent.stop().unwrap();
+        assert_eq!((weight(&bg), weight(&fg)), (100, 100), "shutdown restores");
+        assert_eq!((report.restored, report.restore_failures), (2, 0), "{report:?}");
+        assert_eq!(report.metrics.write_failures, 0);
+        assert!(report.metrics.rounds > 0 && report.metrics.decisions["new"] >= 2, "{report:?}");
+        assert_eq!(report.switches.iter().map(|s| s.dry_run).collect::<Vec<_>>(), [false, true, false]);
+        drop(tmp);
+    }
+
+    #[test]
+    fn a_weight_that_never_arrives_fails() {
+        let (_tmp, root) = fixture();
+        let work = tempfile::tempdir().unwrap();
+        let cfg = config(qos_core::Config::default(), Duration::from_millis(10), work.path());
+        let agent = Agent::start(cfg, Backends::CgroupDir, root.clone()).unwrap();
+        let fg = cgroup(&root, "fg", 0);
+        // Not announced, and in dry run anyway: the file keeps 100.
+        let since = Instant::now() - WEIGHT_TIMEOUT;
+        let err = agent.wait_for_weight(&fg, agent.top(), since).unwrap_err().to_string();
+        assert!(err.contains("still reads 100"), "{err}");
+        agent.stop().unwrap();
+    }
+}
