@@ -78,7 +78,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
                 cfg.clone(),
                 discovery,
                 CgroupDirCounters::with_root(root.clone()),
-                CgroupDirWriter,
+                file_writer(&root, cfg.devices.check.clone(), &metrics),
                 originals,
                 metrics.clone(),
             )?;
