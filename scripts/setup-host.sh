@@ -17,6 +17,9 @@ command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v fio >/dev/null 2>&1 || need+=(fio)
 command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v losetup >/dev/null 2>&1 || need+=(mount)
+# The CRI bindings (k8s-cri) compile their .proto files at build time; the CRI tests run Debian's containerd.
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+command -v containerd >/dev/null 2>&1 && command -v ctr >/dev/null 2>&1 || need+=(containerd)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -16,6 +16,7 @@ use crate::config::{ActuatorMode, AgentConfig, RuntimeKind};
 use crate::daemon::{Command, Daemon, Summary};
 use crate::metrics::Metrics;
 use crate::runtime::cgroup_dir::{CgroupDirCounters, CgroupDirDiscovery, CgroupDirWriter};
+use crate::runtime::cri::{CriClient, CriDiscovery};
 use crate::runtime::docker::{self, DockerCounters, DockerDiscovery, DockerWriter};
 use crate::state::OriginalWeights;
 use crate::{blockdev, control, metrics};
@@ -71,6 +72,23 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
                 format!("cgroup.parent = {:?}: no such cgroup under {}", cfg.cgroup.parent, root.path().display())
             })?;
             info!(parent = %cfg.cgroup.parent, dry_run = cfg.dry_run, "managing child cgroups");
+            let daemon = Daemon::new(
+                cfg.clone(),
+                discovery,
+                CgroupDirCounters::with_root(root.clone()),
+                file_writer(&root, cfg.devices.check.clone(), &metrics),
+                originals,
+                metrics.clone(),
+            )?;
+            serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?
+        }
+        RuntimeKind::Cri => {
+            let mut client = CriClient::new(&cfg.cri.socket)?;
+            let (name, version) = client.version().await.context("is the container runtime running?")?;
+            info!(socket = %cfg.cri.socket.display(), runtime = %name, version = %version, "connected to the CRI runtime");
+            blockdev::check::check_at_start(&cfg, &root, None)?;
+            let discovery = CriDiscovery::new(client, root.clone(), cfg.cri.relist_interval);
+            info!(dry_run = cfg.dry_run, "managing Kubernetes pods (one weight per pod cgroup)");
             let daemon = Daemon::new(
                 cfg.clone(),
                 discovery,

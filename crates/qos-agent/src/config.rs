@@ -1,7 +1,7 @@
 //! [`AgentConfig`]: the agent's TOML file. Every field has a documented default, so the agent runs with no file.
 //!
 //! ```toml
-//! runtime = "docker"            # docker | cgroup-dir
+//! runtime = "docker"            # docker | cgroup-dir | cri
 //! sample_interval = "500ms"
 //! cpu_budget = "0.8%"           # of one core, for sampling rounds; "off" never stretches the interval
 //! actuator = "auto"             # auto | docker | cgroupfs
@@ -11,6 +11,10 @@
 //!
 //! [docker]
 //! socket = "/var/run/docker.sock"
+//!
+//! [cri]                         # runtime = "cri": the pods of a Kubernetes node
+//! socket = "/run/containerd/containerd.sock"   # CRI-O: "/var/run/crio/crio.sock"
+//! relist_interval = "2s"
 //!
 //! [cgroup]
 //! root = "auto"                 # or a mount point, e.g. "/sys/fs/cgroup/blkio"
@@ -45,6 +49,8 @@ pub enum RuntimeKind {
     Docker,
     /// Every child directory of `[cgroup] parent` is a container (systemd slices, other runtimes).
     CgroupDir,
+    /// The pods of a Kubernetes node, through the CRI socket of its container runtime; one entry per pod cgroup.
+    Cri,
 }
 
 /// How weights are applied.
@@ -71,6 +77,24 @@ pub struct DockerConfig {
 impl Default for DockerConfig {
     fn default() -> Self {
         Self { socket: PathBuf::from("/var/run/docker.sock") }
+    }
+}
+
+/// `[cri]`, for `runtime = "cri"`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CriConfig {
+    /// The runtime's CRI socket: containerd's by default; CRI-O's is `/var/run/crio/crio.sock`.
+    pub socket: PathBuf,
+    /// How often the READY pod sandboxes are listed (containerd 1.6 has no CRI event stream). A new pod is
+    /// normally seen sooner: a change in the kubepods cgroup tree triggers a re-list at once. 2 s.
+    #[serde(with = "qos_core::units::duration")]
+    pub relist_interval: Duration,
+}
+
+impl Default for CriConfig {
+    fn default() -> Self {
+        Self { socket: PathBuf::from("/run/containerd/containerd.sock"), relist_interval: Duration::from_secs(2) }
     }
 }
 
@@ -139,6 +163,8 @@ pub struct AgentConfig {
     pub control_socket: PathBuf,
     /// `[docker]`.
     pub docker: DockerConfig,
+    /// `[cri]`.
+    pub cri: CriConfig,
     /// `[cgroup]`.
     pub cgroup: CgroupConfig,
     /// `[devices]`.
@@ -160,6 +186,7 @@ impl Default for AgentConfig {
             state_file: PathBuf::from("/run/ddiskqos/state.json"),
             control_socket: PathBuf::from("/run/ddiskqos/agent.sock"),
             docker: DockerConfig::default(),
+            cri: CriConfig::default(),
             cgroup: CgroupConfig::default(),
             devices: DevicesConfig::default(),
             metrics: MetricsConfig::default(),
@@ -252,6 +279,13 @@ impl AgentConfig {
         }
         if self.runtime == RuntimeKind::CgroupDir && self.actuator == ActuatorMode::Docker {
             return Err(invalid("actuator", "docker", "runtime = \"cgroup-dir\" has no Docker API"));
+        }
+        if self.runtime == RuntimeKind::Cri && self.actuator == ActuatorMode::Docker {
+            return Err(invalid("actuator", "docker", "runtime = \"cri\" has no Docker API"));
+        }
+        let ri = self.cri.relist_interval;
+        if ri < Duration::from_millis(100) || ri > Duration::from_secs(3600) {
+            return Err(invalid("cri.relist_interval", qos_core::units::format_duration(ri), "must be 100ms..=1h"));
         }
         if self.cgroup.parent.split('/').any(|c| c == "..") {
             return Err(invalid("cgroup.parent", &self.cgroup.parent, "must not contain '..'"));

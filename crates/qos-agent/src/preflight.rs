@@ -68,6 +68,21 @@ pub fn check(cfg: &AgentConfig) -> Result<Preflight, PreflightError> {
             not_checked.push("the scheduler of the disk holding Docker's data (asked from dockerd at start)".into());
         }
     }
+    if cfg.runtime == RuntimeKind::Cri {
+        let socket = &cfg.cri.socket;
+        match std::fs::metadata(socket) {
+            Ok(m) if m.file_type().is_socket() => {}
+            Ok(_) => return Err(fail("cri.socket", socket.display().to_string(), "is not a socket")),
+            Err(e) => {
+                return Err(fail(
+                    "cri.socket",
+                    socket.display().to_string(),
+                    format!("{e} (is the container runtime running?)"),
+                ))
+            }
+        }
+        not_checked.push(format!("whether the CRI runtime answers on {}", socket.display()));
+    }
     if cfg.metrics.enabled {
         not_checked.push(format!("whether metrics.listen {} can be bound", cfg.metrics.listen));
     }
@@ -228,6 +243,13 @@ mod tests {
         c.runtime = RuntimeKind::Docker;
         c.docker.socket = d.join("docker.sock");
         assert_eq!(field_of(&c), "docker.socket");
+        let mut c = good(d);
+        c.runtime = RuntimeKind::Cri;
+        c.cri.socket = d.join("containerd.sock");
+        assert_eq!(field_of(&c), "cri.socket");
+        let _listener = std::os::unix::net::UnixListener::bind(d.join("containerd.sock")).unwrap();
+        let ok = check(&c).unwrap();
+        assert!(ok.not_checked.iter().any(|w| w.contains("CRI runtime answers")), "{:?}", ok.not_checked);
         let mut c = good(d);
         c.sample_interval = std::time::Duration::from_millis(1);
         assert_eq!(field_of(&c), "sample_interval");

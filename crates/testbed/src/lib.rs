@@ -36,12 +36,15 @@
 //! - [`docker`]: the host's Docker through its CLI: containers removed on drop, their cgroups.
 //! - [`dockerd`]: a private, throw-away dockerd for tests that restart, kill or flood the daemon; a proxy socket
 //!   that counts API requests.
+//! - [`containerd`]: a private containerd serving CRI v1, and pods made through CRI as a kubelet would (no kubelet
+//!   here); pods, their cgroups in every hierarchy and containerd itself removed on drop.
 //! - [`process`]: a child process killed on drop, and polling until something holds.
 //!
 //! Everything a helper sets up is torn down on drop, also when the test panics.
 
 pub mod agent;
 pub mod blkio;
+pub mod containerd;
 pub mod docker;
 pub mod dockerd;
 pub mod exclusive;

@@ -2,8 +2,10 @@
 //! [`crate::backend`] (its discovery, counters and weight writer) and knows how it names its cgroups.
 //!
 //! - [`docker`]: Docker through its API socket (`runtime = "docker"`, the default);
+//! - [`cri`]: the pods of a Kubernetes node through the CRI socket (`runtime = "cri"`), one entry per pod cgroup;
 //! - [`cgroup_dir`]: every child directory of one cgroup is a container (`runtime = "cgroup-dir"`). Its counters
 //!   and writer work on any container with a cgroup directory, and the other runtimes build on them.
 
 pub mod cgroup_dir;
+pub mod cri;
 pub mod docker;

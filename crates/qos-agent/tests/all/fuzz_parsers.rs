@@ -390,6 +390,7 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
                     state_file: state,
                     control_socket: control,
                     docker: DockerConfig { socket },
+                    cri: Default::default(),
                     cgroup: CgroupConfig { root, parent },
                     devices: DevicesConfig { check: devs.0, switch_to_bfq: devs.1 },
                     metrics: MetricsConfig { enabled: m.0, listen: m.1 },

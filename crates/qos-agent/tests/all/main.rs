@@ -7,6 +7,7 @@
 //! - `confinement`: writes only to managed weight files, paths leading outside the root refused, metrics on
 //!   loopback.
 //! - `fuzz_parsers`: property tests of everything parsed from outside.
+//! - `k8s_manifests`: `deploy/kubernetes/` parsed into the Kubernetes API types, its key fields checked.
 //!
 //! Real (root, cgroup v1 blkio, loop devices, Docker; `#[ignore]`d, so a plain `cargo test` lists them as ignored;
 //! `./scripts/test.sh` runs them, and they fail rather than skip there; see `testbed`):
@@ -15,6 +16,7 @@
 //! - `docker_real`: the agent against the host's dockerd.
 //! - `faults_real`: dockerd restarts, churn, SIGKILL, broken and vanishing cgroup files, bad config (a private
 //!   dockerd); the fixture-based fault tests there run without root.
+//! - `cri_real`: the agent's CRI runtime against a private containerd, pods made through CRI as a kubelet would.
 //! - `scale_real`: correctness at 1,024 cgroups and 32 containers.
 //! - `attacks_real`: the attacks of issue 12 replayed (a metrics flood by `nobody`, two agents on one state file, a
 //!   container moving its process into another cgroup, a read-only state directory, a planted symlink, an idle
@@ -34,10 +36,12 @@ mod cgroup_fixtures;
 mod cgroup_real;
 mod cli;
 mod confinement;
+mod cri_real;
 mod daemon_fake;
 mod docker_real;
 mod faults_real;
 mod fuzz_parsers;
+mod k8s_manifests;
 mod scale_real;
 mod v2_real;
 

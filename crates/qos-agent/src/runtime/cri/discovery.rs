@@ -1,0 +1,485 @@
+//! [`CriDiscovery`]: pods from a CRI runtime, one entry per pod.
+//!
+//! containerd 1.6 has no event stream in CRI v1 (`GetContainerEvents` came with 1.7), so discovery re-lists the
+//! READY sandboxes every `relist_interval` (one `ListPodSandbox`, answered from the runtime's memory) and, so a new
+//! pod is seen at once rather than up to an interval later, watches the kubepods cgroup tree with inotify: a pod
+//! cgroup appearing or disappearing starts a burst of quick re-lists (the sandbox becomes READY a moment after its
+//! cgroup is made). A new sandbox costs one verbose `PodSandboxStatus`, for its cgroup parent.
+//!
+//! The entry's id is the pod uid (stable across sandbox re-creation, and the name of its cgroup), its name
+//! `namespace/name`, its labels the pod's `ddiskqos.io/*` annotations, its cgroup the pod cgroup.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_cri::v1::PodSandbox;
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use qos_core::ContainerId;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::client::{CriClient, SandboxSource};
+use super::naming::{cgroup_parent_from_info, pod_cgroup};
+use crate::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
+use crate::cgroup::CgroupRoot;
+
+/// Annotations copied into an entry's labels: the policy keys and anything else of ours.
+pub const ANNOTATION_PREFIX: &str = "ddiskqos.io/";
+
+/// After a change in the kubepods tree, re-list this often ...
+const BURST_INTERVAL: Duration = Duration::from_millis(200);
+/// ... for this long.
+const BURST_FOR: Duration = Duration::from_secs(2);
+const BACKOFF_MIN: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// The cgroups whose children are pod cgroups (both drivers), and the root (where kubepods itself appears).
+const WATCHED: [&str; 7] = [
+    "",
+    "kubepods",
+    "kubepods/burstable",
+    "kubepods/besteffort",
+    "kubepods.slice",
+    "kubepods.slice/kubepods-burstable.slice",
+    "kubepods.slice/kubepods-besteffort.slice",
+];
+
+/// Discovers the pods of a CRI runtime (`S`: the CRI client; a fake in tests).
+pub struct CriDiscovery<S = CriClient> {
+    client: S,
+    root: Arc<CgroupRoot>,
+    relist_interval: Duration,
+    /// Pods managed now: uid → (sandbox id, what was reported for it).
+    known: BTreeMap<String, (String, ContainerInfo)>,
+    /// Sandboxes whose cgroup was refused, so the warning is given once.
+    refused: HashSet<String>,
+    queue: VecDeque<DiscoveryEvent>,
+    lost: bool,
+    backoff: Duration,
+    burst_until: Option<Instant>,
+    inotify: Option<Arc<Inotify>>,
+    changed: Option<mpsc::Receiver<()>>,
+    last_list: Option<Instant>,
+}
+
+impl<S: SandboxSource> std::fmt::Debug for CriDiscovery<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CriDiscovery")
+            .field("runtime", &self.client.describe())
+            .field("known", &self.known.len())
+            .field("lost", &self.lost)
+            .finish()
+    }
+}
+
+impl<S: SandboxSource> CriDiscovery<S> {
+    /// Pods of the runtime `client` talks to; pod cgroups under `root`.
+    pub fn new(client: S, root: Arc<CgroupRoot>, relist_interval: Duration) -> Self {
+        Self {
+            client,
+            root,
+            relist_interval,
+            known: BTreeMap::new(),
+            refused: HashSet::new(),
+            queue: VecDeque::new(),
+            lost: false,
+            backoff: BACKOFF_MIN,
+            burst_until: None,
+            inotify: None,
+            changed: None,
+            last_list: None,
+        }
+    }
+
+    /// Watches whichever kubepods cgroups exist now (called at every re-list: the kubelet, or the first pod,
+    /// may create them later). Re-adding an existing watch only refreshes it.
+    fn watch_tree(&self) {
+        let Some(ino) = self.inotify.as_ref() else { return };
+        for rel in WATCHED {
+            let path: PathBuf = self.root.path().join(rel);
+            if path.is_dir() {
+                let flags = AddWatchFlags::IN_CREATE | AddWatchFlags::IN_DELETE | AddWatchFlags::IN_ONLYDIR;
+                if let Err(e) = ino.add_watch(&path, flags) {
+                    debug!(path = %path.display(), error = %e, "cannot watch kubepods cgroup");
+                }
+            }
+        }
+    }
+
+    /// The full list of READY pods with a usable cgroup, by uid.
+    async fn list(&mut self) -> Result<BTreeMap<String, (String, ContainerInfo)>, DiscoveryError> {
+        self.watch_tree();
+        let sandboxes = self.client.ready_sandboxes().await?;
+        // A refused sandbox stays refused (one warning) while it is listed; forgotten once it is gone.
+        let listed: HashSet<&str> = sandboxes.iter().map(|s| s.id.as_str()).collect();
+        self.refused.retain(|s| listed.contains(s.as_str()));
+        let mut out = BTreeMap::new();
+        for sb in sandboxes {
+            let Some(uid) = sb.metadata.as_ref().map(|m| m.uid.clone()) else { continue };
+            match self.known.get(&uid) {
+                // Known and unchanged: a sandbox's config (cgroup parent, annotations) never changes.
+                Some((sandbox, info)) if *sandbox == sb.id => {
+                    out.insert(uid, (sb.id.clone(), info.clone()));
+                }
+                _ => {
+                    if let Some(info) = self.inspect(&sb, &uid).await {
+                        out.insert(uid, (sb.id.clone(), info));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Re-lists and queues the differences with what is known.
+    async fn relist(&mut self) -> Result<(), DiscoveryError> {
+        let now = self.list().await?;
+        for (uid, (sandbox, _)) in &self.known {
+            // Gone, or its sandbox re-created (a new sandbox may mean a new cgroup parent): drop it first.
+            if now.get(uid).is_none_or(|(s, _)| s != sandbox) {
+                self.queue.push_back(DiscoveryEvent::Stopped(ContainerId::new(uid)));
+            }
+        }
+        for (uid, (sandbox, info)) in &now {
+            if self.known.get(uid).is_none_or(|(s, _)| s != sandbox) {
+                self.queue.push_back(DiscoveryEvent::Started(info.clone()));
+            }
+        }
+        self.known = now;
+        Ok(())
+    }
+
+    /// Waits until the runtime answers again (backoff 0.2 s doubling to 5 s), then lists everything.
+    async fn reconnect(&mut self) -> DiscoveryEvent {
+        loop {
+            tokio::time::sleep(self.backoff).await;
+            self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+            match self.list().await {
+                Ok(now) => {
+                    self.backoff = BACKOFF_MIN;
+                    self.lost = false;
+                    self.queue.clear();
+                    let list = now.values().map(|(_, info)| info.clone()).collect();
+                    self.known = now;
+                    info!(runtime = %self.client.describe(), pods = self.known.len(), "CRI runtime answers again");
+                    return DiscoveryEvent::Resync(list);
+                }
+                Err(e) => debug!(error = %e, retry_in = ?self.backoff, "CRI runtime still unreachable"),
+            }
+        }
+    }
+
+    /// When the next re-list is due.
+    fn next_relist(&mut self, last: Instant) -> Instant {
+        match self.burst_until {
+            Some(until) if last < until => last + BURST_INTERVAL,
+            _ => {
+                self.burst_until = None;
+                last + self.relist_interval
+            }
+        }
+    }
+
+    /// One verbose status call for a sandbox not seen before; `None` if its cgroup is refused or not there yet.
+    async fn inspect(&mut self, sb: &PodSandbox, uid: &str) -> Option<ContainerInfo> {
+        if self.refused.contains(&sb.id) {
+            return None;
+        }
+        let info = match self.client.sandbox_info(&sb.id).await {
+            Ok(info) => info,
+            Err(e) => {
+                debug!(sandbox = %sb.id, error = %e, "sandbox status failed (sandbox gone?)");
+                return None;
+            }
+        };
+        let parent = cgroup_parent_from_info(&info).unwrap_or_default();
+        match pod_cgroup(&self.root, &parent, uid) {
+            Ok((path, dir)) => {
+                debug!(pod = uid, qos = %path.qos, cgroup = %path.rel, "pod cgroup");
+                Some(ContainerInfo {
+                    id: ContainerId::new(uid),
+                    name: pod_name(sb),
+                    labels: policy_annotations(sb),
+                    cgroup: Some(dir),
+                })
+            }
+            Err(e) if e.is_vanished() => {
+                debug!(pod = uid, error = %e, "pod cgroup not there (yet); next re-list tries again");
+                None
+            }
+            Err(e) => {
+                warn!(pod = uid, name = %pod_name(sb), sandbox = %sb.id, error = %e, "pod not managed");
+                self.refused.insert(sb.id.clone());
+                None
+            }
+        }
+    }
+}
+
+/// `namespace/name` of a sandbox.
+fn pod_name(sb: &PodSandbox) -> String {
+    sb.metadata.as_ref().map_or_else(|| sb.id.clone(), |m| format!("{}/{}", m.namespace, m.name))
+}
+
+/// The pod's `ddiskqos.io/*` annotations, read as policy labels.
+fn policy_annotations(sb: &PodSandbox) -> BTreeMap<String, String> {
+    sb.annotations
+        .iter()
+        .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+impl<S: SandboxSource> Discovery for CriDiscovery<S> {
+    async fn start(&mut self) -> Result<Vec<ContainerInfo>, DiscoveryError> {
+        // Watch first, then list: a pod cgroup made in between wakes the first re-list.
+        let ino = Inotify::init(InitFlags::IN_CLOEXEC)
+            .map_err(|e| DiscoveryError::Runtime { what: "inotify_init".into(), detail: e.to_string() })?;
+        let ino = Arc::new(ino);
+        let (tx, rx) = mpsc::channel(1);
+        let reader = ino.clone();
+        // A thread blocked on the descriptor (tokio's `AsyncFd` registration is `unsafe`, and this crate has none);
+        // it ends when the receiver is dropped and the next notification arrives.
+        std::thread::Builder::new()
+            .name("ddiskqos-cri-watch".into())
+            .spawn(move || loop {
+                match reader.read_events() {
+                    Ok(_) => {
+                        if let Err(mpsc::error::TrySendError::Closed(())) = tx.try_send(()) {
+                            return;
+                        }
+                    }
+                    Err(nix::errno::Errno::EINTR) => {}
+                    Err(_) => return,
+                }
+            })
+            .map_err(|e| DiscoveryError::Runtime { what: "spawn CRI watch thread".into(), detail: e.to_string() })?;
+        self.inotify = Some(ino);
+        self.changed = Some(rx);
+        let now = self.list().await?;
+        self.last_list = Some(Instant::now());
+        let list = now.values().map(|(_, info)| info.clone()).collect();
+        self.known = now;
+        Ok(list)
+    }
+
+    async fn next_event(&mut self) -> Result<DiscoveryEvent, DiscoveryError> {
+        loop {
+            if let Some(ev) = self.queue.pop_front() {
+                return Ok(ev);
+            }
+            if self.lost {
+                return Ok(self.reconnect().await);
+            }
+            let last = self.last_list.unwrap_or_else(Instant::now);
+            let due = self.next_relist(last);
+            let changed = self.changed.as_mut();
+            tokio::select! {
+                _ = tokio::time::sleep_until(due) => {}
+                woke = async { match changed { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
+                    if woke.is_none() {
+                        return Err(DiscoveryError::Runtime {
+                            what: "watch kubepods cgroups".into(),
+                            detail: "inotify watcher stopped".into(),
+                        });
+                    }
+                    self.burst_until = Some(Instant::now() + BURST_FOR);
+                }
+            }
+            self.last_list = Some(Instant::now());
+            if let Err(e) = self.relist().await {
+                warn!(error = %e, "CRI runtime unreachable; weights stay as they are, retrying");
+                self.lost = true;
+                return Ok(DiscoveryEvent::Lost(e.to_string()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use k8s_cri::v1::PodSandboxMetadata;
+
+    use super::*;
+    use crate::cgroup::CgroupVersion;
+
+    /// An in-memory runtime: the sandboxes it lists, whether it answers, and how often each sandbox was inspected.
+    #[derive(Default)]
+    struct World {
+        sandboxes: Vec<(PodSandbox, String)>, // (sandbox, cgroup parent)
+        down: bool,
+        inspected: HashMap<String, usize>,
+    }
+
+    #[derive(Clone)]
+    struct Fake(Arc<Mutex<World>>);
+
+    impl SandboxSource for Fake {
+        fn describe(&self) -> String {
+            "fake".into()
+        }
+
+        async fn ready_sandboxes(&mut self) -> Result<Vec<PodSandbox>, DiscoveryError> {
+            let w = self.0.lock().unwrap();
+            if w.down {
+                return Err(DiscoveryError::Runtime { what: "ListPodSandbox".into(), detail: "Unavailable".into() });
+            }
+            Ok(w.sandboxes.iter().map(|(s, _)| s.clone()).collect())
+        }
+
+        async fn sandbox_info(&mut self, id: &str) -> Result<HashMap<String, String>, DiscoveryError> {
+            let mut w = self.0.lock().unwrap();
+            *w.inspected.entry(id.to_string()).or_default() += 1;
+            let parent = w.sandboxes.iter().find(|(s, _)| s.id == id).map(|(_, p)| p.clone()).unwrap_or_default();
+            let json = serde_json::json!({ "config": { "linux": { "cgroup_parent": parent } } });
+            Ok(HashMap::from([("info".to_string(), json.to_string())]))
+        }
+    }
+
+    fn uid(n: u8) -> String {
+        format!("0000000{n}-aaaa-bbbb-cccc-dddddddddddd")
+    }
+
+    fn sandbox(id: &str, uid: &str, annotations: &[(&str, &str)]) -> PodSandbox {
+        PodSandbox {
+            id: id.into(),
+            metadata: Some(PodSandboxMetadata {
+                name: format!("p-{id}"),
+                uid: uid.into(),
+                namespace: "ns".into(),
+                attempt: 0,
+            }),
+            annotations: annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            ..Default::default()
+        }
+    }
+
+    struct Setup {
+        _tmp: tempfile::TempDir,
+        root: Arc<CgroupRoot>,
+        world: Arc<Mutex<World>>,
+        discovery: CriDiscovery<Fake>,
+    }
+
+    fn setup() -> Setup {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = Arc::new(CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap());
+        let world = Arc::new(Mutex::new(World::default()));
+        let discovery = CriDiscovery::new(Fake(world.clone()), root.clone(), Duration::from_secs(2));
+        Setup { _tmp: tmp, root, world, discovery }
+    }
+
+    impl Setup {
+        /// A READY pod whose cgroup exists (if `mkdir`) at the kubelet's Burstable place.
+        fn add(&self, id: &str, uid: &str, annotations: &[(&str, &str)], mkdir: bool) {
+            let parent = format!("/kubepods/burstable/pod{uid}");
+            if mkdir {
+                std::fs::create_dir_all(self.root.path().join(&parent[1..])).unwrap();
+            }
+            self.world.lock().unwrap().sandboxes.push((sandbox(id, uid, annotations), parent));
+        }
+
+        fn remove(&self, id: &str) {
+            self.world.lock().unwrap().sandboxes.retain(|(s, _)| s.id != id);
+        }
+
+        async fn next(&mut self) -> DiscoveryEvent {
+            tokio::time::timeout(Duration::from_secs(30), self.discovery.next_event())
+                .await
+                .expect("an event within 30 s of virtual time")
+                .unwrap()
+        }
+    }
+
+    fn started_id(ev: &DiscoveryEvent) -> String {
+        match ev {
+            DiscoveryEvent::Started(info) => info.id.as_str().to_string(),
+            other => panic!("expected Started, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pods_appear_and_go_and_policy_annotations_become_labels() {
+        let mut s = setup();
+        s.add("sb1", &uid(1), &[("ddiskqos.io/weight", "300"), ("other.io/x", "y")], true);
+        let list = s.discovery.start().await.unwrap();
+        assert_eq!(list.len(), 1);
+        let info = &list[0];
+        assert_eq!(info.id.as_str(), uid(1));
+        assert_eq!(info.name, "ns/p-sb1");
+        assert_eq!(info.labels, BTreeMap::from([("ddiskqos.io/weight".to_string(), "300".to_string())]));
+        let dir = info.cgroup.as_ref().unwrap().path();
+        assert_eq!(dir, s.root.path().join(format!("kubepods/burstable/pod{}", uid(1))));
+
+        s.add("sb2", &uid(2), &[], true);
+        assert_eq!(started_id(&s.next().await), uid(2));
+        s.remove("sb1");
+        assert_eq!(s.next().await, DiscoveryEvent::Stopped(ContainerId::new(uid(1))));
+        // Known sandboxes are inspected once, however many re-lists see them.
+        assert_eq!(s.world.lock().unwrap().inspected["sb2"], 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recreated_sandbox_is_a_stop_then_a_start() {
+        let mut s = setup();
+        s.add("old", &uid(1), &[], true);
+        assert_eq!(s.discovery.start().await.unwrap().len(), 1);
+        s.remove("old");
+        s.add("new", &uid(1), &[], false);
+        assert_eq!(s.next().await, DiscoveryEvent::Stopped(ContainerId::new(uid(1))));
+        assert_eq!(started_id(&s.next().await), uid(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_whose_cgroup_is_not_there_yet_is_retried_and_a_refused_one_inspected_once() {
+        let mut s = setup();
+        s.add("early", &uid(1), &[], false);
+        // Names another pod's cgroup: refused.
+        s.world.lock().unwrap().sandboxes.push((sandbox("evil", &uid(3), &[]), format!("/kubepods/pod{}", uid(1))));
+        assert!(s.discovery.start().await.unwrap().is_empty());
+        std::fs::create_dir_all(s.root.path().join(format!("kubepods/burstable/pod{}", uid(1)))).unwrap();
+        assert_eq!(started_id(&s.next().await), uid(1));
+        // More re-lists: the refused sandbox is not asked about again.
+        s.add("later", &uid(2), &[], true);
+        assert_eq!(started_id(&s.next().await), uid(2));
+        let w = s.world.lock().unwrap();
+        assert_eq!(w.inspected["evil"], 1, "{:?}", w.inspected);
+        assert!(w.inspected["early"] >= 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unreachable_runtime_is_lost_then_resynced_in_full() {
+        let mut s = setup();
+        s.add("a", &uid(1), &[], true);
+        s.discovery.start().await.unwrap();
+        s.world.lock().unwrap().down = true;
+        assert!(matches!(s.next().await, DiscoveryEvent::Lost(m) if m.contains("Unavailable")));
+        // While down, the pod goes and another comes; when the runtime answers, the full list.
+        s.remove("a");
+        s.add("b", &uid(2), &[], true);
+        let t = tokio::time::Instant::now();
+        let resync = {
+            let world = s.world.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(2500)).await;
+                world.lock().unwrap().down = false;
+            });
+            s.next().await
+        };
+        match resync {
+            DiscoveryEvent::Resync(list) => {
+                assert_eq!(list.iter().map(|i| i.id.as_str().to_string()).collect::<Vec<_>>(), vec![uid(2)]);
+            }
+            other => panic!("expected Resync, got {other:?}"),
+        }
+        // Retries after 0.2, 0.6, 1.4 and 3.0 s (backoff doubling from 0.2 s): the fourth finds it back.
+        let waited = t.elapsed();
+        assert!(waited >= Duration::from_millis(2500) && waited <= Duration::from_millis(3100), "{waited:?}");
+    }
+}

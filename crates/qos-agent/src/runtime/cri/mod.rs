@@ -1,0 +1,18 @@
+//! The CRI runtime (`runtime = "cri"`): the pods of a Kubernetes node, found through the container runtime's CRI
+//! v1 socket (containerd by default, CRI-O by `[cri] socket`). One entry per pod, whose cgroup is the pod cgroup
+//! the kubelet made: its containers' counters are summed there by the kernel's recursive counters, and the weight
+//! written there divides the disk between pods (README, "Kubernetes").
+//!
+//! - `client.rs`: [`CriClient`], the three CRI calls made (Version, ListPodSandbox, verbose PodSandboxStatus);
+//! - `discovery.rs`: [`CriDiscovery`], periodic re-list plus inotify on the kubepods tree, reconnect with backoff;
+//! - `naming.rs`: the kubelet's pod cgroup naming (cgroupfs and systemd drivers), checked before a path is used.
+//!
+//! Counters and writes reuse [`crate::runtime::cgroup_dir::CgroupDirCounters`] and
+//! [`crate::runtime::cgroup_dir::CgroupDirWriter`] on the pod cgroup.
+
+mod client;
+mod discovery;
+pub mod naming;
+
+pub use client::{CriClient, SandboxSource};
+pub use discovery::{CriDiscovery, ANNOTATION_PREFIX};

@@ -1,0 +1,453 @@
+//! A private containerd serving CRI v1, and pods made through CRI the way a kubelet (cgroupfs driver) would.
+//!
+//! [`Containerd::start`] runs Debian's `containerd` with its own config, root, state and sockets in a temp dir
+//! (never `/run/containerd/containerd.sock`, which Docker's containerd uses): the CRI plugin with the cgroupfs
+//! driver, `restrict_oom_score_adj = true` (root here lacks CAP_SYS_RESOURCE), and as `sandbox_image` a local
+//! busybox image that only sleeps ([`PAUSE_IMAGE`], built with the host's Docker and imported with
+//! `ctr -n k8s.io images import`). Pods run with host network, so no CNI is needed. There is no kubelet: the test
+//! is the kubelet, making the calls it would make ([`Cri`]).
+//!
+//! On drop: every pod sandbox is stopped and removed through CRI, containerd is stopped, the pod cgroups runc made
+//! in every cgroup hierarchy are removed (the kubelet would do that; containerd does not), and so are the
+//! `kubepods` levels the test created (never ones that existed before), then the temp dir.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::docker::DOCKER_CLI;
+use crate::process::wait_for;
+
+/// The sandbox ("pause") image: busybox-static whose command only sleeps; the test containers use it too, with
+/// their own command.
+pub const PAUSE_IMAGE: &str = "ddiskqos-pause:latest";
+/// The cgroup hierarchies' mount point.
+const CGROUP_MOUNTS: &str = "/sys/fs/cgroup";
+/// The namespace of the test pods.
+pub const NAMESPACE: &str = "ddiskqos-test";
+
+/// A Kubernetes QoS class, deciding the pod's cgroup parent as the kubelet (cgroupfs driver) names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Qos {
+    /// `/kubepods/pod<uid>`.
+    Guaranteed,
+    /// `/kubepods/burstable/pod<uid>`.
+    Burstable,
+    /// `/kubepods/besteffort/pod<uid>`.
+    BestEffort,
+}
+
+impl Qos {
+    /// The pod's cgroup relative to a hierarchy's root (`kubepods/burstable/pod<uid>`).
+    pub fn pod_rel(self, uid: &str) -> String {
+        match self {
+            Self::Guaranteed => format!("kubepods/pod{uid}"),
+            Self::Burstable => format!("kubepods/burstable/pod{uid}"),
+            Self::BestEffort => format!("kubepods/besteffort/pod{uid}"),
+        }
+    }
+}
+
+/// The cgroup-v1 hierarchies (real mount points, not the `cpu` → `cpu,cpuacct` symlinks).
+fn hierarchies() -> Vec<PathBuf> {
+    let Ok(rd) = fs::read_dir(CGROUP_MOUNTS) else { return Vec::new() };
+    rd.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()).collect()
+}
+
+/// The kubepods levels that exist in any hierarchy now (so teardown removes only the ones the test made).
+fn kubepods_levels_present() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for h in hierarchies() {
+        for rel in ["kubepods", "kubepods/burstable", "kubepods/besteffort"] {
+            let p = h.join(rel);
+            if p.is_dir() {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Whether the pause image exists in the host's Docker (built by [`Containerd::start`] if not).
+fn ensure_pause_image() {
+    let ok =
+        Command::new(DOCKER_CLI).args(["image", "inspect", PAUSE_IMAGE]).output().is_ok_and(|o| o.status.success());
+    if ok {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    fs::create_dir_all(root.path().join("bin")).unwrap();
+    for d in ["tmp", "dev", "proc", "sys", "etc"] {
+        fs::create_dir_all(root.path().join(d)).unwrap();
+    }
+    fs::copy("/bin/busybox", root.path().join("bin/busybox")).expect("busybox-static at /bin/busybox");
+    for applet in ["sh", "dd", "cat", "sleep", "echo", "true", "ls"] {
+        std::os::unix::fs::symlink("busybox", root.path().join("bin").join(applet)).unwrap();
+    }
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "tar -C {} -c . | {DOCKER_CLI} import -c 'ENV PATH=/bin' -c 'CMD [\"/bin/sleep\", \"2000000000\"]' - {PAUSE_IMAGE}",
+            root.path().display()
+        ))
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "building {PAUSE_IMAGE} failed");
+}
+
+/// A private containerd with the CRI plugin; everything torn down on drop (see the module doc).
+#[derive(Debug)]
+pub struct Containerd {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    kubepods_before: Vec<PathBuf>,
+    pods: Vec<(String, Qos)>,
+}
+
+impl Containerd {
+    /// Starts containerd and imports [`PAUSE_IMAGE`] (built with the host's Docker first if missing).
+    pub fn start() -> Self {
+        ensure_pause_image();
+        let dir = tempfile::Builder::new().prefix("ddiskqos-containerd-").tempdir_in("/var/tmp").unwrap();
+        let d = dir.path();
+        for sub in ["root", "state", "cni-bin", "cni-conf", "logs"] {
+            fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        let config = format!(
+            r#"version = 2
+root = "{d}/root"
+state = "{d}/state"
+[grpc]
+  address = "{d}/containerd.sock"
+[ttrpc]
+  address = "{d}/containerd.sock.ttrpc"
+[debug]
+  address = "{d}/debug.sock"
+[metrics]
+  address = ""
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{d}/cni-bin"
+    conf_dir = "{d}/cni-conf"
+"#,
+            d = d.display()
+        );
+        fs::write(d.join("config.toml"), config).unwrap();
+        let mut this = Self { dir, child: None, kubepods_before: kubepods_levels_present(), pods: Vec::new() };
+        this.spawn();
+        // The sandbox image, from the host's Docker.
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "{DOCKER_CLI} save {PAUSE_IMAGE} | ctr --address {} -n k8s.io images import -",
+                this.socket().display()
+            ))
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "importing {PAUSE_IMAGE} into containerd failed");
+        this
+    }
+
+    /// containerd's CRI (and containerd API) socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("containerd.sock")
+    }
+
+    /// (Re)starts the containerd process and waits until CRI answers.
+    pub fn spawn(&mut self) {
+        assert!(self.child.is_none(), "containerd already running");
+        let log =
+            fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("containerd.log")).unwrap();
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(self.dir.path().join("config.toml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("containerd must be installed");
+        self.child = Some(child);
+        let sock = self.socket();
+        let up = wait_for(Duration::from_secs(20), Duration::from_millis(100), || {
+            Cri::connect(&sock).and_then(|mut c| c.version().ok()).map(|_| ())
+        });
+        assert!(up.is_some(), "containerd's CRI did not answer on {}; log:\n{}", sock.display(), self.log_tail());
+    }
+
+    /// Stops containerd (SIGTERM, then SIGKILL after 10 s); running pods' shims stay, as on a real node.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else { return };
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// A CRI client of this containerd.
+    pub fn cri(&self) -> Cri {
+        Cri::connect(&self.socket()).expect("containerd's CRI socket")
+    }
+
+    /// The last lines of containerd's log.
+    pub fn log_tail(&self) -> String {
+        let text = fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Runs a pod as a kubelet would: sandbox with the cgroup parent of `qos`, host network, `annotations`; then
+    /// one container running `script` (busybox sh) with `devices` (host paths, read-only) visible at the same
+    /// path. Returns the sandbox id. The pod's cgroup is removed on drop.
+    pub fn run_pod(
+        &mut self,
+        name: &str,
+        uid: &str,
+        qos: Qos,
+        annotations: &[(&str, &str)],
+        script: &str,
+        devices: &[&Path],
+    ) -> String {
+        self.pods.push((uid.to_string(), qos));
+        let mut cri = self.cri();
+        let config = sandbox_config(name, uid, qos, annotations, &self.dir.path().join("logs").join(uid));
+        let sandbox = cri
+            .run_sandbox(config.clone())
+            .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", self.log_tail()));
+        let id = cri
+            .create_container(&sandbox, config, name, script, devices)
+            .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}\n{}", self.log_tail()));
+        cri.start_container(&id).unwrap_or_else(|e| panic!("StartContainer {name}: {e}\n{}", self.log_tail()));
+        sandbox
+    }
+
+    /// Stops and removes every pod sandbox (and its containers) through CRI.
+    pub fn remove_all_pods(&self) {
+        let Some(mut cri) = Cri::connect(&self.socket()) else { return };
+        for id in cri.sandbox_ids().unwrap_or_default() {
+            let _ = cri.stop_sandbox(&id);
+            let _ = cri.remove_sandbox(&id);
+        }
+    }
+
+    /// Removes the pod cgroups of the pods run here, in every hierarchy, and the kubepods levels that did not exist
+    /// before (rmdir only: a level still holding someone else's pod stays).
+    fn remove_pod_cgroups(&self) {
+        for h in hierarchies() {
+            for (uid, qos) in &self.pods {
+                crate::blkio::remove_cgroup_tree(&h.join(qos.pod_rel(uid)));
+            }
+            for rel in ["kubepods/burstable", "kubepods/besteffort", "kubepods"] {
+                let p = h.join(rel);
+                if p.is_dir() && !self.kubepods_before.contains(&p) {
+                    let _ = fs::remove_dir(&p);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        if self.child.is_none() {
+            // Stopped by the test: pods can only be removed through a running containerd.
+            self.spawn_quietly();
+        }
+        self.remove_all_pods();
+        self.stop();
+        self.remove_pod_cgroups();
+        // Anything containerd left mounted under its root (snapshots of pods that could not be removed).
+        let root = self.dir.path().to_string_lossy().into_owned();
+        if let Ok(mounts) = fs::read_to_string("/proc/self/mounts") {
+            let mut targets: Vec<&str> =
+                mounts.lines().filter_map(|l| l.split(' ').nth(1)).filter(|t| t.starts_with(&root)).collect();
+            targets.sort_by_key(|t| std::cmp::Reverse(t.len()));
+            for t in targets {
+                let _ = Command::new("umount").arg("-l").arg(t).status();
+            }
+        }
+    }
+}
+
+impl Containerd {
+    fn spawn_quietly(&mut self) {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.spawn())).is_err() {
+            eprintln!("warning: containerd did not restart for teardown; pods may be left");
+        }
+    }
+}
+
+fn sandbox_config(
+    name: &str,
+    uid: &str,
+    qos: Qos,
+    annotations: &[(&str, &str)],
+    log_dir: &Path,
+) -> cri::PodSandboxConfig {
+    fs::create_dir_all(log_dir).unwrap();
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.into(),
+            uid: uid.into(),
+            namespace: NAMESPACE.into(),
+            attempt: 0,
+        }),
+        // No hostname: a host-network pod shares the node's UTS namespace, and runc refuses to set one there.
+        log_directory: log_dir.to_string_lossy().into_owned(),
+        annotations: annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<HashMap<_, _>>(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent: format!("/{}", qos.pod_rel(uid)),
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(host_network()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn host_network() -> cri::NamespaceOption {
+    cri::NamespaceOption {
+        network: cri::NamespaceMode::Node as i32,
+        pid: cri::NamespaceMode::Container as i32,
+        ipc: cri::NamespaceMode::Pod as i32,
+        ..Default::default()
+    }
+}
+
+/// A blocking CRI v1 client (its own single-threaded tokio runtime), for tests.
+#[derive(Debug)]
+pub struct Cri {
+    rt: tokio::runtime::Runtime,
+    runtime: RuntimeServiceClient<Channel>,
+    _images: ImageServiceClient<Channel>,
+}
+
+impl Cri {
+    /// Connects to `socket`; `None` if nothing listens there.
+    pub fn connect(socket: &Path) -> Option<Self> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let path = socket.to_path_buf();
+        let channel =
+            rt
+                .block_on(
+                    Endpoint::from_static("http://cri.invalid")
+                        .timeout(Duration::from_secs(60))
+                        .connect_with_connector(tower::service_fn(move |_: Uri| {
+                            let path = path.clone();
+                            async move {
+                                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+                            }
+                        })),
+                )
+                .ok()?;
+        Some(Self {
+            rt,
+            runtime: RuntimeServiceClient::new(channel.clone()),
+            _images: ImageServiceClient::new(channel),
+        })
+    }
+
+    /// `Version`.
+    pub fn version(&mut self) -> Result<String, tonic::Status> {
+        let r = self.rt.block_on(self.runtime.version(cri::VersionRequest { version: "v1".into() }))?;
+        Ok(format!("{} {}", r.get_ref().runtime_name, r.get_ref().runtime_version))
+    }
+
+    /// `RunPodSandbox`; the sandbox id.
+    pub fn run_sandbox(&mut self, config: cri::PodSandboxConfig) -> Result<String, tonic::Status> {
+        let req = cri::RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() };
+        Ok(self.rt.block_on(self.runtime.run_pod_sandbox(req))?.into_inner().pod_sandbox_id)
+    }
+
+    /// `CreateContainer` in `sandbox` running `script` with `devices` (read-only, same path inside).
+    pub fn create_container(
+        &mut self,
+        sandbox: &str,
+        sandbox_config: cri::PodSandboxConfig,
+        name: &str,
+        script: &str,
+        devices: &[&Path],
+    ) -> Result<String, tonic::Status> {
+        let config = cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata { name: name.into(), attempt: 0 }),
+            image: Some(cri::ImageSpec { image: PAUSE_IMAGE.into(), ..Default::default() }),
+            command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            log_path: format!("{name}.log"),
+            devices: devices
+                .iter()
+                .map(|d| cri::Device {
+                    container_path: d.to_string_lossy().into_owned(),
+                    host_path: d.to_string_lossy().into_owned(),
+                    permissions: "r".into(),
+                })
+                .collect(),
+            linux: Some(cri::LinuxContainerConfig {
+                security_context: Some(cri::LinuxContainerSecurityContext {
+                    namespace_options: Some(host_network()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let req = cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox.into(),
+            config: Some(config),
+            sandbox_config: Some(sandbox_config),
+        };
+        Ok(self.rt.block_on(self.runtime.create_container(req))?.into_inner().container_id)
+    }
+
+    /// `StartContainer`.
+    pub fn start_container(&mut self, id: &str) -> Result<(), tonic::Status> {
+        self.rt.block_on(self.runtime.start_container(cri::StartContainerRequest { container_id: id.into() }))?;
+        Ok(())
+    }
+
+    /// Ids of every pod sandbox, whatever its state.
+    pub fn sandbox_ids(&mut self) -> Result<Vec<String>, tonic::Status> {
+        let r = self.rt.block_on(self.runtime.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None }))?;
+        Ok(r.into_inner().items.into_iter().map(|s| s.id).collect())
+    }
+
+    /// `StopPodSandbox` (its containers too).
+    pub fn stop_sandbox(&mut self, id: &str) -> Result<(), tonic::Status> {
+        self.rt.block_on(self.runtime.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id.into() }))?;
+        Ok(())
+    }
+
+    /// `RemovePodSandbox`.
+    pub fn remove_sandbox(&mut self, id: &str) -> Result<(), tonic::Status> {
+        self.rt
+            .block_on(self.runtime.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id.into() }))?;
+        Ok(())
+    }
+}
