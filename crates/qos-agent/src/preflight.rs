@@ -153,6 +153,11 @@ pub fn cgroup_root(cfg: &AgentConfig) -> Result<CgroupRoot, PreflightError> {
         "" | "auto" => CgroupRoot::detect().map_err(|e| fail("cgroup.root", &cfg.cgroup.root, e.to_string())),
         path => {
             let p = Path::new(path);
+            // Every cgroup directory, v1 or v2, has `cgroup.procs`; a plain directory would start "successfully" and
+            // manage nothing.
+            if !p.join("cgroup.procs").is_file() {
+                return Err(fail("cgroup.root", path, "not a cgroup directory (it has no cgroup.procs)"));
+            }
             let version = if p.join("cgroup.controllers").exists() { CgroupVersion::V2 } else { CgroupVersion::V1 };
             CgroupRoot::from_dir(version, p)
                 .map_err(|e| fail("cgroup.root", path, format!("not a usable cgroup mount: {e}")))
@@ -188,6 +193,7 @@ mod tests {
     /// A config that passes in a temp dir: cgroup-dir runtime over a fixture root.
     fn good(dir: &Path) -> AgentConfig {
         std::fs::create_dir_all(dir.join("cgroup/pods")).unwrap();
+        std::fs::write(dir.join("cgroup/cgroup.procs"), "").unwrap();
         let mut cfg = AgentConfig {
             runtime: RuntimeKind::CgroupDir,
             state_file: dir.join("run/state.json"),
@@ -233,6 +239,10 @@ mod tests {
         let mut c = good(d);
         c.cgroup.root = d.join("nope").display().to_string();
         assert_eq!(field_of(&c), "cgroup.root");
+        let mut c = good(d);
+        std::fs::create_dir_all(d.join("plain/pods")).unwrap();
+        c.cgroup.root = d.join("plain").display().to_string();
+        assert_eq!(field_of(&c), "cgroup.root", "a plain directory is not a cgroup root");
         let mut c = good(d);
         c.cgroup.parent = "missing".into();
         assert_eq!(field_of(&c), "cgroup.parent");

@@ -197,6 +197,7 @@ fn status_without_an_agent_names_the_socket() {
 fn run_config(dir: &Path, top: &str, cgroup: &str) -> String {
     let root = dir.join("cgroup");
     std::fs::create_dir_all(root.join("pods")).unwrap();
+    std::fs::write(root.join("cgroup.procs"), "").unwrap(); // what makes it a cgroup directory to the agent
     let text = format!(
         "state_file = \"{d}/state.json\"\ncontrol_socket = \"{d}/agent.sock\"\n{top}\n\
          [cgroup]\nroot = \"{r}\"\n{cgroup}\n",

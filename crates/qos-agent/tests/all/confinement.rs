@@ -60,6 +60,7 @@ fn v1_cgroup(dir: &Path) {
     fs::write(dir.join("blkio.bfq.weight"), "100\n").unwrap();
     fs::write(dir.join("blkio.bfq.io_service_bytes_recursive"), "Total 0\n").unwrap();
     fs::write(dir.join("blkio.bfq.weight_device"), "default 100\n").unwrap();
+    fs::write(dir.join("cgroup.procs"), "").unwrap();
 }
 
 /// A fixture tree with decoys everywhere a confused agent might write: the root's and the parent's own files, a

@@ -452,6 +452,8 @@ fn broken_cgroup_files_are_logged_once_and_skipped() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("root");
     let ctr = root.join("ctr");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("cgroup.procs"), "").unwrap(); // what makes it a cgroup directory to the agent
     const ZERO: &str = "Total 0\n";
     for name in ["ok0", "ok1", "ok2", "ok3", "vanish"] {
         fixture_cgroup(&ctr.join(name), "100\n", ZERO);
@@ -636,6 +638,7 @@ fn run_agent(dir: &Path, config: &str, args: &[&str]) -> (std::process::ExitStat
 fn fixture_with_one_container(base: &Path) -> PathBuf {
     let root = base.join("root");
     fixture_cgroup(&root.join("ctr/c1"), "100\n", "Total 0\n");
+    std::fs::write(root.join("cgroup.procs"), "").unwrap(); // what makes it a cgroup directory to the agent
     root
 }
 
