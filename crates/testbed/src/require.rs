@@ -24,6 +24,9 @@ pub enum Need {
     /// What a private dockerd ([`crate::dockerd::Dockerd`]) needs: dockerd, the Docker CLI, `unshare` and a static
     /// busybox for the test image.
     PrivateDockerd,
+    /// The cgroup-v2 test bed (`scripts/cgroup-v2.sh run --dockerd`): `/sys/fs/cgroup` is cgroup2 with the io
+    /// controller and io.cost, and a dockerd on it answers at `$DOCKER_HOST` with the test image.
+    V2TestBed,
     /// A program on `PATH`.
     Program(&'static str),
 }
@@ -38,6 +41,7 @@ impl Need {
             Self::Bfq => bfq_available(),
             Self::HostDocker => docker::image_ready(),
             Self::PrivateDockerd => dockerd::can_run(),
+            Self::V2TestBed => v2_test_bed(),
             Self::Program(name) => on_path(name),
         };
         (!ok).then(|| self.to_string())
@@ -53,6 +57,10 @@ impl std::fmt::Display for Need {
             Self::Bfq => f.write_str("the BFQ I/O scheduler"),
             Self::HostDocker => write!(f, "a running dockerd with the image {}", docker::IMAGE),
             Self::PrivateDockerd => f.write_str("dockerd, the docker CLI, unshare and busybox-static"),
+            Self::V2TestBed => f.write_str(
+                "the cgroup-v2 test bed (cgroup2 with io and io.cost at /sys/fs/cgroup, a dockerd on it at \
+                 $DOCKER_HOST with the test image: run inside scripts/cgroup-v2.sh run --dockerd)",
+            ),
             Self::Program(name) => write!(f, "{name} on PATH"),
         }
     }
@@ -127,6 +135,23 @@ fn bfq_module_installed() -> bool {
     let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") else { return false };
     let dir = Path::new("/lib/modules").join(release.trim()).join("kernel/block");
     std::fs::read_dir(dir).into_iter().flatten().flatten().any(|e| e.file_name().to_string_lossy().starts_with("bfq."))
+}
+
+/// See [`Need::V2TestBed`].
+fn v2_test_bed() -> bool {
+    let cgroup = Path::new("/sys/fs/cgroup");
+    let io = std::fs::read_to_string(cgroup.join("cgroup.controllers"))
+        .is_ok_and(|c| c.split_whitespace().any(|c| c == "io"));
+    let socket =
+        std::env::var("DOCKER_HOST").ok().and_then(|h| h.strip_prefix("unix://").map(std::path::PathBuf::from));
+    io && cgroup.join("io.cost.qos").exists()
+        && socket.is_some_and(|s| s.exists())
+        && std::process::Command::new("/usr/bin/docker")
+            .args(["image", "inspect", docker::IMAGE])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
 }
 
 #[cfg(test)]

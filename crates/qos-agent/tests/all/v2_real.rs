@@ -10,7 +10,7 @@
 //!
 //! `scripts/test.sh` does exactly that, after the main run that skips this module (`--skip v2_real::`: the machine
 //! is on v1 then). Outside the test bed the test says `SKIPPED`, except under `CI=true` or
-//! `DDISKQOS_REQUIRE_REAL=1`, where it fails. Its helpers are std only.
+//! `DDISKQOS_REQUIRE_REAL=1`, where it fails (`testbed::require`, the one rule of every real test).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -31,24 +31,6 @@ fn agent_binary() -> PathBuf {
 const DEMOTE_WITHIN: Duration = Duration::from_secs(10);
 /// A new container has the top weight on both devices within this long of `docker run` returning.
 const TOP_WITHIN: Duration = Duration::from_secs(1);
-
-fn must_run() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true") || std::env::var("DDISKQOS_REQUIRE_REAL").is_ok_and(|v| v == "1")
-}
-
-/// True if the test can run; otherwise panics (CI, DDISKQOS_REQUIRE_REAL=1) or prints `SKIPPED`.
-fn require(test: &str, needs: &[(&str, bool)]) -> bool {
-    let missing: Vec<&str> = needs.iter().filter(|(_, ok)| !ok).map(|(n, _)| *n).collect();
-    if missing.is_empty() {
-        return true;
-    }
-    let reason = format!("needs {} (run it in scripts/cgroup-v2.sh run --dockerd)", missing.join(", "));
-    if must_run() {
-        panic!("{test}: cannot run, {reason}; CI / DDISKQOS_REQUIRE_REAL=1 forbid skipping");
-    }
-    eprintln!("SKIPPED {test}: {reason}");
-    false
-}
 
 fn run(cmd: &str, args: &[&str]) -> String {
     let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd} {args:?}: {e}"));
@@ -218,32 +200,11 @@ fn scrape(port: u16) -> String {
 #[ignore = "needs the cgroup-v2 test bed: scripts/cgroup-v2.sh"]
 fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     let test = "v2_real::agent_on_v2_weights_each_device_through_the_file_that_governs_it";
-    let controllers = std::fs::read_to_string(format!("{CGROUP}/cgroup.controllers")).unwrap_or_default();
-    let docker_host = std::env::var("DOCKER_HOST").unwrap_or_default();
-    let socket = docker_host.strip_prefix("unix://").map(PathBuf::from);
-    let image = socket.is_some()
-        && Command::new(DOCKER)
-            .args(["image", "inspect", IMAGE])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-    let root = std::fs::read_to_string("/proc/self/status")
-        .is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0")));
-    let ok = require(
-        test,
-        &[
-            ("root", root),
-            ("cgroup v2 with the io controller at /sys/fs/cgroup", controllers.split_whitespace().any(|c| c == "io")),
-            ("io.cost (/sys/fs/cgroup/io.cost.qos)", Path::new(CGROUP).join("io.cost.qos").exists()),
-            ("a dockerd on cgroup v2 at $DOCKER_HOST (unix://...)", socket.as_ref().is_some_and(|s| s.exists())),
-            ("the image ddiskqos-test:latest in that dockerd", image),
-        ],
-    );
-    if !ok {
+    if !testbed::require(test, &[testbed::Need::Root, testbed::Need::V2TestBed]) {
         return;
     }
-    let socket = socket.unwrap();
+    let docker_host = std::env::var("DOCKER_HOST").unwrap_or_default();
+    let socket = PathBuf::from(docker_host.strip_prefix("unix://").expect("checked by the test bed need"));
     let version = run(DOCKER, &["info", "--format", "{{.CgroupVersion}}"]);
     assert_eq!(version, "2", "the dockerd at {docker_host} is not on cgroup v2");
 
