@@ -8,10 +8,11 @@
 #   scripts/cgroup-v2.sh run [--dockerd] -- CMD [ARG...]   # the usual way; exit status is CMD's
 #   scripts/cgroup-v2.sh enter | leave | status             # the two halves by hand (leave is idempotent)
 #
-# Inside CMD: /sys/fs/cgroup is cgroup2 with `io` enabled for children; with --dockerd, DOCKER_HOST points at the
+# Inside CMD (a private mount and network namespace; loopback only): /sys/fs/cgroup is cgroup2 with `io` enabled
+# for children; with --dockerd, DOCKER_HOST points at the
 # throw-away dockerd (cgroupfs driver, own data/exec roots, no bridge, no iptables) and the local test image
 # ddiskqos-test:latest is imported into it. Run other processes in the same namespace with
-# `nsenter -t "$DDISKQOS_V2_NS_PID" -m`.
+# `nsenter -t "$DDISKQOS_V2_NS_PID" -m -n`.
 #
 # Refuses to start when a blkio v1 cgroup other than the root has processes (stop those containers first). Only
 # cgroups this script's run created are removed; the machine's own hierarchies (memory, ...) are never touched.
@@ -139,6 +140,10 @@ inside() {
   local with_dockerd=$1; shift
   umount -R -l /sys/fs/cgroup
   mount -t cgroup2 none /sys/fs/cgroup
+  # A network namespace of its own too: a dockerd with --bridge=none deletes any docker0 it sees, which in the
+  # host's namespace is the host dockerd's bridge (every later `docker run` there then fails). Loopback up for the
+  # agent's metrics.
+  ip link set lo up
   export DDISKQOS_V2_NS_PID=$$
   # Debian's docker CLI (matching the 20.10 daemon) first, as scripts/test.sh does.
   export PATH="/usr/bin:$PATH"
@@ -193,7 +198,7 @@ run() {
   trap 'exit 143' TERM
   enter
   local rc=0
-  unshare -m --propagation private "$0" _inside "$with_dockerd" "$@" || rc=$?
+  unshare -m -n --propagation private "$0" _inside "$with_dockerd" "$@" || rc=$?
   return $rc
 }
 

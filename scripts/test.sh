@@ -23,7 +23,12 @@ cargo test --workspace --doc --locked
 V2_TEST=$(cargo test -p qos-agent --test all --no-run --locked --message-format=json \
   | grep -o '"executable":"[^"]*/all-[^"]*"' | cut -d'"' -f4 | tail -1)
 [ -x "$V2_TEST" ] || { echo "scripts/test.sh: cannot find qos-agent's test binary" >&2; exit 1; }
+HAD_DOCKER0=$([ -e /sys/class/net/docker0 ] && echo yes || echo no)
 bash scripts/cgroup-v2.sh run --dockerd -- "$V2_TEST" --include-ignored --test-threads=1 v2_real::
+if [ "$HAD_DOCKER0" = yes ] && [ ! -e /sys/class/net/docker0 ]; then
+  echo "scripts/test.sh: the v2 test bed removed the host's docker0 bridge" >&2
+  exit 1
+fi
 # Captured first: `status | grep -q` would end status with SIGPIPE, which pipefail counts as a failure.
 V2_STATUS=$(bash scripts/cgroup-v2.sh status)
 case $V2_STATUS in
