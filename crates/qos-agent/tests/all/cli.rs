@@ -472,3 +472,60 @@ fn systemd_notify_ready_watchdog_and_stopping() {
     );
     assert!(!dir.path().join("agent.sock").exists(), "control socket removed at exit");
 }
+
+/// Issue 12's bad-config corpus: for every file, `check-config` and `run` agree. Both refuse it with exit 1, naming
+/// the same field; `run` starts nothing (no control socket).
+#[test]
+fn check_config_and_run_agree_on_the_bad_config_corpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    std::fs::create_dir_all(dir.path().join("plain/pods")).unwrap();
+    std::fs::write(dir.path().join("precious"), "data").unwrap();
+    // The base is a cgroup-dir config over a fixture root that passes every check.
+    let good = |replace: &[(&str, &str)], extra: &str| {
+        let mut text =
+            std::fs::read_to_string(run_config(dir.path(), "runtime = \"cgroup-dir\"", "parent = \"pods\"")).unwrap();
+        for (from, to) in replace {
+            assert!(text.contains(from), "{from} not in {text}");
+            text = text.replace(from, to);
+        }
+        text + extra
+    };
+    let long = format!("{d}/{}.sock", "s".repeat(110));
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("nul-in-path", good(&[("state.json", "sta\\u0000te.json")], ""), "state_file"),
+        ("long-socket", good(&[(&format!("{d}/agent.sock"), &long)], ""), "control_socket"),
+        ("state-is-dir", good(&[(&format!("{d}/state.json"), &d)], ""), "state_file"),
+        ("socket-is-file", good(&[("agent.sock", "precious")], ""), "control_socket"),
+        ("socket-is-state", good(&[("agent.sock", "state.json")], ""), "control_socket"),
+        (
+            "no-docker",
+            good(&[("runtime = \"cgroup-dir\"", "runtime = \"docker\"")], "[docker]\nsocket = \"/nonexistent.sock\"\n"),
+            "docker.socket",
+        ),
+        ("no-root", good(&[("cgroup\"", "no-such-root\"")], ""), "cgroup.root"),
+        ("plain-root", good(&[("cgroup\"", "plain\"")], ""), "cgroup.root"),
+        ("no-parent", good(&[("parent = \"pods\"", "parent = \"no/such\"")], ""), "cgroup.parent"),
+        ("unknown-device", good(&[], "[devices]\ncheck = [\"nosuchdisk0\"]\n"), "devices.check[0]"),
+    ];
+    for (name, text, field) in cases {
+        let path = file(dir.path(), &format!("{name}.toml"), &text);
+        let check = agent(&["check-config", &path]);
+        assert_eq!(check.status.code(), Some(1), "{name}: check-config accepted it:\n{text}");
+        assert!(stderr(&check).contains(field), "{name}: check-config does not name {field}: {}", stderr(&check));
+        let mut child = Command::new(BIN)
+            .args(["-c", &path, "run"])
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let status = wait_with_timeout(&mut child, Duration::from_secs(10));
+        let mut err = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        assert_eq!(status.code(), Some(1), "{name}: run did not refuse it:\n{err}");
+        assert!(err.contains(field), "{name}: run does not name {field}: {err}");
+        assert!(!dir.path().join("agent.sock").exists(), "{name}: run left a control socket");
+    }
+    assert_eq!(std::fs::read_to_string(dir.path().join("precious")).unwrap(), "data", "no file was replaced");
+}
