@@ -72,14 +72,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
                 format!("cgroup.parent = {:?}: no such cgroup under {}", cfg.cgroup.parent, root.path().display())
             })?;
             info!(parent = %cfg.cgroup.parent, dry_run = cfg.dry_run, "managing child cgroups");
-            let daemon = Daemon::new(
-                cfg.clone(),
-                discovery,
-                CgroupDirCounters::with_root(root.clone()),
-                file_writer(&root, cfg.devices.check.clone(), &metrics),
-                originals,
-                metrics.clone(),
-            )?;
+            let daemon = daemon_on_cgroup_files(&cfg, discovery, &root, originals, &metrics)?;
             serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?
         }
         RuntimeKind::Cri => {
@@ -89,14 +82,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             blockdev::check::check_at_start(&cfg, &root, None)?;
             let discovery = CriDiscovery::new(client, root.clone(), cfg.cri.relist_interval);
             info!(dry_run = cfg.dry_run, "managing Kubernetes pods (one weight per pod cgroup)");
-            let daemon = Daemon::new(
-                cfg.clone(),
-                discovery,
-                CgroupDirCounters::with_root(root.clone()),
-                file_writer(&root, cfg.devices.check.clone(), &metrics),
-                originals,
-                metrics.clone(),
-            )?;
+            let daemon = daemon_on_cgroup_files(&cfg, discovery, &root, originals, &metrics)?;
             serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?
         }
     };
@@ -117,6 +103,20 @@ pub async fn docker_backends(
     let counters = DockerCounters::with_root(docker.clone(), root);
     let writer = DockerWriter::with_files(docker, actuator, files);
     Ok((discovery, counters, writer))
+}
+
+/// A daemon over `discovery` whose containers are plain cgroup directories (cgroup-dir runtime, CRI pod cgroups):
+/// the gated counters and the file writer, as every runtime without an API actuator uses them.
+fn daemon_on_cgroup_files<D: Discovery>(
+    cfg: &AgentConfig,
+    discovery: D,
+    root: &Arc<CgroupRoot>,
+    originals: OriginalWeights,
+    metrics: &Arc<Metrics>,
+) -> Result<Daemon<D, CgroupDirCounters, CgroupDirWriter>> {
+    let counters = CgroupDirCounters::with_root(root.clone());
+    let writer = file_writer(root, cfg.devices.check.clone(), metrics);
+    Ok(Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?)
 }
 
 /// The cgroup-file writer: on v2 it checks the devices of `[devices] check` (or Docker's data disk) besides each
