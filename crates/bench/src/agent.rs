@@ -346,12 +346,18 @@ impl Agent {
     pub fn wait_for_weight(&self, dir: &CgroupDir, want: Weight, since: Instant) -> Result<WeightRead> {
         let file = WeightFile::open(dir)?;
         loop {
-            let have = file.read()?;
+            // A regular file standing in for a cgroup file (the fixtures) is truncated, then written: a read between
+            // the two finds it empty. Such a read is retried until the deadline; a real cgroup file never reads torn,
+            // so there an error persists and is reported when the time is up.
+            let have = file.read();
             let waited = since.elapsed();
-            if have == want {
-                return Ok(WeightRead { weight: have.get(), waited_ms: waited.as_secs_f64() * 1e3 });
+            if let Ok(have) = &have {
+                if *have == want {
+                    return Ok(WeightRead { weight: have.get(), waited_ms: waited.as_secs_f64() * 1e3 });
+                }
             }
             if waited > WEIGHT_TIMEOUT {
+                let have = have?;
                 bail!(
                     "{} still reads {have} {WEIGHT_TIMEOUT:?} after the container started: the agent did not give it \
                      the top weight {want}",
