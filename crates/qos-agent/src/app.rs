@@ -59,31 +59,37 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             } else {
                 cfg.devices.check.clone()
             };
-            blockdev::check::check_at_start(&cfg, &root, data_disk)?;
+            let mut tuned = blockdev::check::check_at_start(&cfg, &root, data_disk)?;
             let files = file_writer(&root, devices, &metrics);
             let (discovery, counters, writer) = docker_backends(docker, root.clone(), cfg.actuator, files).await?;
             info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
             let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?;
-            serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?
+            let summary = serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?;
+            tuned.restore();
+            summary
         }
         RuntimeKind::CgroupDir => {
-            blockdev::check::check_at_start(&cfg, &root, None)?;
+            let mut tuned = blockdev::check::check_at_start(&cfg, &root, None)?;
             let discovery = CgroupDirDiscovery::new(root.clone(), &cfg.cgroup.parent).with_context(|| {
                 format!("cgroup.parent = {:?}: no such cgroup under {}", cfg.cgroup.parent, root.path().display())
             })?;
             info!(parent = %cfg.cgroup.parent, dry_run = cfg.dry_run, "managing child cgroups");
             let daemon = daemon_on_cgroup_files(&cfg, discovery, &root, originals, &metrics)?;
-            serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?
+            let summary = serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?;
+            tuned.restore();
+            summary
         }
         RuntimeKind::Cri => {
             let mut client = CriClient::new(&cfg.cri.socket)?;
             let (name, version) = client.version().await.context("is the container runtime running?")?;
             info!(socket = %cfg.cri.socket.display(), runtime = %name, version = %version, "connected to the CRI runtime");
-            blockdev::check::check_at_start(&cfg, &root, None)?;
+            let mut tuned = blockdev::check::check_at_start(&cfg, &root, None)?;
             let discovery = CriDiscovery::new(client, root.clone(), cfg.cri.relist_interval);
             info!(dry_run = cfg.dry_run, "managing Kubernetes pods (one weight per pod cgroup)");
             let daemon = daemon_on_cgroup_files(&cfg, discovery, &root, originals, &metrics)?;
-            serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?
+            let summary = serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?;
+            tuned.restore();
+            summary
         }
     };
     info!(restored = summary.restored, failures = summary.restore_failures, "stopped");

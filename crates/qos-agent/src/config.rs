@@ -23,6 +23,7 @@
 //! [devices]
 //! check = []                    # devices whose scheduler is checked at start (default: Docker's data disk)
 //! switch_to_bfq = []            # opt-in: set these devices' scheduler to bfq at start
+//! bfq_tunables = {}             # opt-in: e.g. { sdb = { max_budget = 256 } }, set at start, restored at stop
 //!
 //! [metrics]
 //! enabled = false
@@ -119,6 +120,11 @@ pub struct DevicesConfig {
     /// Opt-in: block devices switched to the BFQ scheduler at start-up. No other device is ever touched, and the
     /// device holding `/` is refused.
     pub switch_to_bfq: Vec<String>,
+    /// Opt-in: BFQ tunables set at start-up, device by device (`{ sdb = { max_budget = 256, timeout_sync = 8 } }`),
+    /// and put back on a clean shutdown; only the tunables of [`crate::blockdev::tune::ALLOWED`], only on the
+    /// devices named here, whose scheduler must be bfq (or which `switch_to_bfq` names), never the disk holding
+    /// `/`. For Docker's default layout on cgroup v1 (README, "Docker's default layout on cgroup v1").
+    pub bfq_tunables: crate::blockdev::tune::TunableMap,
 }
 
 /// `[metrics]`.
@@ -298,6 +304,16 @@ impl AgentConfig {
                 }
             }
         }
+        for (device, tunables) in &self.devices.bfq_tunables {
+            if device.is_empty() || device.contains('/') || device.starts_with('.') {
+                let field = format!("devices.bfq_tunables.{device}");
+                return Err(invalid(&field, device, "must be a block device name such as sda"));
+            }
+            for (key, value) in tunables {
+                crate::blockdev::tune::validate(key, value)
+                    .map_err(|reason| invalid(&format!("devices.bfq_tunables.{device}.{key}"), value, &reason))?;
+            }
+        }
         if self.state_file.as_os_str().is_empty() || !self.state_file.is_absolute() {
             return Err(invalid("state_file", self.state_file.display(), "must be an absolute path"));
         }
@@ -305,5 +321,40 @@ impl AgentConfig {
             return Err(invalid("control_socket", self.control_socket.display(), "must be an absolute path"));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blockdev::tune::TunableValue;
+
+    fn parse(text: &str) -> Result<AgentConfig, String> {
+        AgentConfig::from_toml(text, Path::new("agent.toml")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn bfq_tunables_parse_and_bad_ones_name_key_and_value() {
+        let cfg = parse("[devices]\nbfq_tunables = { sdb = { max_budget = 256, timeout_sync = \"8\" } }\n").unwrap();
+        let sdb = &cfg.devices.bfq_tunables["sdb"];
+        assert_eq!(sdb["max_budget"], TunableValue::Int(256));
+        assert_eq!(sdb["timeout_sync"], TunableValue::Text("8".into()));
+        let cfg = parse("[devices.bfq_tunables.loop3]\nslice_idle = 0\n").unwrap();
+        assert_eq!(cfg.devices.bfq_tunables["loop3"]["slice_idle"], TunableValue::Int(0));
+        assert!(AgentConfig::default().devices.bfq_tunables.is_empty(), "opt-in: nothing by default");
+
+        for (text, want) in [
+            ("{ sdb = { back_seek_max = 1 } }", "devices.bfq_tunables.sdb.back_seek_max = 1: not a BFQ tunable"),
+            ("{ sdb = { timeout_sync = \"fast\" } }", "devices.bfq_tunables.sdb.timeout_sync = fast: must be a whole"),
+            ("{ sdb = { max_budget = -5 } }", "devices.bfq_tunables.sdb.max_budget = -5: must not be negative"),
+            ("{ sdb = { timeout_sync = 5000 } }", "devices.bfq_tunables.sdb.timeout_sync = 5000: must be 1..=1000"),
+            ("{ \"../sda\" = { max_budget = 1 } }", "devices.bfq_tunables.../sda = ../sda: must be a block device"),
+        ] {
+            let err = parse(&format!("[devices]\nbfq_tunables = {text}\n")).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+        // A float or a table is not a value at all: the parser's own message names the key.
+        let err = parse("[devices]\nbfq_tunables = { sdb = { max_budget = 1.5 } }\n").unwrap_err();
+        assert!(err.contains("bfq_tunables"), "{err}");
     }
 }

@@ -185,6 +185,9 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             let checked = qos_agent::preflight::check(&cfg).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             println!("{}: ok", path.display());
+            for change in checked.device_changes {
+                println!("at start: {change}");
+            }
             for what in checked.not_checked {
                 println!("not checked (needs the running runtime): {what}");
             }

@@ -32,6 +32,8 @@ pub struct Preflight {
     pub root: CgroupRoot,
     /// Checks left to the running agent, in words.
     pub not_checked: Vec<String>,
+    /// What the agent will change on devices at start (opt-ins of `[devices]`), in words.
+    pub device_changes: Vec<String>,
 }
 
 fn fail(field: &str, value: impl AsRef<str>, reason: impl Into<String>) -> PreflightError {
@@ -51,7 +53,7 @@ pub fn check(cfg: &AgentConfig) -> Result<Preflight, PreflightError> {
         root.resolve_relative(parent)
             .map_err(|e| fail("cgroup.parent", &cfg.cgroup.parent, format!("no such cgroup under the root: {e}")))?;
     }
-    check_devices(cfg)?;
+    let device_changes = check_devices(cfg)?;
     let mut not_checked = Vec::new();
     if cfg.runtime == RuntimeKind::Docker {
         let socket = &cfg.docker.socket;
@@ -86,7 +88,7 @@ pub fn check(cfg: &AgentConfig) -> Result<Preflight, PreflightError> {
     if cfg.metrics.enabled {
         not_checked.push(format!("whether metrics.listen {} can be bound", cfg.metrics.listen));
     }
-    Ok(Preflight { root, not_checked })
+    Ok(Preflight { root, not_checked, device_changes })
 }
 
 fn check_paths(cfg: &AgentConfig) -> Result<(), PreflightError> {
@@ -165,25 +167,65 @@ pub fn cgroup_root(cfg: &AgentConfig) -> Result<CgroupRoot, PreflightError> {
     }
 }
 
-fn check_devices(cfg: &AgentConfig) -> Result<(), PreflightError> {
+/// Checks the devices the config names; returns what the agent will change on them at start, in words.
+fn check_devices(cfg: &AgentConfig) -> Result<Vec<String>, PreflightError> {
+    let mut changes = Vec::new();
     for (list, names) in [("check", &cfg.devices.check), ("switch_to_bfq", &cfg.devices.switch_to_bfq)] {
         for (i, name) in names.iter().enumerate() {
             let field = format!("devices.{list}[{i}]");
-            blockdev::scheduler(name)
+            let s = blockdev::scheduler(name)
                 .map_err(|e| fail(&field, name, format!("not a block device with a scheduler: {e}")))?;
+            if list == "switch_to_bfq" && s.active != "bfq" {
+                changes.push(format!("{name}: scheduler {} -> bfq (switch_to_bfq; left as bfq at stop)", s.active));
+            }
         }
     }
-    if !cfg.devices.switch_to_bfq.is_empty() {
-        let protected = blockdev::protected_disks()
-            .map_err(|e| fail("devices.switch_to_bfq", cfg.devices.switch_to_bfq.join(","), e.to_string()))?;
+    let tuned = &cfg.devices.bfq_tunables;
+    if !cfg.devices.switch_to_bfq.is_empty() || tuned.values().any(|t| !t.is_empty()) {
+        let protected = blockdev::protected_disks().map_err(|e| {
+            let names: Vec<&str> = cfg.devices.switch_to_bfq.iter().chain(tuned.keys()).map(String::as_str).collect();
+            fail("devices", names.join(","), format!("cannot tell which disk backs /, so none is changed: {e}"))
+        })?;
         for (i, name) in cfg.devices.switch_to_bfq.iter().enumerate() {
             if protected.contains(name) {
                 let field = format!("devices.switch_to_bfq[{i}]");
                 return Err(fail(&field, name, "backs the root filesystem: never switched"));
             }
         }
+        for (name, tunables) in tuned {
+            let field = format!("devices.bfq_tunables.{name}");
+            if tunables.is_empty() {
+                continue;
+            }
+            if protected.contains(name) {
+                return Err(fail(&field, name, "backs the root filesystem: its tunables are never changed"));
+            }
+            let s = blockdev::scheduler(name)
+                .map_err(|e| fail(&field, name, format!("not a block device with a scheduler: {e}")))?;
+            let will_be_bfq = s.active == "bfq" || cfg.devices.switch_to_bfq.contains(name);
+            if !will_be_bfq {
+                let reason = format!("scheduler is {:?}, not bfq: add it to devices.switch_to_bfq", s.active);
+                return Err(fail(&field, name, reason));
+            }
+            for (key, value) in tunables {
+                let now = if s.active == "bfq" {
+                    let path = Path::new("/sys/block").join(name).join("queue/iosched").join(key);
+                    let text = std::fs::read_to_string(&path).map_err(|e| {
+                        fail(
+                            &format!("{field}.{key}"),
+                            value.to_string(),
+                            format!("cannot read {}: {e}", path.display()),
+                        )
+                    })?;
+                    text.trim().to_string()
+                } else {
+                    "(set once bfq is active)".to_string()
+                };
+                changes.push(format!("{name}: BFQ {key} {now} -> {value} (bfq_tunables; restored at stop)"));
+            }
+        }
     }
-    Ok(())
+    Ok(changes)
 }
 
 #[cfg(test)]

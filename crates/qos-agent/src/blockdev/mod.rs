@@ -11,6 +11,7 @@
 //! - this file: [`DevNum`], [`DeviceError`], the read-only facts ([`scheduler`], [`disk_of_dev`],
 //!   [`disk_of_path`], [`io_cost_enabled`]) and the root-disk protection;
 //! - `switch.rs`: the guarded writes;
+//! - [`tune`]: the opt-in BFQ tunables of `[devices] bfq_tunables`, set at start and restored at stop;
 //! - [`check`]: the agent's start-up check (which devices matter, a loud warning where weights cannot act);
 //! - [`iocost`]: the opt-in io.cost set-up (measure a device, write its model and qos lines);
 //! - `governor.rs`: which cgroup-v2 weight file acts on each device ([`Governor`]), cached in a [`DeviceTable`].
@@ -19,6 +20,7 @@ pub mod check;
 mod governor;
 pub mod iocost;
 mod switch;
+pub mod tune;
 
 use std::fmt;
 use std::fs;

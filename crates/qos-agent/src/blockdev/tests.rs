@@ -171,3 +171,136 @@ fn device_table_governors_and_cache() {
     assert!(facts.error.as_deref().unwrap_or("").contains("no block device 8:0"), "{facts:?}");
     assert_eq!(table.snapshot().iter().map(|f| f.dev.to_string()).collect::<Vec<_>>(), ["7:3", "8:0"]);
 }
+
+/// loop3 on BFQ with the tunables of this kernel's defaults; vda (the root disk) on BFQ too.
+fn fake_sys_bfq() -> tempfile::TempDir {
+    let sys = fake_sys();
+    for dev in ["loop3", "vda"] {
+        let queue = sys.path().join("devices/block").join(dev).join("queue");
+        fs::write(queue.join("scheduler"), "mq-deadline kyber [bfq] none\n").unwrap();
+        fs::create_dir_all(queue.join("iosched")).unwrap();
+        for (key, value) in [("max_budget", "0"), ("timeout_sync", "124"), ("slice_idle", "8"), ("low_latency", "1")] {
+            fs::write(queue.join("iosched").join(key), format!("{value}\n")).unwrap();
+        }
+    }
+    sys
+}
+
+fn tunable_map(entries: &[(&str, &str, tune::TunableValue)]) -> tune::TunableMap {
+    let mut map = tune::TunableMap::new();
+    for (dev, key, value) in entries {
+        map.entry(dev.to_string()).or_default().insert(key.to_string(), value.clone());
+    }
+    map
+}
+
+fn iosched_value(sys: &Path, dev: &str, key: &str) -> String {
+    fs::read_to_string(sys.join("devices/block").join(dev).join("queue/iosched").join(key)).unwrap().trim().into()
+}
+
+#[test]
+fn bfq_tunables_set_logged_and_restored() {
+    use tune::TunableValue::{Int, Text};
+    let sys = fake_sys_bfq();
+    let state = tempfile::tempdir().unwrap();
+    let file = tune::originals_path(&state.path().join("state.json"));
+    assert_eq!(file, state.path().join("state.json.bfq-tunables.json"));
+    let map = tunable_map(&[("loop3", "max_budget", Int(256)), ("loop3", "timeout_sync", Text("8".into()))]);
+    let mut tuned = tune::TunedDevices::apply_in(sys.path(), ROOT_ON_VDA, &map, Some(&file)).unwrap();
+    assert_eq!(iosched_value(sys.path(), "loop3", "max_budget"), "256");
+    assert_eq!(iosched_value(sys.path(), "loop3", "timeout_sync"), "8");
+    let originals: Vec<(&str, &str)> = tuned.tuned().iter().map(|t| (t.key.as_str(), t.original.as_str())).collect();
+    assert_eq!(originals, [("max_budget", "0"), ("timeout_sync", "124")]);
+    let on_disk: serde_json::Value = serde_json::from_str(&fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(on_disk["loop3"]["timeout_sync"], "124", "{on_disk}");
+    assert_eq!(tuned.restore(), 0);
+    assert_eq!(iosched_value(sys.path(), "loop3", "max_budget"), "0");
+    assert_eq!(iosched_value(sys.path(), "loop3", "timeout_sync"), "124");
+    assert!(!file.exists(), "the originals file goes once everything is back");
+    assert_eq!(iosched_value(sys.path(), "vda", "max_budget"), "0", "no other device touched");
+
+    // Dropping restores too (an error path of the agent after start-up).
+    let tuned = tune::TunedDevices::apply_in(sys.path(), ROOT_ON_VDA, &map, Some(&file)).unwrap();
+    assert_eq!(iosched_value(sys.path(), "loop3", "max_budget"), "256");
+    drop(tuned);
+    assert_eq!(iosched_value(sys.path(), "loop3", "max_budget"), "0");
+
+    // Dry run: nothing written, nothing to restore.
+    let mut tuned = tune::TunedDevices::apply_in(sys.path(), ROOT_ON_VDA, &map, None).unwrap();
+    assert_eq!(iosched_value(sys.path(), "loop3", "max_budget"), "0");
+    assert!(tuned.tuned().is_empty());
+    assert_eq!(tuned.restore(), 0);
+    assert!(!file.exists());
+}
+
+#[test]
+fn bfq_tunables_after_a_kill_restore_the_first_originals() {
+    use tune::TunableValue::Int;
+    let sys = fake_sys_bfq();
+    let state = tempfile::tempdir().unwrap();
+    let file = tune::originals_path(&state.path().join("state.json"));
+    let map = tunable_map(&[("loop3", "timeout_sync", Int(8))]);
+    let tuned = tune::TunedDevices::apply_in(sys.path(), ROOT_ON_VDA, &map, Some(&file)).unwrap();
+    std::mem::forget(tuned); // SIGKILL: no restore, the originals file stays
+    assert_eq!(iosched_value(sys.path(), "loop3", "timeout_sync"), "8");
+    assert!(file.exists());
+    let mut again = tune::TunedDevices::apply_in(sys.path(), ROOT_ON_VDA, &map, Some(&file)).unwrap();
+    assert_eq!(again.tuned()[0].original, "124", "the killed agent's 8 is not the original");
+    assert_eq!(again.restore(), 0);
+    assert_eq!(iosched_value(sys.path(), "loop3", "timeout_sync"), "124");
+    assert!(!file.exists());
+}
+
+#[test]
+fn bad_bfq_tunables_name_the_key_and_value_and_write_nothing() {
+    use tune::TunableValue::{Int, Text};
+    let sys = fake_sys_bfq();
+    let state = tempfile::tempdir().unwrap();
+    let file = tune::originals_path(&state.path().join("state.json"));
+    let cases: Vec<(tune::TunableMap, &str, &str)> = vec![
+        (
+            tunable_map(&[("loop3", "back_seek_max", Int(1))]),
+            "devices.bfq_tunables.loop3.back_seek_max = 1",
+            "not a BFQ tunable",
+        ),
+        (
+            tunable_map(&[("loop3", "timeout_sync", Text("8ms".into()))]),
+            "devices.bfq_tunables.loop3.timeout_sync = 8ms",
+            "whole number",
+        ),
+        (
+            tunable_map(&[("loop3", "timeout_sync", Int(-1))]),
+            "devices.bfq_tunables.loop3.timeout_sync = -1",
+            "negative",
+        ),
+        (
+            tunable_map(&[("loop3", "timeout_sync", Int(0))]),
+            "devices.bfq_tunables.loop3.timeout_sync = 0",
+            "must be 1..=1000",
+        ),
+        (tunable_map(&[("loop3", "low_latency", Int(2))]), "devices.bfq_tunables.loop3.low_latency = 2", "0..=1"),
+        (
+            tunable_map(&[("vda", "timeout_sync", Int(8))]),
+            "devices.bfq_tunables.vda.timeout_sync = 8",
+            "backs the root filesystem",
+        ),
+        (
+            tunable_map(&[("../vda", "timeout_sync", Int(8))]),
+            "devices.bfq_tunables.../vda.timeout_sync = 8",
+            "invalid device name",
+        ),
+    ];
+    for (map, key_value, reason) in cases {
+        let err = tune::TunedDevices::apply_in(sys.path(), ROOT_ON_VDA, &map, Some(&file)).unwrap_err().to_string();
+        assert!(err.starts_with(key_value) && err.contains(reason), "{err}");
+    }
+    // A device whose scheduler is not bfq is refused, naming the fix.
+    fs::write(sys.path().join("devices/block/loop3/queue/scheduler"), "[none] bfq\n").unwrap();
+    let map = tunable_map(&[("loop3", "timeout_sync", Int(8))]);
+    let err = tune::TunedDevices::apply_in(sys.path(), ROOT_ON_VDA, &map, Some(&file)).unwrap_err().to_string();
+    assert!(err.contains("not bfq: add it to devices.switch_to_bfq"), "{err}");
+    for dev in ["loop3", "vda"] {
+        assert_eq!(iosched_value(sys.path(), dev, "timeout_sync"), "124");
+        assert_eq!(iosched_value(sys.path(), dev, "max_budget"), "0");
+    }
+}

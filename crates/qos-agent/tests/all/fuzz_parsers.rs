@@ -392,7 +392,7 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
                     docker: DockerConfig { socket },
                     cri: Default::default(),
                     cgroup: CgroupConfig { root, parent },
-                    devices: DevicesConfig { check: devs.0, switch_to_bfq: devs.1 },
+                    devices: DevicesConfig { check: devs.0, switch_to_bfq: devs.1, bfq_tunables: Default::default() },
                     metrics: MetricsConfig { enabled: m.0, listen: m.1 },
                     mlfq,
                 }

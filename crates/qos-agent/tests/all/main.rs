@@ -21,6 +21,7 @@
 //! - `attacks_real`: the attacks of issue 12 replayed (a metrics flood by `nobody`, two agents on one state file, a
 //!   container moving its process into another cgroup, a read-only state directory, a planted symlink, an idle
 //!   status client): no cgroup at a wrong weight after a clean stop.
+//! - `tunables_real`: `[devices] bfq_tunables` set at start, restored on SIGTERM and after a SIGKILL.
 //! - `v2_real`: the agent on real cgroup v2 (BFQ and io.cost loop devices, a dockerd on v2); it runs only inside
 //!   `scripts/cgroup-v2.sh` (the machine boots v1), so `scripts/test.sh` skips it in the main run and runs it there.
 //!
@@ -43,6 +44,7 @@ mod faults_real;
 mod fuzz_parsers;
 mod k8s_manifests;
 mod scale_real;
+mod tunables_real;
 mod v2_real;
 
 /// The agent binary under test.
