@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use qos_agent::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
+use qos_agent::blockdev::tune::TunedDevices;
 use qos_agent::cgroup::{CgroupDir, CgroupRoot, WeightFile};
 use qos_agent::config::ActuatorMode;
 use qos_agent::daemon::{Command, Daemon, Summary};
@@ -205,6 +206,8 @@ pub struct Agent {
     started: Instant,
     dry_run: Mutex<bool>,
     switches: Mutex<Vec<DryRunSwitch>>,
+    /// The `[devices] bfq_tunables` the agent set at its start, as `ddiskqos-agent` does; put back at its stop.
+    tuned: Option<TunedDevices>,
 }
 
 impl Agent {
@@ -215,6 +218,14 @@ impl Agent {
         cfg.actuator = ActuatorMode::Auto;
         cfg.validate().context("agent configuration")?;
         let originals = OriginalWeights::load(Some(&cfg.state_file)).context("agent state file")?;
+        // The agent's own opt-in (its start-up check does the same): the daemon's dry run is the bench's Alone and
+        // Original blocks, so the tunables are set for all three variants of the mode.
+        let tuned = if cfg.devices.bfq_tunables.is_empty() {
+            None
+        } else {
+            let file = qos_agent::blockdev::tune::originals_path(&cfg.state_file);
+            Some(TunedDevices::apply(&cfg.devices.bfq_tunables, Some(&file)).context("agent: [devices] bfq_tunables")?)
+        };
         let metrics = Arc::new(Metrics::new());
         let (commands, rx) = mpsc::channel(16);
         let (announce, discovery) = match backends {
@@ -257,6 +268,7 @@ impl Agent {
             started: Instant::now(),
             dry_run: Mutex::new(true),
             switches: Mutex::new(Vec::new()),
+            tuned,
         };
         if let Err(e) = agent.round_trip() {
             return Err(agent.failure(e));
@@ -377,6 +389,12 @@ impl Agent {
             None => bail!("the agent's daemon was already gone"),
         };
         sent?;
+        if let Some(mut tuned) = self.tuned.take() {
+            let failed = tuned.restore();
+            if failed > 0 {
+                bail!("the agent could not restore {failed} BFQ tunable(s)");
+            }
+        }
         Ok(AgentReport {
             backends: self.backends.describe().into(),
             sample_interval_ms: self.cfg.sample_interval.as_secs_f64() * 1e3,

@@ -156,6 +156,7 @@ pub fn run_config(common: &Common, plan: Plan, exp1: bool, exp2: bool) -> Result
         background: common.background,
         exp1,
         exp2,
+        agent_bfq: common.agent_bfq_tunables.clone(),
     })
 }
 

@@ -124,6 +124,10 @@ pub struct Common {
     /// Set a BFQ tunable of the test device for the whole run (repeatable), e.g. `low_latency=0`.
     #[arg(long = "bfq-set", value_name = "KEY=VALUE")]
     pub bfq_set: Vec<String>,
+    /// A BFQ tunable the agent sets on the test device at its start and restores at its stop (its
+    /// `[devices] bfq_tunables`), for every mode and variant (repeatable), e.g. `max_budget=256`.
+    #[arg(long = "agent-bfq-tunable", value_name = "KEY=VALUE")]
+    pub agent_bfq_tunables: Vec<String>,
     /// The background reader.
     #[arg(long, value_enum, default_value = "auto")]
     pub background: BackgroundKind,
@@ -245,6 +249,11 @@ pub struct SweepArgs {
     /// Smallest acceptable background throughput, as a fraction of Original's.
     #[arg(long, default_value_t = 0.9)]
     pub min_background: f64,
+    /// Sweep BFQ tunables instead of the engine's knobs: each point is one or more `KEY=VALUE` separated by `+`
+    /// (e.g. `timeout_sync=8+slice_idle=0`), set on the test device for that point only (repeatable). The sweep
+    /// then runs the baseline (the device as `--bfq-set` left it) and these points, with the engine fixed.
+    #[arg(long = "bfq-point", value_name = "KEY=VALUE[+KEY=VALUE...]")]
+    pub bfq_points: Vec<String>,
 }
 
 #[cfg(test)]

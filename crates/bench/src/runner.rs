@@ -47,6 +47,8 @@ pub struct RunConfig {
     pub exp1: bool,
     /// Run Experiment 2.
     pub exp2: bool,
+    /// BFQ tunables (`KEY=VALUE`) the agent sets on the test device (its `[devices] bfq_tunables`) for each mode.
+    pub agent_bfq: Vec<String>,
 }
 
 /// What a mode needs from the outside.
@@ -118,14 +120,26 @@ struct ModeRun<'a, 'e> {
 pub fn run_mode(env: &Env<'_>, cfg: &RunConfig, mode: BfqMode, progress: &ProgressBar) -> Result<ModeReport> {
     let started = Instant::now();
     env.disk.set_mode(mode)?;
-    let iosched = env.disk.iosched();
     let bg_file = env.file(workload::BACKGROUND_FILE)?;
     let reads = (if cfg.exp1 { cfg.plan.exp1.iter().map(|c| c.reps as usize).sum::<usize>() } else { 0 }
         + if cfg.exp2 { cfg.plan.exp2_reps as usize * cfg.plan.exp2.len() } else { 0 })
         * 3;
     progress.set_message(format!("{}: starting the agent", mode.name()));
-    let agent_cfg = agent::config(cfg.engine.clone(), cfg.sample_interval, &env.work);
+    let mut agent_cfg = agent::config(cfg.engine.clone(), cfg.sample_interval, &env.work);
+    for assignment in &cfg.agent_bfq {
+        let Some((key, value)) = assignment.split_once('=') else {
+            anyhow::bail!("--agent-bfq-tunable wants KEY=VALUE, got {assignment:?}");
+        };
+        agent_cfg
+            .devices
+            .bfq_tunables
+            .entry(env.disk.info.disk_name.clone())
+            .or_default()
+            .insert(key.into(), qos_agent::blockdev::tune::TunableValue::Text(value.into()));
+    }
     let agent = Agent::start(agent_cfg, env.backends, env.root.clone())?;
+    // After the agent's start: the report shows what the agent set too.
+    let iosched = env.disk.iosched();
     progress.set_message(format!("{}: starting {reads} readers", mode.name()));
     let bg = env.runtime.prepare(reads).and_then(|()| {
         progress.set_message(format!("{}: starting the background", mode.name()));

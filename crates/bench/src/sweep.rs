@@ -108,6 +108,24 @@ pub fn settings(base: &Config, interval: Duration) -> Vec<Setting> {
     out
 }
 
+/// The settings of a BFQ-tunable sweep: the baseline, then one setting per `--bfq-point` (`K=V+K=V`), the engine
+/// fixed. A point that is not a list of `KEY=VALUE` is an error naming it.
+pub fn bfq_settings(base: &Config, interval: Duration, points: &[String]) -> Result<Vec<Setting>> {
+    let mut out =
+        vec![Setting { name: "baseline".into(), engine: base.clone(), sample_interval: interval, bfq: Vec::new() }];
+    for point in points {
+        let bfq: Vec<String> = point.split('+').map(|a| a.trim().to_string()).collect();
+        for a in &bfq {
+            match a.split_once('=') {
+                Some((k, v)) if !k.is_empty() && !v.is_empty() => {}
+                _ => anyhow::bail!("--bfq-point {point:?}: {a:?} is not KEY=VALUE"),
+            }
+        }
+        out.push(Setting { name: bfq.join(" "), engine: base.clone(), sample_interval: interval, bfq });
+    }
+    Ok(out)
+}
+
 /// Result of one setting in one mode.
 #[derive(Debug, Clone, Serialize)]
 pub struct Point {
@@ -148,29 +166,30 @@ pub fn render(points: &[Point], modes: &[BfqMode], min_background: f64) -> Strin
         let _ = writeln!(out, "\nsweep, {}", mode.label());
         let _ = writeln!(
             out,
-            "{:<22} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>8}",
-            "setting", "1MiB Orig", "1MiB dDQ", "10MiB Orig", "10MiB dDQ", "1MiB p99", "10MiB p99", "score", "bg/Orig"
+            "{:<34} {:>27} {:>27} {:>27} {:>27} {:>7} {:>8}",
+            "setting (ms: Alone/Orig/dDQ)", "1MiB mean", "1MiB p99", "10MiB mean", "10MiB p99", "score", "bg/Orig"
         );
         for p in points.iter().filter(|p| p.mode == mode) {
-            let cell = |size: u64, v: Variant, p99: bool| {
-                p.report
-                    .exp1
+            let cell = |size: u64, p99: bool| {
+                let row = p.report.exp1.iter().find(|r| r.size_mib == size);
+                [Variant::Alone, Variant::Original, Variant::DDiskQos]
                     .iter()
-                    .find(|r| r.size_mib == size)
-                    .and_then(|r| r.variant(v))
-                    .map(|c| fmt_ms(if p99 { c.summary.p99_ms } else { c.summary.mean_ms }))
-                    .unwrap_or_else(|| "-".into())
+                    .map(|&v| {
+                        row.and_then(|r| r.variant(v))
+                            .map(|c| fmt_ms(if p99 { c.summary.p99_ms } else { c.summary.mean_ms }))
+                            .unwrap_or_else(|| "-".into())
+                    })
+                    .collect::<Vec<_>>()
+                    .join("/")
             };
             let _ = writeln!(
                 out,
-                "{:<22} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>8}",
+                "{:<34} {:>27} {:>27} {:>27} {:>27} {:>7} {:>8}",
                 p.setting.name,
-                cell(1, Variant::Original, false),
-                cell(1, Variant::DDiskQos, false),
-                cell(10, Variant::Original, false),
-                cell(10, Variant::DDiskQos, false),
-                cell(1, Variant::DDiskQos, true),
-                cell(10, Variant::DDiskQos, true),
+                cell(1, false),
+                cell(1, true),
+                cell(10, false),
+                cell(10, true),
                 p.score.map(|s| format!("{s:.2}")).unwrap_or_else(|| "-".into()),
                 p.background.map(|b| format!("{:.0} %", b * 100.0)).unwrap_or_else(|| "-".into()),
             );
@@ -211,7 +230,11 @@ pub fn run(args: &SweepArgs, cleanup: &'static Cleanup) -> Result<()> {
     let base = app::run_config(common, plan.clone(), true, false)?;
     let setup = app::set_up(common, &plan, cleanup)?;
     let env = setup.env();
-    let list = settings(&base.engine, base.sample_interval);
+    let list = if args.bfq_points.is_empty() {
+        settings(&base.engine, base.sample_interval)
+    } else {
+        bfq_settings(&base.engine, base.sample_interval, &args.bfq_points)?
+    };
     let bar = app::progress(u64::from(args.reps) * 2 * 3 * (list.len() * common.modes.len()) as u64);
     let mut points = Vec::new();
     for &mode in &common.modes {
@@ -275,6 +298,20 @@ mod tests {
         assert_eq!(weights, vec![1000, 200, 100, 100]);
         assert!(list.iter().any(|s| s.sample_interval == Duration::from_millis(25)));
         assert_eq!(list.last().unwrap().bfq, vec!["low_latency=0".to_string()]);
+    }
+
+    #[test]
+    fn bfq_points_become_settings_and_bad_ones_are_named() {
+        let base = Config::default();
+        let points = vec!["timeout_sync=8".to_string(), "timeout_sync=8+slice_idle=0".to_string()];
+        let list = bfq_settings(&base, Duration::from_millis(100), &points).unwrap();
+        assert_eq!(list.len(), 3);
+        assert!(list[0].bfq.is_empty());
+        assert_eq!(list[2].bfq, vec!["timeout_sync=8".to_string(), "slice_idle=0".to_string()]);
+        assert_eq!(list[2].name, "timeout_sync=8 slice_idle=0");
+        assert!(list.iter().all(|s| s.engine == base));
+        let err = bfq_settings(&base, Duration::ZERO, &["timeout_sync=8+slice_idle".to_string()]).unwrap_err();
+        assert!(err.to_string().contains("\"slice_idle\" is not KEY=VALUE"), "{err}");
     }
 
     #[test]
