@@ -336,13 +336,22 @@ pub fn ensure_not_root_disk(disk_name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Makes BFQ the scheduler of `disk_name` (the agent's guarded switch, this disk only), registering the restore of
-/// the previous scheduler.
+/// Makes BFQ the scheduler of `disk_name` (the agent's guarded switch, this disk only), with BFQ's default tunables,
+/// registering the restore of the previous scheduler.
 fn use_bfq(disk_name: &str, cleanup: &Cleanup) -> Result<()> {
     let allowed = [disk_name.to_string()];
     if !blockdev::scheduler(disk_name)?.available.iter().any(|s| s == "bfq") {
         // BFQ may be a module that is not loaded yet.
         let _ = sys::run("modprobe", &["bfq"]);
+    }
+    if blockdev::scheduler(disk_name)?.active == "bfq" {
+        // A loop device keeps its queue when detached: BFQ's tunables are what its last user left (seen: a
+        // max_budget and timeout_sync of an earlier run). Selecting BFQ anew gives the kernel's defaults; the
+        // device is left on bfq at the end, as found.
+        blockdev::switch_scheduler(disk_name, "none", &allowed)?;
+        blockdev::switch_scheduler(disk_name, "bfq", &allowed)?;
+        eprintln!("{disk_name} already had bfq: selected it anew for BFQ's default tunables");
+        return Ok(());
     }
     let old = blockdev::switch_scheduler(disk_name, "bfq", &allowed)?;
     if old != "bfq" {

@@ -16,6 +16,24 @@ fn tunable(dev: &str, key: &str) -> String {
     std::fs::read_to_string(Path::new("/sys/block").join(dev).join("queue/iosched").join(key)).unwrap().trim().into()
 }
 
+/// Puts a device's tunables back however the test ends: a loop device keeps its queue (scheduler and tunables)
+/// after it is detached, so a value left here would be the next user's of `loopN`.
+struct Restore {
+    dev: String,
+    originals: Vec<(&'static str, String)>,
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        for (key, value) in &self.originals {
+            let path = Path::new("/sys/block").join(&self.dev).join("queue/iosched").join(key);
+            if std::fs::read_to_string(&path).map(|v| v.trim() != value).unwrap_or(false) {
+                let _ = std::fs::write(&path, value);
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs root, cgroup v1 blkio and a BFQ loop device: run ./scripts/test.sh"]
 fn agent_sets_and_restores_bfq_tunables() {
@@ -26,6 +44,10 @@ fn agent_sets_and_restores_bfq_tunables() {
     let disk = LoopDevice::with_bfq(64);
     let dev = disk.name.as_str();
     let (budget0, timeout0) = (tunable(dev, "max_budget"), tunable(dev, "timeout_sync"));
+    let _restore = Restore {
+        dev: dev.to_string(),
+        originals: vec![("max_budget", budget0.clone()), ("timeout_sync", timeout0.clone())],
+    };
     assert_ne!(budget0, "256", "the test needs a device not already at the value it sets");
     assert_ne!(timeout0, "8");
     let parent = CgroupGuard::new("ddiskqos-tunables");
@@ -78,7 +100,8 @@ bfq_tunables = {{ {dev} = {{ max_budget = 256, timeout_sync = "8" }} }}
     assert_eq!(tunable(dev, "timeout_sync"), "8", "nothing restores after SIGKILL");
     let left = std::fs::read_to_string(dir.join("state.json.bfq-tunables.json")).unwrap();
     assert!(left.contains(&format!("\"{timeout0}\"")), "{left}");
-    let config2 = config.replace("{dir}", &dir.display().to_string());
+    // The next agent: its own control socket, the killed agent's state file (and so its originals file).
+    let config2 = config.replace("{dir}/state.json", &dir.join("state.json").display().to_string());
     let mut next = Agent::start(AGENT, &config2);
     assert_eq!(tunable(dev, "timeout_sync"), "8");
     assert!(next.stop().success(), "{}", next.log_text());
