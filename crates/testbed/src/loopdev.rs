@@ -18,7 +18,8 @@ pub struct LoopDevice {
 }
 
 impl LoopDevice {
-    /// Creates a `size_mib` MiB loop device and makes BFQ its scheduler (checked: panics if BFQ is not active).
+    /// Creates a `size_mib` MiB loop device and makes a fresh BFQ (default tunables) its scheduler (checked: panics
+    /// if BFQ is not active).
     pub fn with_bfq(size_mib: u64) -> Self {
         let backing = tempfile::Builder::new().prefix("ddiskqos-loop-").tempdir_in("/var/tmp").unwrap();
         let file = backing.path().join("disk");
@@ -34,6 +35,9 @@ impl LoopDevice {
         // Built before anything else can fail, so that Drop detaches the device.
         let mut this = Self { name, dev, devnum: String::new(), _backing: backing };
         let sched = Path::new("/sys/block").join(&this.name).join("queue/scheduler");
+        // A loop device keeps its queue when detached: with bfq still selected, BFQ's tunables would be what its
+        // last user left. Selecting none first gives a fresh BFQ with the kernel's defaults.
+        fs::write(&sched, "none").unwrap_or_else(|e| panic!("cannot select none for {}: {e}", this.name));
         fs::write(&sched, "bfq").unwrap_or_else(|e| panic!("cannot select bfq for {}: {e}", this.name));
         let active = fs::read_to_string(&sched).unwrap();
         assert!(active.contains("[bfq]"), "{}: scheduler is {active:?}", this.name);
