@@ -216,6 +216,16 @@ impl TunedDevices {
         }
         // Originals a killed agent left behind: the values now on the devices are its, not the operator's.
         let earlier = read_originals(file)?;
+        for (device, tunables) in &earlier {
+            for (key, original) in tunables {
+                if !map.get(device).is_some_and(|t| t.contains_key(key)) {
+                    // No longer configured, so not this agent's to touch: the operator puts it back.
+                    warn!(device = %device, tunable = %key, original = %original,
+                          "a BFQ tunable an earlier agent set is no longer configured; not restored: write the original \
+                           back by hand if it is still changed");
+                }
+            }
+        }
         let allowed: Vec<String> = map.keys().cloned().collect();
         me.file = Some(file.to_path_buf());
         for (device, tunables) in map {
