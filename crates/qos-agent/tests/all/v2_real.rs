@@ -1,4 +1,6 @@
-//! The agent on real cgroup v2, against a real dockerd, with one BFQ loop device and one io.cost loop device.
+//! cgroup v2 for real: the agent against a real dockerd on v2, with one BFQ loop device, one io.cost loop device and
+//! one where no weight acts (weights per device, status per container and device, the warning, SIGTERM); the io.cost
+//! set-up command on a loop device; and the `io.stat` counters of real containers as the daemon reads them.
 //!
 //! Runs inside the v2 test bed (it needs /sys/fs/cgroup to be cgroup2 with the io controller, and a dockerd on
 //! that hierarchy at `$DOCKER_HOST` with the image ddiskqos-test:latest):
