@@ -671,11 +671,11 @@ mod tests {
         assert_eq!(logs.matches("NO EFFECT").count(), 1, "only vda: {logs}");
         assert!(logs.contains("ddiskqos-agent iocost /dev/vda --apply"), "the fix names the set-up command: {logs}");
         assert!(logs.contains("echo bfq > /sys/block/vda/queue/scheduler"), "{logs}");
-        // Another device that becomes ineffective is warned about on its own, once.
+        // Another device that becomes ineffective is warned about on its own, once; facts re-read at every write
+        // (a table whose facts are always stale) do not warn again about vda.
         fs::write(f.tmp.path().join("cg/io.cost.qos"), "7:4 enable=0\n").unwrap();
-        let table =
-            std::mem::replace(&mut f.writer.table, DeviceTable::with_sys(Path::new("/nonexistent"), Path::new("/")));
-        f.writer.table = table.with_max_age(std::time::Duration::ZERO);
+        let (sys, cg) = (f.tmp.path().join("sys"), f.tmp.path().join("cg"));
+        f.writer.table = DeviceTable::with_sys(&sys, &cg).with_max_age(std::time::Duration::ZERO);
         let logs = logs_of(|| {
             f.writer.write_weight(&f.info, w(200)).unwrap();
             f.writer.write_weight(&f.info, w(10)).unwrap();
