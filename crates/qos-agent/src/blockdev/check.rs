@@ -1,13 +1,16 @@
 //! Start-up check that weights can matter: the disks containers use must run BFQ (cgroup v1 and v2), or have
 //! io.cost enabled (v2). Otherwise the agent warns loudly, naming the device and the fix. Devices listed in
 //! `[devices] switch_to_bfq` are switched first; no other device is touched.
-
-use std::path::Path;
+//!
+//! On cgroup v2 the devices are checked by the weight writer's device table instead
+//! ([`crate::runtime::cgroup_dir::CgroupDirWriter::check_configured`], called by [`crate::app::file_writer`]): it
+//! is the one place that warns about a device no weight acts on, once per device, whether the device comes from
+//! the config or from a container's `io.stat`.
 
 use anyhow::{Context, Result};
 use tracing::{info, warn};
 
-use super::{io_cost_enabled, scheduler, switch_to_bfq, DevNum};
+use super::{scheduler, switch_to_bfq};
 use crate::cgroup::{CgroupRoot, CgroupVersion};
 use crate::config::AgentConfig;
 
@@ -20,6 +23,9 @@ pub fn check_at_start(cfg: &AgentConfig, root: &CgroupRoot, runtime_disk: Option
             .with_context(|| format!("devices.switch_to_bfq: cannot switch {name} to bfq"))?;
         info!(device = %name, "scheduler is bfq, as configured");
     }
+    if root.version() == CgroupVersion::V2 {
+        return Ok(());
+    }
     let mut check = cfg.devices.check.clone();
     if check.is_empty() {
         check.extend(runtime_disk);
@@ -27,26 +33,11 @@ pub fn check_at_start(cfg: &AgentConfig, root: &CgroupRoot, runtime_disk: Option
     for name in check {
         match scheduler(&name) {
             Ok(s) if s.active == "bfq" => info!(device = %name, "scheduler is bfq: weights act on this device"),
-            Ok(s) => {
-                let iocost = root.version() == CgroupVersion::V2 && iocost_enabled(root, &name);
-                if iocost {
-                    info!(device = %name, scheduler = %s.active, "io.cost is enabled: io.weight acts on this device");
-                } else {
-                    warn!(device = %name, scheduler = %s.active,
-                          "BLOCK-I/O WEIGHTS HAVE NO EFFECT ON THIS DEVICE: it does not use the bfq scheduler{}. \
-                           Fix: `echo bfq > /sys/block/{name}/queue/scheduler`, or add \"{name}\" to \
-                           [devices] switch_to_bfq", if root.version() == CgroupVersion::V2 { " and io.cost is off" } else { "" });
-                }
-            }
+            Ok(s) => warn!(device = %name, scheduler = %s.active,
+                "BLOCK-I/O WEIGHTS HAVE NO EFFECT ON THIS DEVICE: it does not use the bfq scheduler. \
+                 Fix: `echo bfq > /sys/block/{name}/queue/scheduler`, or add \"{name}\" to [devices] switch_to_bfq"),
             Err(e) => warn!(device = %name, error = %e, "cannot read the device's scheduler"),
         }
     }
     Ok(())
-}
-
-/// Whether v2 io.cost is enabled for device `name` (root `io.cost.qos` says `enable=1`).
-fn iocost_enabled(root: &CgroupRoot, name: &str) -> bool {
-    let Ok(text) = std::fs::read_to_string(Path::new("/sys/block").join(name).join("dev")) else { return false };
-    let Ok(dev) = text.trim().parse::<DevNum>() else { return false };
-    io_cost_enabled(root.path(), dev).unwrap_or(false)
 }
