@@ -126,9 +126,15 @@ fn daemon_on_cgroup_files<D: Discovery>(
 }
 
 /// The cgroup-file writer: on v2 it checks the devices of `[devices] check` (or Docker's data disk) besides each
-/// container's own, and exports which weight acts on each device.
+/// container's own, and exports which weight acts on each device. On v2 it looks at those devices at once, so
+/// one where no weight acts is warned about (once: the start-up check leaves v2 devices to it) before any write.
 pub fn file_writer(root: &CgroupRoot, devices: Vec<String>, metrics: &Metrics) -> CgroupDirWriter {
-    CgroupDirWriter::new(root.path()).with_devices(devices).with_metric(metrics.device_weight_effective.clone())
+    let mut writer =
+        CgroupDirWriter::new(root.path()).with_devices(devices).with_metric(metrics.device_weight_effective.clone());
+    if root.version() == crate::cgroup::CgroupVersion::V2 {
+        writer.check_configured();
+    }
+    writer
 }
 
 /// Serves metrics and the status socket, installs the signal handlers, and runs the daemon; the control socket

@@ -147,8 +147,24 @@ pub trait WeightWriter: Send {
     fn device_table(&self) -> Vec<crate::blockdev::DeviceFacts> {
         Vec::new()
     }
-    /// The devices of a container's last weight read or write and what governed each (cgroup v2), for status.
-    fn container_devices(&self, _id: &ContainerId) -> Vec<(crate::blockdev::DevNum, crate::blockdev::Governor)> {
+    /// The devices of a container's last weight read or write, what governed each and the effective weight read
+    /// back from the file(s) that act on it (cgroup v2), for status. Writers that do not track devices return
+    /// nothing.
+    fn container_devices(&self, _id: &ContainerId) -> Vec<DeviceWeight> {
         Vec::new()
     }
+}
+
+/// One device of a container's cgroup (cgroup v2): what governs it and the weight in force on it, as the last
+/// read or write of the container's weight files read it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceWeight {
+    /// The device.
+    pub dev: crate::blockdev::DevNum,
+    /// What acts on it (BFQ, io.cost, both, nothing).
+    pub governor: crate::blockdev::Governor,
+    /// For each file that acts on the device (`io.bfq.weight` for BFQ, `io.weight` for io.cost), the effective
+    /// value read back (its `MAJ:MIN` override, else its default), in that file's scale; empty when nothing acts,
+    /// or before the first read-back.
+    pub effective: Vec<(crate::cgroup::WeightFileKind, u32)>,
 }

@@ -66,7 +66,8 @@ pub async fn fetch(path: &Path) -> Result<Status, String> {
 }
 
 /// Renders the table: container, policy, level (1-based, see [`crate::daemon::display_level`]), weight, bytes at
-/// level, time at level.
+/// level, time at level; on cgroup v2 under each container one line per device (what governs it, the file written
+/// and the weight in force there), then every device the agent looked at, with the fix where no weight acts.
 pub fn render(status: &Status) -> String {
     let mut out = format!(
         "actuator: {}{}\n{:<14} {:<24} {:<9} {:>5} {:>6} {:>14} {:>10}\n",
@@ -95,8 +96,47 @@ pub fn render(status: &Status) -> String {
             r.bytes_at_level,
             r.seconds_at_level
         ));
+        for d in &r.devices {
+            let weights = if d.weights.is_empty() && d.governor == "none" {
+                "no weight acts on this device".to_string()
+            } else if d.weights.is_empty() {
+                "not read back yet".to_string()
+            } else {
+                let each: Vec<String> = d.weights.iter().map(|w| format!("{} {}", w.file, w.effective)).collect();
+                each.join(", ")
+            };
+            out.push_str(&format!(
+                "  device {:<18} {:<12} {weights}\n",
+                device_name(&d.device, d.disk.as_deref()),
+                d.governor
+            ));
+        }
+    }
+    if !status.devices.is_empty() {
+        out.push_str("DEVICES (cgroup v2)\n");
+        for d in &status.devices {
+            let scheduler = d.scheduler.as_deref().unwrap_or("?");
+            let line = match (&d.fix, d.governor.as_str()) {
+                (Some(fix), _) => format!("NO WEIGHT ACTS (scheduler {scheduler}, io.cost off). Fix: {fix}"),
+                (None, "bfq") => format!("io.bfq.weight acts (scheduler {scheduler})"),
+                (None, "io-cost") => format!("io.weight acts (io.cost enabled; scheduler {scheduler})"),
+                (None, _) => format!("io.bfq.weight and io.weight act (scheduler {scheduler}, io.cost enabled)"),
+            };
+            out.push_str(&format!("  {:<25} {:<12} {line}\n", device_name(&d.device, d.disk.as_deref()), d.governor));
+            if let Some(e) = &d.error {
+                out.push_str(&format!("  {:<25} {:<12} ({e})\n", "", ""));
+            }
+        }
     }
     out
+}
+
+/// `7:3 (loop3)`, or `7:3` when the disk is unknown.
+fn device_name(device: &str, disk: Option<&str>) -> String {
+    match disk {
+        Some(disk) => format!("{device} ({disk})"),
+        None => device.to_string(),
+    }
 }
 
 fn truncate(s: &str, n: usize) -> String {
@@ -125,12 +165,14 @@ mod tests {
             weight: Some(1000),
             bytes_at_level: 0,
             seconds_at_level: 0.0,
+            devices: vec![],
         };
         Status {
             actuator: Actuator { configured: ActuatorMode::Auto, in_use: None },
             dry_run: false,
             containers: (0..8000).map(row).collect(),
             saves_held: false,
+            devices: vec![],
         }
     }
 
@@ -161,6 +203,59 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(3));
         assert_eq!(answered.load(std::sync::atomic::Ordering::SeqCst), 2, "the daemon answered both");
         drop(idle);
+    }
+
+    #[test]
+    fn render_shows_each_device_of_a_container_and_the_fix_where_no_weight_acts() {
+        use crate::daemon::{DeviceRow, DeviceSummary, FileWeight};
+        let device = |dev: &str, disk: &str, governor: &str, weights: &[(&str, u32)]| DeviceRow {
+            device: dev.into(),
+            disk: Some(disk.into()),
+            governor: governor.into(),
+            weights: weights.iter().map(|(f, v)| FileWeight { file: (*f).into(), effective: *v }).collect(),
+        };
+        let summary = |dev: &str, disk: &str, sched: &str, governor: &str, fix: Option<&str>| DeviceSummary {
+            device: dev.into(),
+            disk: Some(disk.into()),
+            scheduler: Some(sched.into()),
+            governor: governor.into(),
+            fix: fix.map(Into::into),
+            error: None,
+        };
+        let status = Status {
+            actuator: Actuator { configured: ActuatorMode::Auto, in_use: None },
+            dry_run: false,
+            containers: vec![StatusRow {
+                id: "0123456789ab".into(),
+                name: "heavy".into(),
+                policy: PolicyKind::Managed,
+                level: Some(4),
+                weight: Some(10),
+                bytes_at_level: 1,
+                seconds_at_level: 2.0,
+                devices: vec![
+                    device("7:3", "loop3", "bfq", &[("io.bfq.weight", 10)]),
+                    device("7:4", "loop4", "io-cost", &[("io.weight", 10)]),
+                    device("7:5", "loop5", "none", &[]),
+                ],
+            }],
+            saves_held: false,
+            devices: vec![
+                summary("7:3", "loop3", "bfq", "bfq", None),
+                summary("7:4", "loop4", "none", "io-cost", None),
+                summary("7:5", "loop5", "none", "none", Some("FIX-IT")),
+            ],
+        };
+        let text = render(&status);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[2].starts_with("0123456789ab"), "{text}");
+        let has = |parts: &[&str]| lines.iter().any(|l| parts.iter().all(|p| l.contains(p)));
+        assert!(has(&["device 7:3 (loop3)", "bfq", "io.bfq.weight 10"]), "{text}");
+        assert!(has(&["device 7:4 (loop4)", "io-cost", "io.weight 10"]), "{text}");
+        assert!(has(&["device 7:5 (loop5)", "none", "no weight acts"]), "{text}");
+        assert!(has(&["7:5 (loop5)", "NO WEIGHT ACTS", "Fix: FIX-IT"]), "{text}");
+        assert!(has(&["7:4 (loop4)", "io.weight acts"]), "{text}");
+        assert_eq!(text.matches("Fix:").count(), 1, "{text}");
     }
 
     #[test]

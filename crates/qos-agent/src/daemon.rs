@@ -34,7 +34,7 @@ use crate::state::OriginalWeights;
 
 pub use crate::reconcile::Summary;
 pub use cpu_clock::CpuClock;
-pub use status::{display_level, Actuator, PolicyKind, Status, StatusRow};
+pub use status::{display_level, Actuator, DeviceRow, DeviceSummary, FileWeight, PolicyKind, Status, StatusRow};
 
 /// What the outside world can ask of a running daemon.
 #[derive(Debug)]

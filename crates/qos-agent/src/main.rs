@@ -353,7 +353,9 @@ fn iocost(
         None
     };
     let cal = iocost::Calibration { duration: Duration::from_secs(seconds), jobs, write_file };
-    eprintln!("measuring {} ({dev}, disk {disk}) for about {}s ...", device.display(), seconds * 7);
+    // Three read loads (six with a write file) of `seconds` each, then at most a second of lone reads.
+    let loads = if cal.write_file.is_some() { 6 } else { 3 };
+    eprintln!("measuring {} ({dev}, disk {disk}) for about {}s ...", device.display(), seconds * loads + 1);
     let measured = iocost::measure(device, &cal)?;
     let qos = match rlat {
         Some(r) => iocost::QosTarget { rpct: 95.0, rlat_us: r.as_micros() as u64, min_pct: 10.0 },

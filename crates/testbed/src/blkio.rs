@@ -1,13 +1,34 @@
-//! Real cgroup v1 blkio cgroups made by tests: created under the hierarchy's root with a unique name, removed
-//! (children first) on drop; a command run inside one; the BFQ weight of one, once or as it changes.
+//! Real cgroups made by tests: created with a unique name under the v1 blkio hierarchy's root (or, in the cgroup-v2
+//! test bed, under the v2 root with the io controller), removed (children first) on drop; a command run inside
+//! one; the BFQ weight of a v1 cgroup, once or as it changes.
+//!
+//! Creating and removing go through `cgroups-rs` (the `fs` API: a hierarchy found from mountinfo for v1 blkio, the
+//! v2 root `/sys/fs/cgroup`, the io controller enabled on the way; removal children first, retried as runc does).
+//! What stays here, and why:
+//! - [`run_in_cgroup`]: the shell moves *itself* into the cgroup (`echo $$ > cgroup.procs`) and then `exec`s the
+//!   command, so its very first I/O is accounted there. `cgroups-rs` moves a process by pid, i.e. after it was
+//!   spawned (its first reads would land in the parent's cgroup), and doing it between fork and exec takes a
+//!   `pre_exec` hook, which is `unsafe` (denied in this workspace).
+//! - [`bfq_weight`]: `cgroups-rs` reads and writes `blkio.weight` on v1, which BFQ kernels do not have (BFQ's is
+//!   `blkio.bfq.weight`), and on v2 only `io.bfq.weight`, never `io.weight`.
+//! - [`remove_cgroup_tree`]: a cgroup directory in *any* hierarchy by absolute path (the pod cgroups containerd
+//!   made in every v1 hierarchy); `cgroups-rs` addresses cgroups by hierarchy and relative path, and would also
+//!   touch hierarchies (memory, ...) the tests never created anything in. It is the fallback when `cgroups-rs`'s
+//!   five tries (150 ms) are not enough.
+//! - Fixture trees in temp directories (`crate::fixture`): `cgroups-rs` knows only the system's mount points.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use cgroups_rs::hierarchies::{V1, V2};
+use cgroups_rs::Cgroup;
+
 /// The v1 blkio hierarchy on the test machine.
 pub const BLKIO: &str = "/sys/fs/cgroup/blkio";
+/// The v2 root inside the cgroup-v2 test bed (`scripts/cgroup-v2.sh`), where `cgroups-rs` also looks for it.
+pub const V2_ROOT: &str = cgroups_rs::hierarchies::UNIFIED_MOUNTPOINT;
 
 /// A unique-enough suffix for names on the shared machine: pid and clock nanoseconds.
 pub fn unique_suffix() -> String {
@@ -15,35 +36,65 @@ pub fn unique_suffix() -> String {
     format!("{}-{nanos:09}", std::process::id())
 }
 
-/// A v1 blkio cgroup created for a test, removed (children first) on drop.
+/// A real cgroup created for a test (v1 blkio, or v2 with the io controller), removed with its children on drop.
 #[derive(Debug)]
 pub struct CgroupGuard {
     /// Absolute path.
     pub path: PathBuf,
-    /// Path relative to the blkio root.
+    /// Path relative to the hierarchy's root.
     pub rel: String,
+    v2: bool,
 }
 
 impl CgroupGuard {
-    /// Creates `BLKIO/<prefix>-<unique>`.
+    /// Creates `BLKIO/<prefix>-<unique>` in the v1 blkio hierarchy (no other hierarchy is touched).
     pub fn new(prefix: &str) -> Self {
-        let rel = format!("{prefix}-{}", unique_suffix());
-        let path = Path::new(BLKIO).join(&rel);
-        fs::create_dir(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
-        Self { path, rel }
+        Self::create(format!("{prefix}-{}", unique_suffix()), false)
+    }
+
+    /// Creates `/sys/fs/cgroup/<prefix>-<unique>` on cgroup v2 with the io controller (it gets `io.stat`,
+    /// `io.weight`, `io.bfq.weight`): inside the cgroup-v2 test bed.
+    pub fn new_v2(prefix: &str) -> Self {
+        Self::create(format!("{prefix}-{}", unique_suffix()), true)
+    }
+
+    fn create(rel: String, v2: bool) -> Self {
+        let (root, cgroup) = if v2 { (V2_ROOT, handle(&rel, true)) } else { (BLKIO, handle(&rel, false)) };
+        cgroup.create().unwrap_or_else(|e| panic!("creating cgroup {rel} under {root}: {e}"));
+        let path = Path::new(root).join(&rel);
+        assert!(path.join("cgroup.procs").is_file(), "cgroups-rs made no cgroup at {}", path.display());
+        Self { path, rel, v2 }
     }
 
     /// Creates the child `name` (removed with the parent).
     pub fn child(&self, name: &str) -> PathBuf {
+        let rel = format!("{}/{name}", self.rel);
+        handle(&rel, self.v2).create().unwrap_or_else(|e| panic!("creating cgroup {rel}: {e}"));
         let path = self.path.join(name);
-        fs::create_dir(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
+        assert!(path.join("cgroup.procs").is_file(), "cgroups-rs made no cgroup at {}", path.display());
         path
+    }
+}
+
+/// A `cgroups-rs` handle on `rel` in the blkio (v1) or io (v2) controller only.
+fn handle(rel: &str, v2: bool) -> Cgroup {
+    if v2 {
+        Cgroup::load_with_specified_controllers(Box::new(V2::new()), rel, vec!["io".to_string()])
+    } else {
+        Cgroup::load_with_specified_controllers(Box::new(V1::new()), rel, vec!["blkio".to_string()])
     }
 }
 
 impl Drop for CgroupGuard {
     fn drop(&mut self) {
-        remove_cgroup_tree(&self.path);
+        // The controller's delete removes children first and retries (runc's schedule); `Cgroup::delete` would do
+        // neither on v2.
+        let cgroup = handle(&self.rel, self.v2);
+        let removed =
+            cgroup.subsystems().iter().map(|s| s.to_controller().delete()).collect::<Result<Vec<()>, _>>().is_ok();
+        if !removed || self.path.exists() {
+            remove_cgroup_tree(&self.path);
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The Docker CLI matching Debian's dockerd 20.10 (another client earlier on `PATH` may not).
 pub const DOCKER_CLI: &str = "/usr/bin/docker";
@@ -35,12 +36,33 @@ pub fn cgroup(id: &str) -> PathBuf {
 #[derive(Debug, Default)]
 pub struct Containers(pub Vec<String>);
 
+/// Label put on every container [`Containers::run`] starts, unique per call, so a `docker run -d` that created the
+/// container but failed to start it (its id never printed) can still be found and removed.
+pub const RUN_LABEL: &str = "testbed.run";
+
 impl Containers {
-    /// `docker run -d ARGS...`; returns the full id.
+    /// `docker run -d ARGS...`; returns the full id. On failure the container it may have created is removed before
+    /// the panic, so a failed start leaves nothing behind.
     pub fn run(&mut self, args: &[&str]) -> String {
-        let mut full = vec!["run", "-d"];
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let tag = format!("{RUN_LABEL}={}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let mut full = vec!["run", "-d", "--label", &tag];
         full.extend_from_slice(args);
-        let id = cli(&full);
+        let out = Command::new(DOCKER_CLI).args(&full).output().unwrap_or_else(|e| panic!("docker {full:?}: {e}"));
+        if !out.status.success() {
+            let filter = format!("label={tag}");
+            let left = Command::new(DOCKER_CLI).args(["ps", "-aq", "--filter", &filter]).output();
+            let left = left.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+            for id in left.lines() {
+                let _ = Command::new(DOCKER_CLI)
+                    .args(["rm", "-f", id])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+            }
+            panic!("docker {full:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
         self.0.push(id.clone());
         id
     }

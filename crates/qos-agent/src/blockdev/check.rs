@@ -2,14 +2,17 @@
 //! io.cost enabled (v2). Otherwise the agent warns loudly, naming the device and the fix. Devices listed in
 //! `[devices] switch_to_bfq` are switched first, then the tunables of `[devices] bfq_tunables` are set (see
 //! [`super::tune`]); no other device is touched.
-
-use std::path::Path;
+//!
+//! On cgroup v2 the devices are checked by the weight writer's device table instead
+//! ([`crate::runtime::cgroup_dir::CgroupDirWriter::check_configured`], called by [`crate::app::file_writer`]): it
+//! is the one place that warns about a device no weight acts on, once per device, whether the device comes from
+//! the config or from a container's `io.stat`.
 
 use anyhow::{Context, Result};
 use tracing::{info, warn};
 
 use super::tune::{self, TunedDevices};
-use super::{io_cost_enabled, scheduler, switch_to_bfq, DevNum};
+use super::{scheduler, switch_to_bfq};
 use crate::cgroup::{CgroupRoot, CgroupVersion};
 use crate::config::AgentConfig;
 
@@ -25,6 +28,9 @@ pub fn check_at_start(cfg: &AgentConfig, root: &CgroupRoot, runtime_disk: Option
     }
     let originals = tune::originals_path(&cfg.state_file);
     let tuned = TunedDevices::apply(&cfg.devices.bfq_tunables, (!cfg.dry_run).then_some(originals.as_path()))?;
+    if root.version() == CgroupVersion::V2 {
+        return Ok(tuned);
+    }
     let mut check = cfg.devices.check.clone();
     if check.is_empty() {
         check.extend(runtime_disk);
@@ -32,26 +38,11 @@ pub fn check_at_start(cfg: &AgentConfig, root: &CgroupRoot, runtime_disk: Option
     for name in check {
         match scheduler(&name) {
             Ok(s) if s.active == "bfq" => info!(device = %name, "scheduler is bfq: weights act on this device"),
-            Ok(s) => {
-                let iocost = root.version() == CgroupVersion::V2 && iocost_enabled(root, &name);
-                if iocost {
-                    info!(device = %name, scheduler = %s.active, "io.cost is enabled: io.weight acts on this device");
-                } else {
-                    warn!(device = %name, scheduler = %s.active,
-                          "BLOCK-I/O WEIGHTS HAVE NO EFFECT ON THIS DEVICE: it does not use the bfq scheduler{}. \
-                           Fix: `echo bfq > /sys/block/{name}/queue/scheduler`, or add \"{name}\" to \
-                           [devices] switch_to_bfq", if root.version() == CgroupVersion::V2 { " and io.cost is off" } else { "" });
-                }
-            }
+            Ok(s) => warn!(device = %name, scheduler = %s.active,
+                "BLOCK-I/O WEIGHTS HAVE NO EFFECT ON THIS DEVICE: it does not use the bfq scheduler. \
+                 Fix: `echo bfq > /sys/block/{name}/queue/scheduler`, or add \"{name}\" to [devices] switch_to_bfq"),
             Err(e) => warn!(device = %name, error = %e, "cannot read the device's scheduler"),
         }
     }
     Ok(tuned)
-}
-
-/// Whether v2 io.cost is enabled for device `name` (root `io.cost.qos` says `enable=1`).
-fn iocost_enabled(root: &CgroupRoot, name: &str) -> bool {
-    let Ok(text) = std::fs::read_to_string(Path::new("/sys/block").join(name).join("dev")) else { return false };
-    let Ok(dev) = text.trim().parse::<DevNum>() else { return false };
-    io_cost_enabled(root.path(), dev).unwrap_or(false)
 }

@@ -75,8 +75,8 @@ impl DeviceFacts {
         let name = self.disk.as_deref().unwrap_or("DEV");
         format!(
             "`echo bfq > /sys/block/{name}/queue/scheduler` (or [devices] switch_to_bfq = [\"{name}\"]), or enable \
-             io.cost for it: `echo \"{} enable=1\" > /sys/fs/cgroup/io.cost.qos` (ddiskqos-agent has no set-up \
-             command for io.cost yet)",
+             io.cost for it with a model measured from the device: `ddiskqos-agent iocost /dev/{name} --apply` \
+             (writes its io.cost.model and \"{} enable=1 ...\" into /sys/fs/cgroup/io.cost.qos)",
             self.dev
         )
     }

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{now, Daemon};
 use crate::backend::{AppliedVia, CounterSource, Discovery, WeightWriter};
+use crate::blockdev::DeviceFacts;
 use crate::config::ActuatorMode;
 
 /// The level numbering shown to people.
@@ -88,6 +89,63 @@ pub struct StatusRow {
     pub bytes_at_level: u64,
     /// Seconds at the current level.
     pub seconds_at_level: f64,
+    /// cgroup v2: each device of the container's last weight read or write (the devices of its `io.stat` and of
+    /// `[devices] check`), what governs it, and the weight read back in the file(s) that act on it. Empty on v1.
+    #[serde(default)]
+    pub devices: Vec<DeviceRow>,
+}
+
+/// One device of a container, as the status table shows it (cgroup v2).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceRow {
+    /// `MAJ:MIN`.
+    pub device: String,
+    /// The disk's name in /sys/block, when known.
+    pub disk: Option<String>,
+    /// `bfq`, `io-cost`, `bfq+io-cost`, or `none` (no weight acts on the device).
+    pub governor: String,
+    /// The file(s) written that act on the device and the effective value each read back (its `MAJ:MIN` line, else
+    /// its default), in that file's scale; empty when nothing acts on it or before the first read-back.
+    pub weights: Vec<FileWeight>,
+}
+
+/// A weight file and the value in force in it for one device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileWeight {
+    /// `io.bfq.weight` or `io.weight`.
+    pub file: String,
+    /// The effective value read back.
+    pub effective: u32,
+}
+
+/// A device the agent has looked at (cgroup v2), with what governs it and, where no weight acts, the fix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceSummary {
+    /// `MAJ:MIN`.
+    pub device: String,
+    /// The disk's name in /sys/block, when known.
+    pub disk: Option<String>,
+    /// Its active scheduler, when it could be read.
+    pub scheduler: Option<String>,
+    /// `bfq`, `io-cost`, `bfq+io-cost` or `none`.
+    pub governor: String,
+    /// How to make weights act on it, when none does.
+    pub fix: Option<String>,
+    /// Why the facts may be incomplete (a read that failed).
+    pub error: Option<String>,
+}
+
+impl DeviceSummary {
+    fn of(facts: &DeviceFacts) -> Self {
+        Self {
+            device: facts.dev.to_string(),
+            disk: facts.disk.clone(),
+            scheduler: facts.scheduler.clone(),
+            governor: facts.governor.as_str().to_string(),
+            fix: (!facts.governor.is_effective()).then(|| facts.fix()),
+            error: facts.error.clone(),
+        }
+    }
 }
 
 /// The status table.
@@ -102,12 +160,17 @@ pub struct Status {
     /// The state file cannot be saved: weight changes are held (originals put back) until it can.
     #[serde(default)]
     pub saves_held: bool,
+    /// cgroup v2: every device the weight writer has looked at, by device number. Empty on v1.
+    #[serde(default)]
+    pub devices: Vec<DeviceSummary>,
 }
 
 impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     /// The table, sorted by name.
     pub(super) fn status(&self) -> Status {
         let t = now();
+        let table = self.writer.device_table();
+        let disk_of = |dev| table.iter().find(|f| f.dev == dev).and_then(|f| f.disk.clone());
         let mut rows: Vec<StatusRow> = self
             .tracked
             .iter()
@@ -126,6 +189,21 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                     weight: self.reconciler.applied(id).map(qos_core::Weight::get),
                     bytes_at_level: v.as_ref().map_or(0, |v| v.bytes_at_level),
                     seconds_at_level: v.as_ref().map_or(0.0, |v| v.time_at_level.as_secs_f64()),
+                    devices: self
+                        .writer
+                        .container_devices(id)
+                        .into_iter()
+                        .map(|d| DeviceRow {
+                            device: d.dev.to_string(),
+                            disk: disk_of(d.dev),
+                            governor: d.governor.as_str().to_string(),
+                            weights: d
+                                .effective
+                                .iter()
+                                .map(|(kind, v)| FileWeight { file: kind.file_name().to_string(), effective: *v })
+                                .collect(),
+                        })
+                        .collect(),
                 }
             })
             .collect();
@@ -135,6 +213,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             dry_run: self.cfg.dry_run,
             containers: rows,
             saves_held: self.reconciler.saves_held(),
+            devices: table.iter().map(DeviceSummary::of).collect(),
         }
     }
 }
@@ -156,14 +235,33 @@ mod tests {
                 weight: None,
                 bytes_at_level: 0,
                 seconds_at_level: 0.0,
+                devices: vec![DeviceRow {
+                    device: "7:3".into(),
+                    disk: Some("loop3".into()),
+                    governor: "bfq".into(),
+                    weights: vec![FileWeight { file: "io.bfq.weight".into(), effective: 10 }],
+                }],
             }],
             saves_held: false,
+            devices: vec![],
         };
         let json = serde_json::to_value(&st).unwrap();
         assert_eq!(json["actuator"], serde_json::json!({"configured": "auto", "in_use": "cgroupfs"}));
         assert_eq!(json["containers"][0]["policy"], "excluded");
+        assert_eq!(
+            json["containers"][0]["devices"][0],
+            serde_json::json!({"device": "7:3", "disk": "loop3", "governor": "bfq",
+                               "weights": [{"file": "io.bfq.weight", "effective": 10}]})
+        );
         let back: Status = serde_json::from_value(json).unwrap();
         assert_eq!(back.actuator.in_use, Some(AppliedVia::CgroupFile));
+        assert_eq!(back.containers[0].devices[0].weights[0].effective, 10);
+        // An answer from an agent without per-device status (or on v1) still parses.
+        let old = serde_json::json!({"actuator": {"configured": "auto", "in_use": null}, "dry_run": false,
+            "containers": [{"id": "a", "name": "n", "policy": "managed", "level": 1, "weight": 1000,
+                            "bytes_at_level": 0, "seconds_at_level": 0.0}]});
+        let old: Status = serde_json::from_value(old).unwrap();
+        assert!(old.devices.is_empty() && old.containers[0].devices.is_empty());
         let docker = Actuator { configured: ActuatorMode::Auto, in_use: Some(AppliedVia::RuntimeApi) };
         assert_eq!(serde_json::to_value(docker).unwrap()["in_use"], "docker");
     }

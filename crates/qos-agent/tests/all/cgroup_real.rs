@@ -313,3 +313,22 @@ fn root_disk_name() -> String {
     let disk = if part { link.parent().unwrap().to_path_buf() } else { link };
     disk.file_name().unwrap().to_str().unwrap().to_owned()
 }
+
+#[test]
+#[ignore = "needs root, cgroup v1 blkio and a loop device: run ./scripts/test.sh"]
+fn iocost_apply_is_refused_on_a_v1_host_before_measuring() {
+    if !require("iocost_apply_is_refused_on_a_v1_host_before_measuring", WITH_DISK) {
+        return;
+    }
+    let _machine = testbed::exclusive();
+    let disk = LoopDevice::with_bfq(64);
+    let started = Instant::now();
+    let out = Command::new(crate::AGENT).arg("iocost").arg(&disk.dev).arg("--apply").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "iocost --apply succeeded on a v1 host");
+    assert!(stderr.contains("io.cost needs the io controller on cgroup v2; this host has it on v1"), "{stderr}");
+    assert!(stderr.contains(BLKIO), "names the v1 hierarchy: {stderr}");
+    assert!(started.elapsed() < Duration::from_secs(2), "refused only after {:?}", started.elapsed());
+    // Nothing on v2 changed: the io controller is on v1, so the v2 root has no io.cost files at all.
+    assert!(!Path::new("/sys/fs/cgroup/unified/io.cost.qos").exists());
+}

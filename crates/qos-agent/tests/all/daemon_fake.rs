@@ -14,10 +14,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proptest::prelude::*;
+use qos_agent::backend::DeviceWeight;
 use qos_agent::backend::{
     AppliedVia, BackendError, ContainerInfo, CounterSource, Discovery, DiscoveryError, DiscoveryEvent, WeightWriter,
 };
-use qos_agent::cgroup::CgroupError;
+use qos_agent::blockdev::{DevNum, DeviceFacts, Governor};
+use qos_agent::cgroup::{CgroupError, WeightFileKind};
 use qos_agent::config::{ActuatorMode, AgentConfig};
 use qos_agent::daemon::{Actuator, Command, CpuClock, Daemon, DaemonError, PolicyKind, Status, StatusRow, Summary};
 use qos_agent::labels::{EXCLUDE_LABEL, WEIGHT_LABEL};
@@ -63,6 +65,10 @@ struct Inner {
     read_broken: HashSet<String>,
     /// Containers whose counters cannot be attached (EMFILE, say).
     attach_broken: HashSet<String>,
+    /// cgroup v2 as the writer would see it: each container's devices and what governs each.
+    devices: HashMap<String, Vec<(DevNum, Governor)>>,
+    /// The writer's device table.
+    device_table: Vec<DeviceFacts>,
 }
 
 /// The shared state behind the three fake backends.
@@ -227,6 +233,31 @@ impl WeightWriter for FakeWriter {
             w.weights.insert(id.clone(), weight.get());
             w.writes.push((id, weight.get()));
             Ok(AppliedVia::CgroupFile)
+        })
+    }
+
+    fn device_table(&self) -> Vec<DeviceFacts> {
+        self.0.with(|w| w.device_table.clone())
+    }
+
+    /// Like the cgroup writer: each file that governs a device reads back the container's weight on it.
+    fn container_devices(&self, id: &ContainerId) -> Vec<DeviceWeight> {
+        self.0.with(|w| {
+            let weight = w.weights.get(id.as_str()).copied().unwrap_or(KERNEL_DEFAULT);
+            let devices = w.devices.get(id.as_str()).cloned().unwrap_or_default();
+            devices
+                .into_iter()
+                .map(|(dev, governor)| {
+                    let mut effective = Vec::new();
+                    if governor.bfq {
+                        effective.push((WeightFileKind::V2Bfq, weight));
+                    }
+                    if governor.io_cost {
+                        effective.push((WeightFileKind::V2Io, weight));
+                    }
+                    DeviceWeight { dev, governor, effective }
+                })
+                .collect()
         })
     }
 }
@@ -1075,6 +1106,67 @@ async fn status_table_shows_level_weight_and_bytes_at_level() {
     assert!((0.45..=0.55).contains(&a.seconds_at_level), "{}", a.seconds_at_level);
     let text = qos_agent::control::render(&st);
     assert!(text.contains("a-name") && text.contains("524288"), "{text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn status_shows_each_device_of_a_container_what_governs_it_and_the_weight_in_force() {
+    let world = World::with_containers(&["a", "b"], KERNEL_DEFAULT);
+    let (bfq, cost, plain) =
+        (DevNum { major: 7, minor: 3 }, DevNum { major: 7, minor: 4 }, DevNum { major: 7, minor: 5 });
+    let both = Governor { bfq: true, io_cost: true };
+    let facts = |dev: DevNum, disk: &str, scheduler: &str, governor: Governor| DeviceFacts {
+        dev,
+        disk: Some(disk.into()),
+        scheduler: Some(scheduler.into()),
+        governor,
+        error: None,
+        checked: std::time::Instant::now(),
+    };
+    world.with(|w| {
+        w.devices.insert(
+            "a".into(),
+            vec![(bfq, Governor { bfq: true, io_cost: false }), (cost, both), (plain, Governor::NONE)],
+        );
+        w.device_table = vec![
+            facts(bfq, "loop3", "bfq", Governor { bfq: true, io_cost: false }),
+            facts(cost, "loop4", "bfq", both),
+            facts(plain, "loop5", "none", Governor::NONE),
+        ];
+    });
+    let h = Harness::start(cfg(), &world, vec![info("a", &[]), info("b", &[])]);
+    h.settle().await;
+    world.set_read("a", 3 * MIB);
+    h.rounds(2).await; // a demoted to 200
+
+    let st = h.status().await;
+    let a = st.containers.iter().find(|r| r.id == "a").unwrap();
+    let rows: Vec<String> = a
+        .devices
+        .iter()
+        .map(|d| {
+            let weights: Vec<String> = d.weights.iter().map(|w| format!("{}={}", w.file, w.effective)).collect();
+            format!("{} {:?} {} [{}]", d.device, d.disk, d.governor, weights.join(" "))
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            r#"7:3 Some("loop3") bfq [io.bfq.weight=200]"#,
+            r#"7:4 Some("loop4") bfq+io-cost [io.bfq.weight=200 io.weight=200]"#,
+            r#"7:5 Some("loop5") none []"#,
+        ]
+    );
+    assert!(st.containers.iter().find(|r| r.id == "b").unwrap().devices.is_empty(), "b has no devices yet");
+    let summary: Vec<(&str, &str, bool)> =
+        st.devices.iter().map(|d| (d.device.as_str(), d.governor.as_str(), d.fix.is_some())).collect();
+    assert_eq!(summary, vec![("7:3", "bfq", false), ("7:4", "bfq+io-cost", false), ("7:5", "none", true)]);
+    assert!(st.devices[2].fix.as_deref().unwrap().contains("/sys/block/loop5/queue/scheduler"), "{:?}", st.devices[2]);
+    // Through the socket's JSON and the table as `ddiskqos-agent status` prints it.
+    let back: Status = serde_json::from_str(&serde_json::to_string(&st).unwrap()).unwrap();
+    assert_eq!(back.containers[0].devices, st.containers[0].devices);
+    let text = qos_agent::control::render(&back);
+    assert!(text.contains("device 7:4 (loop4)") && text.contains("io.bfq.weight 200, io.weight 200"), "{text}");
+    assert!(text.contains("NO WEIGHT ACTS"), "{text}");
 }
 
 // ----- model-based: arbitrary action sequences against a model of what the files must hold -----

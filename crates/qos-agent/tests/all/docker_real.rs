@@ -166,3 +166,22 @@ fn agent_manages_real_docker_containers() {
     let state = std::fs::read_to_string(agent.state_file()).unwrap_or_default();
     assert!(!state.contains(&pre), "state file still lists restored containers: {state}");
 }
+
+/// The harness's own hygiene: a `docker run -d` whose start fails (the container is created, its command does not
+/// exist) must not leave a `Created` container behind for later tests to trip over.
+#[test]
+#[ignore = "needs the host's dockerd with the test image: run ./scripts/test.sh"]
+fn a_failed_docker_run_leaves_no_container() {
+    if !require("a_failed_docker_run_leaves_no_container", &[Need::Root, Need::HostDocker]) {
+        return;
+    }
+    let name = format!("ddq-failed-run-{}", std::process::id());
+    let mut cs = Containers::default();
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        cs.run(&["--name", &name, IMAGE, "/no/such/command"]);
+    }));
+    assert!(failed.is_err(), "starting /no/such/command should fail");
+    assert!(cs.0.is_empty(), "{:?}", cs.0);
+    let left = cli(&["ps", "-aq", "--filter", &format!("name=^/{name}$")]);
+    assert_eq!(left, "", "the container created by the failed run is still there");
+}

@@ -22,7 +22,8 @@
 //!   container moving its process into another cgroup, a read-only state directory, a planted symlink, an idle
 //!   status client): no cgroup at a wrong weight after a clean stop.
 //! - `tunables_real`: `[devices] bfq_tunables` set at start, restored on SIGTERM and after a SIGKILL.
-//! - `v2_real`: the agent on real cgroup v2 (BFQ and io.cost loop devices, a dockerd on v2); it runs only inside
+//! - `v2_real`: the agent on real cgroup v2 (BFQ and io.cost loop devices, a dockerd on v2; status per device), the
+//!   io.cost set-up command, and the `io.stat` counters of real containers; it runs only inside
 //!   `scripts/cgroup-v2.sh` (the machine boots v1), so `scripts/test.sh` skips it in the main run and runs it there.
 //!
 //! Tests of this binary run in parallel threads of one process: a real test holds `testbed::exclusive()` for its

@@ -1,4 +1,6 @@
-//! The agent on real cgroup v2, against a real dockerd, with one BFQ loop device and one io.cost loop device.
+//! cgroup v2 for real: the agent against a real dockerd on v2, with one BFQ loop device, one io.cost loop device and
+//! one where no weight acts (weights per device, status per container and device, the warning, SIGTERM); the io.cost
+//! set-up command on a loop device; and the `io.stat` counters of real containers as the daemon reads them.
 //!
 //! Runs inside the v2 test bed (it needs /sys/fs/cgroup to be cgroup2 with the io controller, and a dockerd on
 //! that hierarchy at `$DOCKER_HOST` with the image ddiskqos-test:latest):
@@ -89,8 +91,8 @@ impl Drop for Loop {
 struct TmpDir(PathBuf);
 
 impl TmpDir {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("ddiskqos-v2-real-{}", std::process::id()));
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("ddiskqos-v2-real-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         Self(dir)
     }
@@ -188,6 +190,14 @@ fn poll<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<(T, Dura
     }
 }
 
+/// The running agent's status, as the control socket answers it (JSON).
+fn status_json(socket: &Path) -> qos_agent::daemon::Status {
+    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap_or_else(|e| panic!("{}: {e}", socket.display()));
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("status answer {body:?}: {e}"))
+}
+
 fn scrape(port: u16) -> String {
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return String::new() };
     let _ = s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
@@ -208,7 +218,8 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     let version = run(DOCKER, &["info", "--format", "{{.CgroupVersion}}"]);
     assert_eq!(version, "2", "the dockerd at {docker_host} is not on cgroup v2");
 
-    let tmp_dir = TmpDir::new();
+    let _machine = testbed::exclusive();
+    let tmp_dir = TmpDir::new("agent");
     let tmp = tmp_dir.0.clone();
     let bfq = Loop::new(tmp.join("bfq.img"), "bfq");
     let mut cost = Loop::new(tmp.join("cost.img"), "none");
@@ -348,6 +359,72 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     let log_text = agent.log_text();
     let warned = format!("HAVE NO EFFECT ON DEVICE {}", plain.num);
     assert_eq!(log_text.matches(&warned).count(), 1, "one warning for {}:\n{log_text}", plain.dev);
+    // Only that one: no second wording (the start-up check of [devices] check used to warn about it too).
+    let about_plain =
+        log_text.lines().filter(|l| l.contains("NO EFFECT") && (l.contains(&plain.num) || l.contains(&plain.name)));
+    assert_eq!(about_plain.count(), 1, "warnings about {}:\n{log_text}", plain.dev);
+
+    // `status`: each device of each container, what governs it and the weight in force there, as read back.
+    let status = status_json(&tmp.join("agent.sock"));
+    let row = |id: &str| {
+        status
+            .containers
+            .iter()
+            .find(|r| id.starts_with(&r.id))
+            .unwrap_or_else(|| panic!("no row for {id}: {status:?}"))
+    };
+    // The three loop devices (a container's own I/O on the root disk, e.g. loading busybox, may add a row).
+    let loops = [&bfq.num, &cost.num, &plain.num];
+    let devices = |id: &str| -> Vec<String> {
+        row(id)
+            .devices
+            .iter()
+            .filter(|d| loops.contains(&&d.device))
+            .map(|d| {
+                let weights: Vec<String> = d.weights.iter().map(|w| format!("{}={}", w.file, w.effective)).collect();
+                format!("{} {} [{}]", d.device, d.governor, weights.join(" "))
+            })
+            .collect()
+    };
+    let expect = |bfq_w: u32, io_w: u32| {
+        let mut rows = vec![
+            format!("{} bfq [io.bfq.weight={bfq_w}]", bfq.num),
+            format!("{} io-cost [io.weight={io_w}]", cost.num),
+            format!("{} none []", plain.num),
+        ];
+        rows.sort_by_key(|r| r.split(' ').next().unwrap().parse::<qos_agent::blockdev::DevNum>().unwrap());
+        rows
+    };
+    // The heavy reader sits at the bottom (boost_after is 10 minutes), the new one at the top: the rows must say
+    // what the files say now.
+    let heavy_now = (effective(&heavy_bfq, &bfq.num).unwrap(), effective(&heavy_io, &cost.num).unwrap());
+    assert_eq!(devices(&heavy), expect(heavy_now.0, heavy_now.1), "heavy's devices in {status:?}");
+    assert_eq!(devices(&fresh), expect(1000, fresh_i), "the new container's devices in {status:?}");
+    let summary: Vec<(String, Option<String>, bool)> =
+        status.devices.iter().map(|d| (d.device.clone(), d.disk.clone(), d.fix.is_some())).collect();
+    for (num, name, ineffective) in
+        [(&bfq.num, &bfq.name, false), (&cost.num, &cost.name, false), (&plain.num, &plain.name, true)]
+    {
+        assert!(
+            summary.contains(&(num.clone(), Some(name.clone()), ineffective)),
+            "devices table lacks {num} ({name}, fix shown: {ineffective}): {summary:?}"
+        );
+    }
+    let text = run(agent_binary().to_str().unwrap(), &["status", "--socket", tmp.join("agent.sock").to_str().unwrap()]);
+    for line in [
+        format!("device {} ({})", bfq.num, bfq.name),
+        format!("io.bfq.weight {}", heavy_now.0),
+        format!("io.weight {}", heavy_now.1),
+        format!("io.weight {fresh_i}"),
+        "no weight acts on this device".to_string(),
+        format!(
+            "NO WEIGHT ACTS (scheduler none, io.cost off). Fix: `echo bfq > /sys/block/{}/queue/scheduler`",
+            plain.name
+        ),
+    ] {
+        assert!(text.contains(&line), "`ddiskqos-agent status` lacks {line:?}:\n{text}");
+    }
+    eprintln!("ddiskqos-agent status:\n{text}");
     assert_eq!(log_text.matches("writes io.bfq.weight only").count(), 1, "one fallback notice:\n{log_text}");
 
     // SIGTERM: both files of both containers back to what Docker made them.
@@ -360,4 +437,232 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     eprintln!("after SIGTERM both containers read io.bfq.weight {bfq_before:?}, io.weight {io_before:?} again");
     drop(containers);
     drop((bfq, cost, plain));
+}
+
+/// The line of device `num` in an io.cost root file (`io.cost.model`, `io.cost.qos`).
+fn root_line(file: &str, num: &str) -> Option<String> {
+    let text = std::fs::read_to_string(Path::new(CGROUP).join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+    text.lines().find(|l| l.split_whitespace().next() == Some(num)).map(str::to_owned)
+}
+
+/// The device's io.cost governor as the agent's own device table reads it.
+fn io_cost_on(num: &str) -> bool {
+    let dev: qos_agent::blockdev::DevNum = num.parse().unwrap();
+    let mut table = qos_agent::blockdev::DeviceTable::new(Path::new(CGROUP));
+    table.get(dev, Instant::now()).0.governor.io_cost
+}
+
+#[test]
+#[ignore = "needs the cgroup-v2 test bed: scripts/cgroup-v2.sh"]
+fn iocost_set_up_measures_applies_reads_back_and_undoes_and_refuses_the_root_disk() {
+    let test = "v2_real::iocost_set_up_measures_applies_reads_back_and_undoes_and_refuses_the_root_disk";
+    if !testbed::require(test, &[testbed::Need::Root, testbed::Need::V2TestBed]) {
+        return;
+    }
+    let _machine = testbed::exclusive();
+    let tmp_dir = TmpDir::new("iocost");
+    let mut dev = Loop::new(tmp_dir.0.join("cost.img"), "none");
+    dev.io_cost = true; // whatever happens below, the drop turns io.cost off for it again
+    assert!(!io_cost_on(&dev.num), "io.cost already on for the fresh {}", dev.dev);
+
+    // The short measurement: 1 s per load, 4 threads (about 4 s; reads only, no write file).
+    let started = Instant::now();
+    let out = Command::new(agent_binary())
+        .args(["iocost", &dev.dev, "--seconds", "1", "--jobs", "4", "--apply"])
+        .output()
+        .expect("running ddiskqos-agent iocost");
+    let took = started.elapsed();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "iocost {} --apply failed: {stderr}\n{stdout}", dev.dev);
+    eprintln!(
+        "ddiskqos-agent iocost {} --seconds 1 --jobs 4 --apply ({:.1} s):\n{stdout}",
+        dev.dev,
+        took.as_secs_f64()
+    );
+    assert!(took < Duration::from_secs(15), "the short measurement took {took:?}");
+
+    // What it printed it wrote is what the kernel's files hold for the device.
+    let printed = |file: &str| {
+        let prefix = format!("wrote {CGROUP}/{file}: ");
+        stdout.lines().find_map(|l| l.strip_prefix(&prefix)).unwrap_or_else(|| panic!("no {prefix:?} in:\n{stdout}"))
+    };
+    let (model, qos) = (printed("io.cost.model"), printed("io.cost.qos"));
+    assert!(model.starts_with(&format!("{} ctrl=user model=linear rbps=", dev.num)), "{model}");
+    assert!(qos.starts_with(&format!("{} enable=1 ctrl=user rpct=95.00 rlat=", dev.num)), "{qos}");
+    let field = |line: &str, key: &str| -> u64 {
+        let v = line.split_whitespace().find_map(|f| f.strip_prefix(&format!("{key}="))).unwrap();
+        v.parse().unwrap_or_else(|_| panic!("{key} in {line}"))
+    };
+    for key in ["rbps", "rseqiops", "rrandiops", "wbps", "wseqiops", "wrandiops"] {
+        assert!(field(model, key) > 0, "{key} = 0 in {model}");
+    }
+    assert!(field(qos, "rlat") >= 2000, "the latency target is at least 2 ms: {qos}");
+    assert_eq!(root_line("io.cost.model", &dev.num).as_deref(), Some(model), "io.cost.model does not read back");
+    assert_eq!(root_line("io.cost.qos", &dev.num).as_deref(), Some(qos), "io.cost.qos does not read back");
+    assert!(io_cost_on(&dev.num), "the agent's device table does not see io.cost on {}", dev.dev);
+
+    // The undo it printed works: io.cost off, the model back to the kernel's.
+    let undo: Vec<(String, String)> = stdout
+        .lines()
+        .filter_map(|l| {
+            let rest = l.trim().strip_prefix("echo \"")?;
+            let (line, file) = rest.split_once("\" > ")?;
+            Some((line.to_string(), file.to_string()))
+        })
+        .collect();
+    let files: Vec<&str> = undo.iter().map(|(_, f)| f.as_str()).collect();
+    assert_eq!(files, [format!("{CGROUP}/io.cost.qos"), format!("{CGROUP}/io.cost.model")], "{stdout}");
+    for (line, file) in &undo {
+        write(file, line);
+    }
+    let qos_after = root_line("io.cost.qos", &dev.num).unwrap_or_default();
+    let model_after = root_line("io.cost.model", &dev.num).unwrap_or_default();
+    assert!(qos_after.contains("enable=0"), "after the undo: {qos_after}");
+    assert!(model_after.contains("ctrl=auto"), "after the undo: {model_after}");
+    assert!(!io_cost_on(&dev.num), "io.cost still on for {} after the undo", dev.dev);
+    eprintln!("after the undo: {qos_after} | {model_after}");
+
+    // The disk holding / is refused before anything is measured or written.
+    let root_source = run("findmnt", &["-n", "-o", "SOURCE", "/"]);
+    let root_dev =
+        qos_agent::blockdev::DevNum::of_node(Path::new(&root_source)).expect("the root file system's device");
+    let root_num = root_dev.to_string();
+    let (qos_before, model_before) = (root_line("io.cost.qos", &root_num), root_line("io.cost.model", &root_num));
+    let started = Instant::now();
+    let out = Command::new(agent_binary()).args(["iocost", &root_source, "--apply"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "iocost {root_source} --apply succeeded");
+    assert!(stderr.contains("backs the root filesystem"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(2), "refused only after {:?}", started.elapsed());
+    assert_eq!(root_line("io.cost.qos", &root_num), qos_before);
+    assert_eq!(root_line("io.cost.model", &root_num), model_before);
+    eprintln!("iocost {root_source} --apply refused: {}", stderr.trim());
+    drop(dev);
+}
+
+/// Each `MAJ:MIN` line of a v2 `io.stat`, parsed by the agent's own parser (read + write bytes per device).
+fn io_stat_per_device(dir: &Path) -> std::collections::BTreeMap<String, qos_core::IoCounters> {
+    let path = dir.join("io.stat");
+    let text = read(&path);
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let dev = l.split_whitespace().next().unwrap().to_string();
+            (dev, qos_agent::cgroup::parse_io_stat(&path, l.as_bytes()).unwrap())
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs the cgroup-v2 test bed: scripts/cgroup-v2.sh"]
+fn io_stat_counters_of_real_containers_hold_their_own_bytes_only() {
+    use qos_agent::backend::{ContainerInfo, CounterSource};
+    use qos_agent::cgroup::CgroupRoot;
+    use qos_core::{ContainerId, IoCounters};
+
+    let test = "v2_real::io_stat_counters_of_real_containers_hold_their_own_bytes_only";
+    if !testbed::require(test, &[testbed::Need::Root, testbed::Need::V2TestBed]) {
+        return;
+    }
+    let _machine = testbed::exclusive();
+    const MIB: u64 = 1 << 20;
+    let (n_a, n_b, n_own) = (24, 40, 16); // MiB read by the A container, the B container, the test's own cgroup
+    let tmp_dir = TmpDir::new("iostat");
+    let a = Loop::new(tmp_dir.0.join("a.img"), "none");
+    let b = Loop::new(tmp_dir.0.join("b.img"), "none");
+    let mut containers = Containers::default();
+    let ca = containers.run(&["--device", &a.dev, IMAGE, "sleep", "600"]);
+    let cb = containers.run(&["--device", &b.dev, IMAGE, "sleep", "600"]);
+    // A cgroup of the test's own, made with cgroups-rs (testbed), reads the A device too: none of it is ca's.
+    let own = testbed::blkio::CgroupGuard::new_v2("ddiskqos-iostat");
+
+    // The counters exactly as the daemon builds them for the Docker runtime: cgroup files behind the parent gate.
+    let root = std::sync::Arc::new(CgroupRoot::detect().expect("the v2 root"));
+    assert_eq!(root.version(), qos_agent::cgroup::CgroupVersion::V2, "{}", root.path().display());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let host = std::env::var("DOCKER_HOST").unwrap();
+    let docker =
+        rt.block_on(qos_agent::runtime::docker::connect(Path::new(host.trim_start_matches("unix://")))).unwrap();
+    let mut counters = qos_agent::runtime::docker::DockerCounters::with_root(docker, root.clone());
+    let info = |id: &str| ContainerInfo {
+        id: ContainerId::new(id),
+        name: id[..12].to_string(),
+        labels: Default::default(),
+        cgroup: Some(root.resolve_relative(&format!("docker/{id}")).unwrap()),
+    };
+    for id in [&ca, &cb] {
+        rt.block_on(counters.attach(&info(id))).unwrap();
+    }
+    let mut last: std::collections::HashMap<String, IoCounters> = Default::default();
+    let mut rounds = 0;
+    let mut round = |last: &mut std::collections::HashMap<String, IoCounters>| {
+        let mut out = Vec::new();
+        rt.block_on(counters.sample(&mut out));
+        rounds += 1;
+        for (id, r) in out {
+            last.insert(id.to_string(), r.unwrap_or_else(|e| panic!("sampling {id}: {e}")));
+        }
+    };
+    // Past the sampler's active window, so the I/O below is found through the parent's counters as the daemon
+    // finds a container that wakes up.
+    for _ in 0..6 {
+        round(&mut last);
+    }
+    let before = last.clone();
+    let (ca_dir, cb_dir) = (info(&ca).cgroup.unwrap().path().to_owned(), info(&cb).cgroup.unwrap().path().to_owned());
+    let (ca_stat0, cb_stat0) = (io_stat_per_device(&ca_dir), io_stat_per_device(&cb_dir));
+
+    let dd = |dev: &str, mib: u64| format!("if={dev} of=/dev/null bs=1M count={mib} iflag=direct");
+    let dd_args = |dev: &str, mib: u64| dd(dev, mib).split(' ').map(str::to_owned).collect::<Vec<_>>();
+    let exec = |id: &str, dev: &str, mib: u64| {
+        let mut args = vec!["exec".to_string(), id.to_string(), "dd".to_string()];
+        args.extend(dd_args(dev, mib));
+        run(DOCKER, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    };
+    exec(&ca, &a.dev, n_a);
+    exec(&cb, &b.dev, n_b);
+    testbed::blkio::run_in_cgroup(&own.path, &format!("dd {} status=none", dd(&a.dev, n_own)));
+    for _ in 0..2 {
+        round(&mut last);
+    }
+
+    let total = |c: &IoCounters| c.read + c.write;
+    let delta = |id: &str| total(&last[id]) - total(&before[id]);
+    let line_delta =
+        |now: &std::collections::BTreeMap<String, IoCounters>,
+         then: &std::collections::BTreeMap<String, IoCounters>,
+         dev: &str| { now.get(dev).map_or(0, total) - then.get(dev).map_or(0, total) };
+    let (ca_stat, cb_stat) = (io_stat_per_device(&ca_dir), io_stat_per_device(&cb_dir));
+    let (da, db) = (delta(&ca), delta(&cb));
+    let (ca_on_a, ca_on_b) = (line_delta(&ca_stat, &ca_stat0, &a.num), line_delta(&ca_stat, &ca_stat0, &b.num));
+    let (cb_on_b, cb_on_a) = (line_delta(&cb_stat, &cb_stat0, &b.num), line_delta(&cb_stat, &cb_stat0, &a.num));
+    eprintln!(
+        "after {rounds} rounds: A container +{da} bytes (on {}: {ca_on_a}, on {}: {ca_on_b}), B container +{db} bytes \
+         (on {}: {cb_on_b}, on {}: {cb_on_a}); io.stat A {ca_stat:?}, B {cb_stat:?}",
+        a.num, b.num, b.num, a.num
+    );
+    // Each container's reader reports at least what it read, on its own device.
+    assert!(da >= n_a * MIB, "A container: the reader reports {da} bytes, it read {n_a} MiB");
+    assert!(db >= n_b * MIB, "B container: the reader reports {db} bytes, it read {n_b} MiB");
+    assert!(ca_on_a >= n_a * MIB && cb_on_b >= n_b * MIB, "per-device lines: {ca_on_a}, {cb_on_b}");
+    // Nothing of the other container's device, nor of the other cgroup on the same device.
+    assert_eq!(ca_on_b, 0, "the A container was charged for the B device");
+    assert_eq!(cb_on_a, 0, "the B container was charged for the A device");
+    assert!(ca_on_a < (n_a + n_own) * MIB, "the A container was charged for the other cgroup's reads of A: {ca_on_a}");
+    assert!(da < (n_a + n_own) * MIB, "the A container's total holds others' bytes: {da}");
+    // The reader's total is the file's lines summed, no more, no less.
+    for (id, stat) in [(&ca, &ca_stat), (&cb, &cb_stat)] {
+        assert_eq!(total(&last[id.as_str()]), stat.values().map(total).sum::<u64>(), "{id}: {stat:?}");
+    }
+    assert_eq!(counters.via_stats(), 0, "every sample came from the cgroup files");
+
+    // The test's own cgroup, read by the agent's counter reader: its bytes, on A only.
+    let own_dir = root.resolve_relative(&own.rel).unwrap();
+    let own_total = qos_agent::cgroup::CounterReader::open(&own_dir).unwrap().read().unwrap();
+    let own_stat = io_stat_per_device(&own.path);
+    assert!(total(&own_total) >= n_own * MIB, "own cgroup: {own_total:?}");
+    assert!(own_stat.get(&a.num).map_or(0, total) >= n_own * MIB && !own_stat.contains_key(&b.num), "{own_stat:?}");
+    drop(containers);
+    drop(own);
+    drop((a, b));
 }

@@ -26,7 +26,7 @@ use std::time::Instant;
 use qos_core::{ContainerId, Weight};
 use tracing::{info, warn};
 
-use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
+use crate::backend::{AppliedVia, BackendError, ContainerInfo, DeviceWeight, WeightWriter};
 use crate::blockdev::{DevNum, DeviceFacts, DeviceTable, Governor};
 use crate::cgroup::{CgroupDir, CgroupError, CgroupVersion, WeightFile, WeightFileKind, WeightLines, V2_IO_STAT};
 use crate::metrics::DeviceWeightEffective;
@@ -44,8 +44,9 @@ pub struct CgroupDirWriter {
     bad_names: BTreeSet<String>,
     /// v2 files as the first `read` found them, per container: what a restore puts back.
     snapshots: HashMap<ContainerId, Snapshot>,
-    /// The devices of each container's last read or write and what governed them (for status).
-    devices_of: HashMap<ContainerId, (PathBuf, Vec<(DevNum, Governor)>)>,
+    /// The devices of each container's last read or write, what governed them and the effective weights read
+    /// back (for status).
+    devices_of: HashMap<ContainerId, (PathBuf, Vec<DeviceWeight>)>,
     /// Map size at which entries of vanished cgroups are dropped next.
     prune_at: usize,
     /// Devices no weight acts on that were already warned about.
@@ -143,9 +144,44 @@ impl CgroupDirWriter {
     }
 
     /// The devices of a container's last weight read or write on v2 (its `io.stat` devices and the configured
-    /// ones) and what governed each then; empty on v1 or before the first read (for status, per container).
-    pub fn container_devices(&self, id: &ContainerId) -> Vec<(DevNum, Governor)> {
+    /// ones), what governed each then, and the effective value read back from each file that acts on it; empty
+    /// on v1 or before the first read (for status, per container).
+    pub fn container_devices(&self, id: &ContainerId) -> Vec<DeviceWeight> {
         self.devices_of.get(id).map(|(_, d)| d.clone()).unwrap_or_default()
+    }
+
+    /// Looks at the configured devices (`[devices] check`) now, so that each one no weight acts on is warned
+    /// about (once) and exported at start-up, before the first write; the agent calls it once on cgroup v2.
+    pub fn check_configured(&mut self) {
+        let now = Instant::now();
+        for name in self.configured.clone() {
+            match self.table.dev_of_name(&name) {
+                Ok(dev) => {
+                    let (facts, changed) = self.table.get(dev, now);
+                    if let Some(before) = changed {
+                        let facts = facts.clone();
+                        self.report(&facts, before);
+                    }
+                }
+                Err(e) => {
+                    if self.bad_names.insert(name.clone()) {
+                        warn!(device = %name, error = %e, "[devices] check names a device this host does not have");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Fills in the effective values of the container's devices from the weight files as just read back.
+    fn record_effective(&mut self, id: &ContainerId, files: &[(WeightFileKind, WeightLines)]) {
+        let Some((_, devices)) = self.devices_of.get_mut(id) else { return };
+        for d in devices.iter_mut() {
+            d.effective = files
+                .iter()
+                .filter(|(kind, _)| governs(d.governor, *kind))
+                .map(|(kind, lines)| (*kind, lines.effective(d.dev)))
+                .collect();
+        }
     }
 
     /// The container's weight now: v1 the file's value; v2 the effective weight on the devices that have a
@@ -181,9 +217,10 @@ impl CgroupDirWriter {
                 .into())
             }
         };
+        let files: Vec<(WeightFileKind, WeightLines)> = files.into_iter().map(|(k, l, _)| (k, l)).collect();
+        self.record_effective(&info.id, &files);
         if !self.snapshots.contains_key(&info.id) {
             self.prune();
-            let files = files.into_iter().map(|(k, l, _)| (k, l)).collect();
             self.snapshots.insert(info.id.clone(), Snapshot { weight, dir: dir.path().to_owned(), files });
         }
         Ok(weight)
@@ -197,18 +234,24 @@ impl CgroupDirWriter {
             return Ok(AppliedVia::CgroupFile);
         }
         if let Some(snapshot) = self.snapshots.get(&info.id).filter(|s| s.weight == weight).cloned() {
-            restore(dir, &snapshot)?;
+            self.plan(info, dir)?;
+            let back = restore(dir, &snapshot)?;
+            self.record_effective(&info.id, &back);
             return Ok(AppliedVia::CgroupFile);
         }
         let plan = self.plan(info, dir)?;
         let err = match write_plan(dir, &plan, weight) {
-            Ok(()) => return Ok(AppliedVia::CgroupFile),
+            Ok(back) => {
+                self.record_effective(&info.id, &back);
+                return Ok(AppliedVia::CgroupFile);
+            }
             Err(e) => e,
         };
         // A read-back that disagrees may mean a device changed hands (scheduler switched, io.cost toggled).
         if self.recheck(&err) {
             let plan = self.plan(info, dir)?;
-            write_plan(dir, &plan, weight)?;
+            let back = write_plan(dir, &plan, weight)?;
+            self.record_effective(&info.id, &back);
             return Ok(AppliedVia::CgroupFile);
         }
         Err(err.into())
@@ -222,13 +265,15 @@ impl CgroupDirWriter {
             return Ok(WeightFile::open(dir)?.verify(weight)?);
         }
         let plan = self.plan(info, dir)?;
-        match verify_plan(dir, &plan, weight) {
+        let back = match verify_plan(dir, &plan, weight) {
             Err(e) if self.recheck(&e) => {
                 let plan = self.plan(info, dir)?;
-                Ok(verify_plan(dir, &plan, weight)?)
+                verify_plan(dir, &plan, weight)?
             }
-            other => Ok(other?),
-        }
+            other => other?,
+        };
+        self.record_effective(&info.id, &back);
+        Ok(())
     }
 
     /// The governed devices of `dir` now: its `io.stat` devices and the configured ones, each looked up in the
@@ -264,7 +309,10 @@ impl CgroupDirWriter {
         if !self.devices_of.contains_key(&info.id) {
             self.prune();
         }
-        self.devices_of.insert(info.id.clone(), (dir.path().to_owned(), plan.all.clone()));
+        // Effective values are filled in by the read-back that follows; a failed one leaves them unknown.
+        let devices =
+            plan.all.iter().map(|(dev, governor)| DeviceWeight { dev: *dev, governor: *governor, effective: vec![] });
+        self.devices_of.insert(info.id.clone(), (dir.path().to_owned(), devices.collect()));
         Ok(plan)
     }
 
@@ -347,8 +395,8 @@ fn io_stat_devices(dir: &CgroupDir) -> Result<BTreeSet<DevNum>, CgroupError> {
     Ok(devices)
 }
 
-/// Writes `weight` per the plan (see the module doc), then verifies it.
-fn write_plan(dir: &CgroupDir, plan: &Plan, weight: Weight) -> Result<(), CgroupError> {
+/// Writes `weight` per the plan (see the module doc), then verifies it; returns the files as read back.
+fn write_plan(dir: &CgroupDir, plan: &Plan, weight: Weight) -> Result<Vec<(WeightFileKind, WeightLines)>, CgroupError> {
     for kind in plan.kinds() {
         let file = open_required(dir, kind)?;
         let value = kind.file_value(weight);
@@ -364,8 +412,13 @@ fn write_plan(dir: &CgroupDir, plan: &Plan, weight: Weight) -> Result<(), Cgroup
 }
 
 /// Checks every governed device's effective value in the file that governs it; with no governed device, the
-/// defaults of the files a write would touch.
-fn verify_plan(dir: &CgroupDir, plan: &Plan, weight: Weight) -> Result<(), CgroupError> {
+/// defaults of the files a write would touch. Returns the files as read.
+fn verify_plan(
+    dir: &CgroupDir,
+    plan: &Plan,
+    weight: Weight,
+) -> Result<Vec<(WeightFileKind, WeightLines)>, CgroupError> {
+    let mut read_back = Vec::new();
     for kind in plan.kinds() {
         let file = open_required(dir, kind)?;
         let value = kind.file_value(weight);
@@ -388,8 +441,9 @@ fn verify_plan(dir: &CgroupDir, plan: &Plan, weight: Weight) -> Result<(), Cgrou
         if !any && lines.default != value {
             return Err(CgroupError::Mismatch { path: file.path().to_owned(), wrote: value, read: lines.default });
         }
+        read_back.push((kind, lines));
     }
-    Ok(())
+    Ok(read_back)
 }
 
 fn open_required(dir: &CgroupDir, kind: WeightFileKind) -> Result<WeightFile, CgroupError> {
@@ -402,8 +456,9 @@ fn open_required(dir: &CgroupDir, kind: WeightFileKind) -> Result<WeightFile, Cg
     })
 }
 
-/// Puts both v2 files back as snapshotted and checks they read back so.
-fn restore(dir: &CgroupDir, snapshot: &Snapshot) -> Result<(), CgroupError> {
+/// Puts both v2 files back as snapshotted and checks they read back so; returns them as read back.
+fn restore(dir: &CgroupDir, snapshot: &Snapshot) -> Result<Vec<(WeightFileKind, WeightLines)>, CgroupError> {
+    let mut read_back = Vec::new();
     for (kind, want) in &snapshot.files {
         let Some(file) = WeightFile::open_kind(dir, *kind)? else { continue };
         let now = file.read_lines()?;
@@ -440,8 +495,9 @@ fn restore(dir: &CgroupDir, snapshot: &Snapshot) -> Result<(), CgroupError> {
                 });
             }
         }
+        read_back.push((*kind, back));
     }
-    Ok(())
+    Ok(read_back)
 }
 
 impl WeightWriter for CgroupDirWriter {
@@ -457,7 +513,7 @@ impl WeightWriter for CgroupDirWriter {
         CgroupDirWriter::device_table(self)
     }
 
-    fn container_devices(&self, id: &ContainerId) -> Vec<(DevNum, Governor)> {
+    fn container_devices(&self, id: &ContainerId) -> Vec<DeviceWeight> {
         CgroupDirWriter::container_devices(self, id)
     }
 }
@@ -551,13 +607,82 @@ mod tests {
         assert_eq!(f.metric.get("7:3"), Some(("bfq".into(), 1)));
         assert_eq!(f.metric.get("7:4"), Some(("io-cost".into(), 1)));
         assert_eq!(f.metric.get("254:0"), Some(("none".into(), 0)));
-        let mine: Vec<String> =
-            f.writer.container_devices(&f.info.id).iter().map(|(d, g)| format!("{d}={g}")).collect();
-        assert_eq!(mine, ["7:3=bfq", "7:4=io-cost", "254:0=none"]);
+        assert_eq!(devices_of(&f), ["7:3=bfq io.bfq.weight:10", "7:4=io-cost io.weight:10", "254:0=none"]);
 
         // Restoring the weight `read` returned puts both files back.
         f.writer.write_weight(&f.info, w(100)).unwrap();
         assert_eq!((f.file("io.bfq.weight"), f.file("io.weight")), ("default 100\n".into(), "default 100\n".into()));
+        assert_eq!(devices_of(&f), ["7:3=bfq io.bfq.weight:100", "7:4=io-cost io.weight:100", "254:0=none"]);
+    }
+
+    /// `DEV=GOVERNOR FILE:EFFECTIVE...` for each device of the fixture's container, as status shows them.
+    fn devices_of(f: &Fixture) -> Vec<String> {
+        f.writer
+            .container_devices(&f.info.id)
+            .iter()
+            .map(|d| {
+                let mut s = format!("{}={}", d.dev, d.governor);
+                for (kind, v) in &d.effective {
+                    s.push_str(&format!(" {}:{v}", kind.file_name()));
+                }
+                s
+            })
+            .collect()
+    }
+
+    /// Log lines written while `f` runs, as the agent's formatter prints them (no colours).
+    fn logs_of(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(data);
+                Ok(data.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let sink = buf.clone();
+        let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || sink.clone()).finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = buf.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn a_device_no_weight_acts_on_is_warned_about_once_from_start_up_on() {
+        let mut f = fixture("default 100\n", "default 100\n");
+        f.writer.configured = vec!["vda".into(), "loop4".into()];
+        let logs = logs_of(|| {
+            f.writer.check_configured();
+            // Known at start, before any container: the metric and the device table.
+            assert_eq!(f.metric.get("254:0"), Some(("none".into(), 0)));
+            assert_eq!(f.metric.get("7:4"), Some(("io-cost".into(), 1)));
+            assert_eq!(f.writer.device_table().len(), 2);
+            // The container's writes see vda again (configured and in its io.stat), and loop3 for the first time.
+            f.writer.read_weight(&f.info).unwrap();
+            f.writer.write_weight(&f.info, w(10)).unwrap();
+            f.writer.write_weight(&f.info, w(40)).unwrap();
+            f.writer.check_configured();
+        });
+        assert_eq!(logs.matches("HAVE NO EFFECT ON DEVICE 254:0 (vda)").count(), 1, "{logs}");
+        assert_eq!(logs.matches("NO EFFECT").count(), 1, "only vda: {logs}");
+        assert!(logs.contains("ddiskqos-agent iocost /dev/vda --apply"), "the fix names the set-up command: {logs}");
+        assert!(logs.contains("echo bfq > /sys/block/vda/queue/scheduler"), "{logs}");
+        // Another device that becomes ineffective is warned about on its own, once; facts re-read at every write
+        // (a table whose facts are always stale) do not warn again about vda.
+        fs::write(f.tmp.path().join("cg/io.cost.qos"), "7:4 enable=0\n").unwrap();
+        let (sys, cg) = (f.tmp.path().join("sys"), f.tmp.path().join("cg"));
+        f.writer.table = DeviceTable::with_sys(&sys, &cg).with_max_age(std::time::Duration::ZERO);
+        let logs = logs_of(|| {
+            f.writer.write_weight(&f.info, w(200)).unwrap();
+            f.writer.write_weight(&f.info, w(10)).unwrap();
+        });
+        assert_eq!(logs.matches("NO EFFECT").count(), 1, "{logs}");
+        assert!(logs.contains("HAVE NO EFFECT ON DEVICE 7:4 (loop4)"), "{logs}");
+        assert_eq!(devices_of(&f), ["7:3=bfq io.bfq.weight:10", "7:4=none", "254:0=none"]);
     }
 
     #[test]

@@ -11,8 +11,8 @@ use bollard::Docker;
 use qos_core::{ContainerId, Weight};
 use tracing::warn;
 
-use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
-use crate::blockdev::{DevNum, DeviceFacts, Governor};
+use crate::backend::{AppliedVia, BackendError, ContainerInfo, DeviceWeight, WeightWriter};
+use crate::blockdev::DeviceFacts;
 use crate::cgroup::{CgroupError, V2_IO_WEIGHT};
 use crate::config::ActuatorMode;
 use crate::runtime::cgroup_dir::CgroupDirWriter;
@@ -139,7 +139,7 @@ impl WeightWriter for DockerWriter {
         DockerWriter::device_table(self)
     }
 
-    fn container_devices(&self, id: &ContainerId) -> Vec<(DevNum, Governor)> {
+    fn container_devices(&self, id: &ContainerId) -> Vec<DeviceWeight> {
         self.files.container_devices(id)
     }
 }
