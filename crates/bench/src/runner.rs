@@ -19,7 +19,8 @@ use qos_agent::backend::ContainerInfo;
 use qos_agent::cgroup::CgroupRoot;
 use qos_core::ContainerId;
 
-use crate::agent::{self, Agent, Backends, WeightRead};
+use crate::agent::{Agent, Backends, WeightProbe, WeightRead};
+use crate::cleanup::Cleanup;
 use crate::disk::Disk;
 use crate::model::{CaseReport, ModeReport, Sample, Throughput};
 use crate::runtime::{Background, BackgroundKind, ReaderHooks, Runtime};
@@ -64,6 +65,8 @@ pub struct Env<'a> {
     pub work: PathBuf,
     /// Test files by name.
     pub files: BTreeMap<String, PathBuf>,
+    /// The undo stack (a mode's device settings go there).
+    pub cleanup: &'static Cleanup,
 }
 
 impl Env<'_> {
@@ -86,7 +89,7 @@ impl ReaderHooks for AgentHooks<'_> {
         if self.wait_top {
             self.agent.wait_for_weight(dir, self.agent.top(), since)
         } else {
-            agent::read_weight(dir)
+            self.agent.read_weight(dir)
         }
     }
 
@@ -117,15 +120,40 @@ struct ModeRun<'a, 'e> {
 /// Runs one BFQ mode; returns its results.
 pub fn run_mode(env: &Env<'_>, cfg: &RunConfig, mode: BfqMode, progress: &ProgressBar) -> Result<ModeReport> {
     let started = Instant::now();
-    env.disk.set_mode(mode)?;
+    crate::disk::ensure_iocost_possible(mode, &env.root)?;
+    let (undo, iocost) = env.disk.set_mode(mode, &env.root, env.cleanup)?;
+    // The mode's device settings (io.cost) are undone when it ends, however it ends; signals run the stack.
+    let report = run_mode_on_device(env, cfg, mode, progress, started, iocost);
+    if let Some(token) = undo {
+        let undone = env.cleanup.run(token).with_context(|| format!("undoing the device settings of {}", mode.name()));
+        let report = report?;
+        undone?;
+        return Ok(report);
+    }
+    report
+}
+
+fn run_mode_on_device(
+    env: &Env<'_>,
+    cfg: &RunConfig,
+    mode: BfqMode,
+    progress: &ProgressBar,
+    started: Instant,
+    iocost: Option<crate::disk::IoCostSetting>,
+) -> Result<ModeReport> {
     let iosched = env.disk.iosched();
+    let dev: qos_agent::blockdev::DevNum =
+        env.disk.info.maj_min.parse().with_context(|| format!("device number {}", env.disk.info.maj_min))?;
+    let probe = WeightProbe::for_mode(&env.root, mode, dev);
     let bg_file = env.file(workload::BACKGROUND_FILE)?;
     let reads = (if cfg.exp1 { cfg.plan.exp1.iter().map(|c| c.reps as usize).sum::<usize>() } else { 0 }
         + if cfg.exp2 { cfg.plan.exp2_reps as usize * cfg.plan.exp2.len() } else { 0 })
         * 3;
     progress.set_message(format!("{}: starting the agent", mode.name()));
-    let agent_cfg = agent::config(cfg.engine.clone(), cfg.sample_interval, &env.work);
-    let agent = Agent::start(agent_cfg, env.backends, env.root.clone())?;
+    let v2 = env.root.version() == qos_agent::cgroup::CgroupVersion::V2;
+    let test_disk = v2.then_some(env.disk.info.disk_name.as_str());
+    let agent_cfg = crate::agent::config(cfg.engine.clone(), cfg.sample_interval, &env.work, test_disk);
+    let agent = Agent::start(agent_cfg, env.backends, env.root.clone(), probe)?;
     progress.set_message(format!("{}: starting {reads} readers", mode.name()));
     let bg = env.runtime.prepare(reads).and_then(|()| {
         progress.set_message(format!("{}: starting the background", mode.name()));
@@ -167,6 +195,8 @@ pub fn run_mode(env: &Env<'_>, cfg: &RunConfig, mode: BfqMode, progress: &Progre
         exp2,
         background_blocks,
         agent: Some(agent),
+        iocost,
+        weight_file: Some(probe.describe()),
     })
 }
 
@@ -205,7 +235,7 @@ impl ModeRun<'_, '_> {
         let bg_bytes = self.bg_bytes()?.saturating_sub(b0);
         // What the background's weight is now, read from its file: the agent's decision in dDiskQoS blocks, the
         // restored original in the others.
-        let bg_weight = agent::read_weight(&self.bg.cgroup)?.weight;
+        let bg_weight = self.agent.read_weight(&self.bg.cgroup)?.weight;
         let want = size_mib << 20;
         if out.report.bytes != want {
             bail!("reader of {} read {} bytes, expected {want}", file.display(), out.report.bytes);
