@@ -499,6 +499,20 @@ mod tests {
     }
 
     #[test]
+    fn iocost_modes_are_refused_on_v1_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let v1 = CgroupRoot::from_dir(CgroupVersion::V1, dir.path()).unwrap();
+        let err = ensure_iocost_possible(BfqMode::IocostCalibrated, &v1).unwrap_err().to_string();
+        assert!(err.contains("iocost-calibrated") && err.contains("cgroup v1"), "{err}");
+        ensure_iocost_possible(BfqMode::Strict, &v1).unwrap();
+        let v2 = CgroupRoot::from_dir(CgroupVersion::V2, dir.path()).unwrap();
+        let err = ensure_iocost_possible(BfqMode::IocostKernel, &v2).unwrap_err().to_string();
+        assert!(err.contains("io.cost.qos is missing"), "{err}");
+        std::fs::write(dir.path().join("io.cost.qos"), "").unwrap();
+        ensure_iocost_possible(BfqMode::IocostKernel, &v2).unwrap();
+    }
+
+    #[test]
     fn a_device_needs_format_permission() {
         let stack = Cleanup::new();
         let err = prepare(&DiskSource::Device { path: "/dev/null".into(), format: false }, Path::new("/tmp"), &stack);
