@@ -136,6 +136,10 @@ pub struct Sample {
     /// The background's weight, read from its cgroup file when this reader had finished.
     #[serde(default)]
     pub bg_weight: Option<u32>,
+    /// io.cost modes: the device's `cost.vrate` (percent) in the v2 root's `io.stat` when this reader had finished:
+    /// how far io.cost scales the model's rates (100 = as the model says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vrate: Option<f64>,
 }
 
 /// One variant of one case.

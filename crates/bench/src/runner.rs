@@ -257,6 +257,7 @@ impl ModeRun<'_, '_> {
             id: out.id,
             weight: Some(out.weight),
             bg_weight: Some(bg_weight),
+            vrate: if self.mode.is_iocost() { vrate(&self.env.root, &self.env.disk.info.maj_min) } else { None },
         };
         Ok((sample, window))
     }
@@ -367,5 +368,31 @@ impl ModeRun<'_, '_> {
                 .collect();
             handles.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("reader thread panicked"))?).collect()
         })
+    }
+}
+
+/// The device's `cost.vrate=P` (percent) in the v2 root's `io.stat` (the kernel prints it for the root cgroup of a
+/// device with io.cost enabled); `None` when absent.
+fn vrate(root: &CgroupRoot, maj_min: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(root.path().join("io.stat")).ok()?;
+    parse_vrate(&text, maj_min)
+}
+
+fn parse_vrate(io_stat: &str, maj_min: &str) -> Option<f64> {
+    let line = io_stat.lines().find(|l| l.split_whitespace().next() == Some(maj_min))?;
+    line.split_whitespace().find_map(|f| f.strip_prefix("cost.vrate=")?.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_vrate;
+
+    #[test]
+    fn vrate_of_the_device_line() {
+        let text = "8:0 rbytes=1 wbytes=0 rios=1 wios=0 dbytes=0 dios=0\n\
+                    7:3 rbytes=9 wbytes=0 rios=3 wios=0 dbytes=0 dios=0 cost.vrate=87.25 cost.usage=12\n";
+        assert_eq!(parse_vrate(text, "7:3"), Some(87.25));
+        assert_eq!(parse_vrate(text, "8:0"), None);
+        assert_eq!(parse_vrate(text, "7:30"), None);
     }
 }

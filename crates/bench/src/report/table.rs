@@ -233,6 +233,31 @@ fn weights_line(mode: &ModeReport) -> String {
     format!("weights read back: {}", parts.join("; "))
 }
 
+/// io.cost modes: the device's `cost.vrate` after each read, by variant (min / median / max, percent).
+fn vrate_line(mode: &ModeReport) -> String {
+    let mut parts = Vec::new();
+    for v in Variant::ALL {
+        let mut rates: Vec<f64> = mode
+            .exp1
+            .iter()
+            .chain(&mode.exp2)
+            .filter_map(|r| r.variant(v))
+            .flat_map(|c| &c.samples)
+            .filter_map(|s| s.vrate)
+            .collect();
+        if rates.is_empty() {
+            continue;
+        }
+        rates.sort_by(f64::total_cmp);
+        let (min, med, max) = (rates[0], rates[rates.len() / 2], rates[rates.len() - 1]);
+        parts.push(format!("{} {min:.1} / {med:.1} / {max:.1}", v.label()));
+    }
+    if parts.is_empty() {
+        return String::new();
+    }
+    format!("io.cost vrate after each read, min / median / max %: {}", parts.join("; "))
+}
+
 /// Everything about one mode.
 pub fn mode_section(run: &RunReport, mode: &ModeReport) -> String {
     let mut out = String::new();
@@ -275,6 +300,10 @@ pub fn mode_section(run: &RunReport, mode: &ModeReport) -> String {
     let weights = weights_line(mode);
     if !weights.is_empty() {
         let _ = writeln!(out, "{weights}");
+    }
+    let vrate = vrate_line(mode);
+    if !vrate.is_empty() {
+        let _ = writeln!(out, "{vrate}");
     }
     let checks = target_checks(mode);
     if !checks.is_empty() {
