@@ -485,7 +485,18 @@ pub fn config(mlfq: qos_core::Config, sample_interval: Duration, work: &Path, te
         ..AgentConfig::default()
     };
     cfg.devices.check = test_disk.map(|d| vec![d.to_string()]).unwrap_or_default();
+    // The dockerd the bench's containers run on: `$DOCKER_HOST` when it names a socket (the v2 test bed's
+    // throw-away dockerd), as for the docker CLI the bench uses; else the agent's default socket.
+    if let Some(socket) = docker_host_socket() {
+        cfg.docker.socket = socket;
+    }
     cfg
+}
+
+/// The socket of `$DOCKER_HOST=unix://PATH`, if set.
+pub fn docker_host_socket() -> Option<std::path::PathBuf> {
+    let host = std::env::var("DOCKER_HOST").ok()?;
+    host.strip_prefix("unix://").map(std::path::PathBuf::from)
 }
 
 /// A container's description as discovery gives it to the daemon.
