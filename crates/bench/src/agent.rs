@@ -48,8 +48,14 @@ const REASONS: [Reason; 9] = [
     Reason::Reconfigured,
 ];
 
-/// How long a switch of the daemon's dry run, or a reader's weight, may take before the run fails.
+/// How long a reader's weight may take to arrive before the run fails.
 pub const WEIGHT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a switch out of the daemon's dry run may take (it writes every container's weight: with the Docker
+/// runtime on cgroup v2 that is one `docker update` each, since Docker delivers there, and under BFQ's default
+/// mode each took ~0.45 s while the background loaded the disk holding dockerd's data: ~20 s for a mode's 40
+/// readers). Each switch's time is recorded (`modes[].agent.switches`).
+pub const SWITCH_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Which backends the daemon runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -375,8 +381,8 @@ impl Agent {
             // adds its (non-zero) CPU time to `round_cpu_seconds`.
             let cpu = self.metrics.round_cpu_seconds.get();
             while self.metrics.round_cpu_seconds.get() == cpu {
-                if t0.elapsed() > WEIGHT_TIMEOUT {
-                    bail!("the agent ran no sampling round within {WEIGHT_TIMEOUT:?} after leaving dry run");
+                if t0.elapsed() > SWITCH_TIMEOUT {
+                    bail!("the agent ran no sampling round within {SWITCH_TIMEOUT:?} after leaving dry run");
                 }
                 std::thread::sleep(Duration::from_micros(200));
             }
