@@ -23,8 +23,14 @@ cargo test --workspace --doc --locked
 V2_TEST=$(cargo test -p qos-agent --test all --no-run --locked --message-format=json \
   | grep -o '"executable":"[^"]*/all-[^"]*"' | cut -d'"' -f4 | tail -1)
 [ -x "$V2_TEST" ] || { echo "scripts/test.sh: cannot find qos-agent's test binary" >&2; exit 1; }
+# The bench on v2 (crates/bench/tests/real_run.rs, module v2_real): a tiny io.cost run in the same test bed.
+BENCH_V2_TEST=$(cargo test -p bench --test real_run --no-run --locked --message-format=json \
+  | grep -o '"executable":"[^"]*/real_run-[^"]*"' | cut -d'"' -f4 | tail -1)
+[ -x "$BENCH_V2_TEST" ] || { echo "scripts/test.sh: cannot find the bench's real_run test binary" >&2; exit 1; }
 HAD_DOCKER0=$([ -e /sys/class/net/docker0 ] && echo yes || echo no)
-bash scripts/cgroup-v2.sh run --dockerd -- "$V2_TEST" --include-ignored --test-threads=1 v2_real::
+# Both run (one test bed entry, about a minute each way), and either failing fails the pass.
+bash scripts/cgroup-v2.sh run --dockerd -- sh -c '"$1" --include-ignored --test-threads=1 v2_real::; a=$?
+  "$2" --include-ignored --test-threads=1 v2_real::; b=$?; [ "$a" = 0 ] && [ "$b" = 0 ]' sh "$V2_TEST" "$BENCH_V2_TEST"
 if [ "$HAD_DOCKER0" = yes ] && [ ! -e /sys/class/net/docker0 ]; then
   echo "scripts/test.sh: the v2 test bed removed the host's docker0 bridge" >&2
   exit 1

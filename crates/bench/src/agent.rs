@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use qos_agent::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
 use qos_agent::blockdev::tune::TunedDevices;
-use qos_agent::cgroup::{CgroupDir, CgroupRoot, WeightFile};
+use qos_agent::blockdev::DevNum;
+use qos_agent::cgroup::{CgroupDir, CgroupRoot, CgroupVersion, WeightFile, WeightFileKind};
 use qos_agent::config::ActuatorMode;
 use qos_agent::daemon::{Command, Daemon, Summary};
 use qos_agent::metrics::{Metrics, ReasonLabels};
@@ -48,8 +49,14 @@ const REASONS: [Reason; 9] = [
     Reason::Reconfigured,
 ];
 
-/// How long a switch of the daemon's dry run, or a reader's weight, may take before the run fails.
+/// How long a reader's weight may take to arrive before the run fails.
 pub const WEIGHT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a switch out of the daemon's dry run may take (it writes every container's weight: with the Docker
+/// runtime on cgroup v2 that is one `docker update` each, since Docker delivers there, and under BFQ's default
+/// mode each took ~0.45 s while the background loaded the disk holding dockerd's data: ~20 s for a mode's 40
+/// readers). Each switch's time is recorded (`modes[].agent.switches`).
+pub const SWITCH_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Which backends the daemon runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,10 +83,68 @@ impl Backends {
     }
 }
 
+/// Which file the bench reads a cgroup's weight from: the one that governs the test device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightProbe {
+    /// cgroup v1: the cgroup's weight file (`blkio.bfq.weight`), as the agent opens it.
+    V1,
+    /// cgroup v2: `kind` (`io.bfq.weight` under BFQ, `io.weight` under io.cost), its effective value on `dev`
+    /// (the device's `MAJ:MIN N` override, else `default N`).
+    V2 {
+        /// The file.
+        kind: WeightFileKind,
+        /// The test device.
+        dev: DevNum,
+    },
+}
+
+impl WeightProbe {
+    /// The file that governs `dev` in `mode` on `root`'s hierarchy.
+    pub fn for_mode(root: &CgroupRoot, mode: crate::workload::BfqMode, dev: DevNum) -> Self {
+        match root.version() {
+            CgroupVersion::V1 => WeightProbe::V1,
+            CgroupVersion::V2 if mode.is_iocost() => WeightProbe::V2 { kind: WeightFileKind::V2Io, dev },
+            CgroupVersion::V2 => WeightProbe::V2 { kind: WeightFileKind::V2Bfq, dev },
+        }
+    }
+
+    /// For the report: which file and value.
+    pub fn describe(&self) -> String {
+        match self {
+            WeightProbe::V1 => "the cgroup's v1 weight file (blkio.bfq.weight)".into(),
+            WeightProbe::V2 { kind, dev } => format!("{}, effective value on {dev}", kind.file_name()),
+        }
+    }
+
+    /// The value `weight` has in the probed file.
+    pub fn file_value(&self, weight: Weight) -> u32 {
+        match self {
+            WeightProbe::V1 => weight.to_bfq(),
+            WeightProbe::V2 { kind, .. } => kind.file_value(weight),
+        }
+    }
+
+    /// Reads the weight that acts on the test device, on the file's own scale, and the file's path.
+    pub fn read(&self, dir: &CgroupDir) -> Result<(u32, std::path::PathBuf)> {
+        match *self {
+            WeightProbe::V1 => {
+                let file = WeightFile::open(dir)?;
+                Ok((file.kind().file_value(file.read()?), file.path().to_path_buf()))
+            }
+            WeightProbe::V2 { kind, dev } => {
+                let file = WeightFile::open_kind(dir, kind)?
+                    .with_context(|| format!("{} has no {}", dir.path().display(), kind.file_name()))?;
+                Ok((file.read_lines()?.effective(dev), file.path().to_path_buf()))
+            }
+        }
+    }
+}
+
 /// A weight file's content as the bench read it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct WeightRead {
-    /// The weight the file held.
+    /// The weight the file held (on cgroup v2: the effective value on the test device of the file that governs
+    /// it, on that file's scale).
     pub weight: u32,
     /// How long the bench waited for it, from the reader's cgroup existing (0 when read once, not awaited).
     pub waited_ms: f64,
@@ -208,12 +273,14 @@ pub struct Agent {
     switches: Mutex<Vec<DryRunSwitch>>,
     /// The `[devices] bfq_tunables` the agent set at its start, as `ddiskqos-agent` does; put back at its stop.
     tuned: Option<TunedDevices>,
+    probe: WeightProbe,
 }
 
 impl Agent {
     /// Starts the daemon in dry run with `cfg` (whose `dry_run` is overridden) on `backends`, and waits until it
     /// has discovered what runs and serves commands.
-    pub fn start(mut cfg: AgentConfig, backends: Backends, root: Arc<CgroupRoot>) -> Result<Self> {
+    /// `probe` says which file the bench reads weights from.
+    pub fn start(mut cfg: AgentConfig, backends: Backends, root: Arc<CgroupRoot>, probe: WeightProbe) -> Result<Self> {
         cfg.dry_run = true;
         cfg.actuator = ActuatorMode::Auto;
         cfg.validate().context("agent configuration")?;
@@ -269,6 +336,7 @@ impl Agent {
             dry_run: Mutex::new(true),
             switches: Mutex::new(Vec::new()),
             tuned,
+            probe,
         };
         if let Err(e) = agent.round_trip() {
             return Err(agent.failure(e));
@@ -325,8 +393,8 @@ impl Agent {
             // adds its (non-zero) CPU time to `round_cpu_seconds`.
             let cpu = self.metrics.round_cpu_seconds.get();
             while self.metrics.round_cpu_seconds.get() == cpu {
-                if t0.elapsed() > WEIGHT_TIMEOUT {
-                    bail!("the agent ran no sampling round within {WEIGHT_TIMEOUT:?} after leaving dry run");
+                if t0.elapsed() > SWITCH_TIMEOUT {
+                    bail!("the agent ran no sampling round within {SWITCH_TIMEOUT:?} after leaving dry run");
                 }
                 std::thread::sleep(Duration::from_micros(200));
             }
@@ -354,30 +422,37 @@ impl Agent {
         }
     }
 
-    /// Waits until the weight file of `dir` reads `want` (the daemon wrote it), at most [`WEIGHT_TIMEOUT`].
+    /// Waits until the weight file of `dir` that governs the test device reads `want` (the daemon wrote it), at
+    /// most [`WEIGHT_TIMEOUT`].
     pub fn wait_for_weight(&self, dir: &CgroupDir, want: Weight, since: Instant) -> Result<WeightRead> {
-        let file = WeightFile::open(dir)?;
+        let value = self.probe.file_value(want);
         loop {
             // A regular file standing in for a cgroup file (the fixtures) is truncated, then written: a read between
             // the two finds it empty. Such a read is retried until the deadline; a real cgroup file never reads torn,
             // so there an error persists and is reported when the time is up.
-            let have = file.read();
+            let have = self.probe.read(dir);
             let waited = since.elapsed();
-            if let Ok(have) = &have {
-                if *have == want {
-                    return Ok(WeightRead { weight: have.get(), waited_ms: waited.as_secs_f64() * 1e3 });
+            if let Ok((have, _)) = &have {
+                if *have == value {
+                    return Ok(WeightRead { weight: *have, waited_ms: waited.as_secs_f64() * 1e3 });
                 }
             }
             if waited > WEIGHT_TIMEOUT {
-                let have = have?;
+                let (have, path) = have?;
                 bail!(
-                    "{} still reads {have} {WEIGHT_TIMEOUT:?} after the container started: the agent did not give it \
-                     the top weight {want}",
-                    file.path().display()
+                    "{} still reads {have} ({}) {WEIGHT_TIMEOUT:?} after the container started: the agent did not \
+                     give it the top weight {want} ({value} in this file)",
+                    path.display(),
+                    self.probe.describe()
                 );
             }
             std::thread::sleep(Duration::from_micros(100));
         }
+    }
+
+    /// Reads the weight file of `dir` that governs the test device once.
+    pub fn read_weight(&self, dir: &CgroupDir) -> Result<WeightRead> {
+        read_weight(&self.probe, dir)
     }
 
     /// Stops the daemon (`Command::Shutdown`: it restores what it changed) and returns what it did.
@@ -416,21 +491,36 @@ impl Drop for Agent {
     }
 }
 
-/// Reads the weight file of `dir` once.
-pub fn read_weight(dir: &CgroupDir) -> Result<WeightRead> {
-    Ok(WeightRead { weight: WeightFile::open(dir)?.read()?.get(), waited_ms: 0.0 })
+/// Reads the weight of `dir` from the file `probe` names, once.
+pub fn read_weight(probe: &WeightProbe, dir: &CgroupDir) -> Result<WeightRead> {
+    Ok(WeightRead { weight: probe.read(dir)?.0, waited_ms: 0.0 })
 }
 
 /// The agent's configuration for the bench: the defaults, the bench's engine and sampling interval, the state file
-/// and control socket in the bench's work directory.
-pub fn config(mlfq: qos_core::Config, sample_interval: Duration, work: &Path) -> AgentConfig {
-    AgentConfig {
+/// and control socket in the bench's work directory, and `[devices] check` = the test disk (as an operator names
+/// the devices that matter: on cgroup v2 the agent then writes and verifies the weight file that governs it even
+/// before a new container's first I/O shows the device in its `io.stat`).
+pub fn config(mlfq: qos_core::Config, sample_interval: Duration, work: &Path, test_disk: Option<&str>) -> AgentConfig {
+    let mut cfg = AgentConfig {
         mlfq,
         sample_interval,
         state_file: work.join("agent-state.json"),
         control_socket: work.join("agent.sock"),
         ..AgentConfig::default()
+    };
+    cfg.devices.check = test_disk.map(|d| vec![d.to_string()]).unwrap_or_default();
+    // The dockerd the bench's containers run on: `$DOCKER_HOST` when it names a socket (the v2 test bed's
+    // throw-away dockerd), as for the docker CLI the bench uses; else the agent's default socket.
+    if let Some(socket) = docker_host_socket() {
+        cfg.docker.socket = socket;
     }
+    cfg
+}
+
+/// The socket of `$DOCKER_HOST=unix://PATH`, if set.
+pub fn docker_host_socket() -> Option<std::path::PathBuf> {
+    let host = std::env::var("DOCKER_HOST").ok()?;
+    host.strip_prefix("unix://").map(std::path::PathBuf::from)
 }
 
 /// A container's description as discovery gives it to the daemon.
@@ -464,7 +554,7 @@ mod tests {
     }
 
     fn weight(dir: &CgroupDir) -> u32 {
-        read_weight(dir).unwrap().weight
+        read_weight(&WeightProbe::V1, dir).unwrap().weight
     }
 
     fn wait_until(mut f: impl FnMut() -> bool) {
@@ -479,8 +569,8 @@ mod tests {
     fn dry_run_switches_write_and_restore_through_the_daemon() {
         let (tmp, root) = fixture();
         let work = tempfile::tempdir().unwrap();
-        let cfg = config(qos_core::Config::default(), Duration::from_millis(10), work.path());
-        let agent = Agent::start(cfg, Backends::CgroupDir, root.clone()).unwrap();
+        let cfg = config(qos_core::Config::default(), Duration::from_millis(10), work.path(), None);
+        let agent = Agent::start(cfg, Backends::CgroupDir, root.clone(), WeightProbe::V1).unwrap();
         let bg = cgroup(&root, "bg", 0);
         agent.announce_started(&container_info("bg", bg.clone())).unwrap();
         set_bytes(&root, "bg", 1 << 30);
@@ -511,8 +601,8 @@ mod tests {
     fn a_weight_that_never_arrives_fails() {
         let (_tmp, root) = fixture();
         let work = tempfile::tempdir().unwrap();
-        let cfg = config(qos_core::Config::default(), Duration::from_millis(10), work.path());
-        let agent = Agent::start(cfg, Backends::CgroupDir, root.clone()).unwrap();
+        let cfg = config(qos_core::Config::default(), Duration::from_millis(10), work.path(), None);
+        let agent = Agent::start(cfg, Backends::CgroupDir, root.clone(), WeightProbe::V1).unwrap();
         let fg = cgroup(&root, "fg", 0);
         // Not announced, and in dry run anyway: the file keeps 100.
         let since = Instant::now() - WEIGHT_TIMEOUT;

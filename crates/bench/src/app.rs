@@ -21,7 +21,7 @@ use crate::runner::{self, Env, RunConfig};
 use crate::runtime::cgroup::CgroupRuntime;
 use crate::runtime::docker::{self, DockerRuntime};
 use crate::runtime::{BackgroundKind, Runtime, RuntimeChoice};
-use crate::workload::{self, Plan};
+use crate::workload::{self, BfqMode, Plan};
 use crate::{report, sys};
 
 /// Everything set up for measuring.
@@ -41,6 +41,8 @@ pub struct Setup {
     pub work: PathBuf,
     /// Test files by name.
     pub files: BTreeMap<String, PathBuf>,
+    /// The undo stack.
+    pub cleanup: &'static Cleanup,
 }
 
 impl Setup {
@@ -53,24 +55,39 @@ impl Setup {
             root: self.root.clone(),
             work: self.work.clone(),
             files: self.files.clone(),
+            cleanup: self.cleanup,
         }
     }
 }
 
-/// Fails unless the process can do what the bench needs.
-pub fn preflight() -> Result<()> {
+/// Fails unless the process can do what the bench needs, in every mode of `modes`.
+pub fn preflight(modes: &[BfqMode]) -> Result<()> {
     if !sys::is_root() {
         bail!("ddiskqos-bench needs root (loop devices, mounts, cgroups, scheduler settings)");
     }
-    detect_root()?;
+    let root = detect_root()?;
+    for &mode in modes {
+        disk::ensure_iocost_possible(mode, &root)?;
+    }
     Ok(())
 }
 
-/// The block-I/O cgroup hierarchy, detected as the agent detects it; the bench drives v1 blkio with BFQ.
+/// The block-I/O cgroup hierarchy, detected as the agent detects it: v1 blkio, or v2 with the io controller
+/// enabled for the root's children (the bench's cgroups and Docker's are created there).
 fn detect_root() -> Result<CgroupRoot> {
     let root = CgroupRoot::detect().context("detecting the cgroup hierarchy (qos_agent::cgroup::CgroupRoot)")?;
-    if root.version() != CgroupVersion::V1 {
-        bail!("the block-I/O hierarchy at {} is cgroup v2: this bench drives v1 blkio + BFQ", root.path().display());
+    if root.version() == CgroupVersion::V2 {
+        let file = root.path().join("cgroup.subtree_control");
+        let enabled = sys::read_trim(&file)?;
+        if !enabled.split_whitespace().any(|c| c == "io") {
+            bail!(
+                "cgroup v2 at {}: the io controller is not enabled for children ({} reads {enabled:?}); \
+                 `echo +io > {}`, or run the bench inside scripts/cgroup-v2.sh",
+                root.path().display(),
+                file.display(),
+                file.display()
+            );
+        }
     }
     Ok(root)
 }
@@ -116,7 +133,7 @@ pub fn set_up(common: &Common, plan: &Plan, cleanup: &'static Cleanup) -> Result
     eprintln!("files: {total_mib} MiB written in {:.1} s", started.elapsed().as_secs_f64());
     let files = specs.iter().zip(paths).map(|(s, p)| (s.name.clone(), p)).collect();
     let root = Arc::new(detect_root()?);
-    if !root.path().join(V1_BFQ_BYTES).exists() {
+    if root.version() == CgroupVersion::V1 && !root.path().join(V1_BFQ_BYTES).exists() {
         bail!("{} has no {V1_BFQ_BYTES}: BFQ is not active on any device", root.path().display());
     }
     let exe = std::env::current_exe().context("cannot find this executable")?;
@@ -135,7 +152,7 @@ pub fn set_up(common: &Common, plan: &Plan, cleanup: &'static Cleanup) -> Result
         RuntimeChoice::Auto if docker::daemon_answers() => docker("a daemon answers")?,
         RuntimeChoice::Auto => cgroup("no Docker daemon answers")?,
     };
-    Ok(Setup { disk, runtime, runtime_reason, backends, root, work, files })
+    Ok(Setup { disk, runtime, runtime_reason, backends, root, work, files, cleanup })
 }
 
 /// Size of the loop device for `total_mib` of files: 25 % and 512 MiB spare, whole GiB, at least 1 GiB.
@@ -170,7 +187,7 @@ pub fn progress(total: u64) -> ProgressBar {
 
 /// `run`.
 pub fn run(args: &RunArgs, cleanup: &'static Cleanup) -> Result<RunReport> {
-    preflight()?;
+    preflight(&args.common.modes)?;
     let plan = args.plan()?;
     let common = &args.common;
     let cfg = run_config(common, plan.clone(), !args.no_exp1, !args.no_exp2)?;
@@ -229,7 +246,8 @@ pub fn meta(
         cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         runtime: setup.runtime.name().into(),
         runtime_reason: setup.runtime_reason.clone(),
-        cgroup_layout: format!("{:?}", common.cgroup_layout).to_lowercase(),
+        cgroup_layout: common.cgroup_layout.describe(setup.runtime.name()),
+        cgroup: format!("{} {}", setup.root.version(), setup.root.path().display()),
         agent: format!("qos_agent::daemon::Daemon on {}", setup.backends.describe()),
         background: if background.is_empty() { background_label(common.background) } else { background },
         disk: setup.disk.info.clone(),

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
-use qos_agent::blockdev::{self, DevNum};
+use qos_agent::blockdev::{self, iocost, DevNum};
+use qos_agent::cgroup::{CgroupRoot, CgroupVersion};
 use serde::{Deserialize, Serialize};
 
 use crate::cleanup::{Cleanup, Token};
@@ -69,7 +70,27 @@ pub struct Disk {
     low_latency_base: Arc<Mutex<Option<String>>>,
     /// The first value of every BFQ tunable the bench changed, restored by one cleanup action.
     originals: Arc<Mutex<BTreeMap<String, String>>>,
+    /// `--bfq-set` assignments, applied again when BFQ comes back after an io.cost mode (a new BFQ instance starts
+    /// from its defaults).
+    extra: Arc<Mutex<Vec<(String, String)>>>,
 }
+
+/// io.cost as an io.cost mode set it, read back from the v2 root's files.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct IoCostSetting {
+    /// The device's line of `io.cost.model`, read back after the set-up.
+    pub model: String,
+    /// The device's line of `io.cost.qos`, read back after the set-up.
+    pub qos: String,
+    /// For `iocost-calibrated`: what `qos_agent::blockdev::iocost::measure` measured (model, median 4 KiB read at
+    /// queue depth 1), as the agent's `iocost` subcommand prints it.
+    #[serde(default)]
+    pub calibration: Option<String>,
+}
+
+/// How long each of the calibration's measurements runs (three of them, plus one second of lone reads): the
+/// agent's `iocost` subcommand defaults to 3 s; 2 s keeps a mode's set-up under 10 s.
+const CALIBRATION_SECS: u64 = 2;
 
 impl Disk {
     fn new(info: DiskInfo, cleanup: &Cleanup) -> Self {
@@ -84,7 +105,7 @@ impl Disk {
             }
             first_err.map_or(Ok(()), |e| Err(e.into()))
         });
-        Self { info, low_latency_base: Default::default(), originals }
+        Self { info, low_latency_base: Default::default(), originals, extra: Default::default() }
     }
 
     fn queue(&self) -> PathBuf {
@@ -101,9 +122,28 @@ impl Disk {
         Ok(old)
     }
 
-    /// Switches BFQ's `strict_guarantees` (and, for [`BfqMode::StrictNoLowLatency`], `low_latency`) for `mode`.
-    /// Other modes keep the `low_latency` the device had when the first mode started (after `--bfq-set`).
-    pub fn set_mode(&self, mode: BfqMode) -> Result<()> {
+    /// Puts the device in `mode`. BFQ modes: BFQ as the scheduler (again, after an io.cost mode), `--bfq-set`
+    /// applied, `strict_guarantees` (and, for [`BfqMode::StrictNoLowLatency`], `low_latency`); other modes keep
+    /// the `low_latency` the device had when the first BFQ mode started (after `--bfq-set`). io.cost modes (cgroup
+    /// v2 only): scheduler `none` and io.cost enabled in `root`'s `io.cost.qos`, with the kernel's model or the
+    /// one the agent's calibration measures now; their undo (io.cost off, model back to the kernel's, the
+    /// scheduler back) is on `cleanup` and its token returned, so the mode's end can run it early.
+    pub fn set_mode(
+        &self,
+        mode: BfqMode,
+        root: &CgroupRoot,
+        cleanup: &Cleanup,
+    ) -> Result<(Option<Token>, Option<IoCostSetting>)> {
+        if mode.is_iocost() {
+            return self.set_iocost(mode, root, cleanup).map(|(t, s)| (Some(t), Some(s)));
+        }
+        let name = &self.info.disk_name;
+        if blockdev::scheduler(name)?.active != "bfq" {
+            blockdev::switch_scheduler(name, "bfq", std::slice::from_ref(name))?;
+        }
+        for (key, value) in self.extra.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            self.set(&key, &value)?;
+        }
         let base = {
             let mut base = self.low_latency_base.lock().unwrap_or_else(|p| p.into_inner());
             if base.is_none() {
@@ -115,10 +155,71 @@ impl Disk {
             BfqMode::Default => ("0", base.as_str()),
             BfqMode::Strict => ("1", base.as_str()),
             BfqMode::StrictNoLowLatency => ("1", "0"),
+            BfqMode::IocostKernel | BfqMode::IocostCalibrated => unreachable!("handled above"),
         };
         self.set("strict_guarantees", strict)?;
         self.set("low_latency", low_latency)?;
-        Ok(())
+        Ok((None, None))
+    }
+
+    fn set_iocost(&self, mode: BfqMode, root: &CgroupRoot, cleanup: &Cleanup) -> Result<(Token, IoCostSetting)> {
+        ensure_iocost_possible(mode, root)?;
+        let name = self.info.disk_name.clone();
+        let dev: DevNum = self.info.maj_min.parse().with_context(|| format!("device number {}", self.info.maj_min))?;
+        let v2 = root.path().to_path_buf();
+        let before = blockdev::scheduler(&name)?.active;
+        // The undo goes on the stack before anything changes; it is safe to run whatever was done by then.
+        let token = cleanup.push(format!("io.cost off for {dev}, scheduler {before} on {name}"), {
+            let (name, v2) = (name.clone(), v2.clone());
+            move || {
+                let mut first_err: Option<anyhow::Error> = None;
+                for (line, file) in iocost::undo_lines(dev) {
+                    if let Err(e) = sys::write_existing(&v2.join(file), &line) {
+                        first_err.get_or_insert(e);
+                    }
+                }
+                if let Err(e) = blockdev::switch_scheduler(&name, &before, std::slice::from_ref(&name)) {
+                    first_err.get_or_insert(e.into());
+                }
+                first_err.map_or(Ok(()), Err)
+            }
+        });
+        blockdev::switch_scheduler(&name, "none", std::slice::from_ref(&name))?;
+        let model_file = v2.join(iocost::IO_COST_MODEL);
+        let qos_file = v2.join(iocost::IO_COST_QOS);
+        let calibration = match mode {
+            BfqMode::IocostKernel => {
+                sys::write_existing(&model_file, &format!("{dev} ctrl=auto"))?;
+                sys::write_existing(&qos_file, &format!("{dev} enable=1"))?;
+                None
+            }
+            _ => {
+                // What `ddiskqos-agent iocost DEV --apply` does: measure the device (reads only; write coefficients
+                // equal to the read ones), a latency target from its median 4 KiB read, then write model and qos.
+                let cal = iocost::Calibration {
+                    duration: std::time::Duration::from_secs(CALIBRATION_SECS),
+                    ..Default::default()
+                };
+                eprintln!(
+                    "{}: calibrating io.cost on {} (about {} s)",
+                    mode.name(),
+                    self.info.dev.display(),
+                    CALIBRATION_SECS * 3 + 1
+                );
+                let measured = iocost::measure(&self.info.dev, &cal)
+                    .with_context(|| format!("calibrating io.cost on {}", self.info.dev.display()))?;
+                let qos = iocost::QosTarget::from_latency(std::time::Duration::from_micros(measured.median_4k_qd1_us));
+                iocost::apply(&v2, dev, &measured.model, &qos)?;
+                Some(format!("{measured}"))
+            }
+        };
+        if !blockdev::io_cost_enabled(&v2, dev)? {
+            bail!("{} does not read enable=1 for {dev} after the set-up of {}", qos_file.display(), mode.name());
+        }
+        let line = |f: &Path| -> Result<String> {
+            iocost::read_line(f, dev)?.with_context(|| format!("{} has no line for {dev}", f.display()))
+        };
+        Ok((token, IoCostSetting { model: line(&model_file)?, qos: line(&qos_file)?, calibration }))
     }
 
     /// Sets a BFQ tunable given as `KEY=VALUE` (`low_latency=0`, `slice_idle=0`, ...); the returned token puts the
@@ -131,6 +232,7 @@ impl Disk {
             bail!("--bfq-set {key}: not a tunable the bench lets you set (strict_guarantees comes from --modes)");
         }
         let old = self.set(key, value)?;
+        self.extra.lock().unwrap_or_else(|p| p.into_inner()).push((key.to_string(), value.to_string()));
         let (name, key) = (self.info.disk_name.clone(), key.to_string());
         Ok(cleanup.push(format!("restore {key}={old} on {name}"), move || {
             blockdev::set_bfq_tunable(&name, &key, &old, std::slice::from_ref(&name))?;
@@ -158,6 +260,26 @@ impl Disk {
         }
         out
     }
+}
+
+/// Fails unless `mode` can run on `root`: io.cost modes need cgroup v2 with `io.cost.qos` in the root.
+pub fn ensure_iocost_possible(mode: BfqMode, root: &CgroupRoot) -> Result<()> {
+    if !mode.is_iocost() {
+        return Ok(());
+    }
+    if root.version() != CgroupVersion::V2 {
+        bail!(
+            "mode {}: io.cost exists on cgroup v2 only, and the block-I/O hierarchy here is cgroup v1 ({}); run the \
+             bench inside scripts/cgroup-v2.sh, or choose a BFQ mode",
+            mode.name(),
+            root.path().display()
+        );
+    }
+    let qos = root.path().join(iocost::IO_COST_QOS);
+    if !qos.exists() {
+        bail!("mode {}: {} is missing (kernel without CONFIG_BLK_CGROUP_IOCOST?)", mode.name(), qos.display());
+    }
+    Ok(())
 }
 
 /// Sets up the disk described by `source` under `work` (a directory the caller owns and removes).
@@ -383,6 +505,20 @@ mod tests {
         let stack = Cleanup::new();
         assert!(prepare(&DiskSource::Dir(dir.path().to_path_buf()), dir.path(), &stack).is_err());
         assert_eq!(stack.pending(), 0, "nothing may be registered when refusing");
+    }
+
+    #[test]
+    fn iocost_modes_are_refused_on_v1_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let v1 = CgroupRoot::from_dir(CgroupVersion::V1, dir.path()).unwrap();
+        let err = ensure_iocost_possible(BfqMode::IocostCalibrated, &v1).unwrap_err().to_string();
+        assert!(err.contains("iocost-calibrated") && err.contains("cgroup v1"), "{err}");
+        ensure_iocost_possible(BfqMode::Strict, &v1).unwrap();
+        let v2 = CgroupRoot::from_dir(CgroupVersion::V2, dir.path()).unwrap();
+        let err = ensure_iocost_possible(BfqMode::IocostKernel, &v2).unwrap_err().to_string();
+        assert!(err.contains("io.cost.qos is missing"), "{err}");
+        std::fs::write(dir.path().join("io.cost.qos"), "").unwrap();
+        ensure_iocost_possible(BfqMode::IocostKernel, &v2).unwrap();
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::agent::{AgentReport, WeightRead};
-use crate::disk::DiskInfo;
+use crate::disk::{DiskInfo, IoCostSetting};
 use crate::stats::{mib_per_s, Latency, Ratios, Summary};
 use crate::workload::{BfqMode, PaperRow, Plan, Variant};
 
@@ -38,6 +38,10 @@ pub struct Meta {
     /// `flat` or `nested` cgroups (see `--cgroup-layout`).
     #[serde(default)]
     pub cgroup_layout: String,
+    /// The block-I/O cgroup hierarchy, as the agent detected it: `v1 /sys/fs/cgroup/blkio` or `v2 /sys/fs/cgroup`
+    /// (empty in reports from before the bench ran on v2).
+    #[serde(default)]
+    pub cgroup: String,
     /// The agent's daemon and the backends it ran on (`crate::agent::Backends`).
     #[serde(default)]
     pub agent: String,
@@ -80,6 +84,12 @@ pub struct ModeReport {
     /// bench ran the shipped daemon.
     #[serde(default)]
     pub agent: Option<AgentReport>,
+    /// io.cost modes: the device's `io.cost.model` and `io.cost.qos` lines as read back (and the calibration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iocost: Option<IoCostSetting>,
+    /// Which file every recorded weight was read from (on cgroup v2 the one that governs the test device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_file: Option<String>,
 }
 
 /// Bytes over time.
@@ -126,6 +136,10 @@ pub struct Sample {
     /// The background's weight, read from its cgroup file when this reader had finished.
     #[serde(default)]
     pub bg_weight: Option<u32>,
+    /// io.cost modes: the device's `cost.vrate` (percent) in the v2 root's `io.stat` when this reader had finished:
+    /// how far io.cost scales the model's rates (100 = as the model says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vrate: Option<f64>,
 }
 
 /// One variant of one case.

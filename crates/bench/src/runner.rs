@@ -19,7 +19,8 @@ use qos_agent::backend::ContainerInfo;
 use qos_agent::cgroup::CgroupRoot;
 use qos_core::ContainerId;
 
-use crate::agent::{self, Agent, Backends, WeightRead};
+use crate::agent::{Agent, Backends, WeightProbe, WeightRead};
+use crate::cleanup::Cleanup;
 use crate::disk::Disk;
 use crate::model::{CaseReport, ModeReport, Sample, Throughput};
 use crate::runtime::{Background, BackgroundKind, ReaderHooks, Runtime};
@@ -66,6 +67,8 @@ pub struct Env<'a> {
     pub work: PathBuf,
     /// Test files by name.
     pub files: BTreeMap<String, PathBuf>,
+    /// The undo stack (a mode's device settings go there).
+    pub cleanup: &'static Cleanup,
 }
 
 impl Env<'_> {
@@ -88,7 +91,7 @@ impl ReaderHooks for AgentHooks<'_> {
         if self.wait_top {
             self.agent.wait_for_weight(dir, self.agent.top(), since)
         } else {
-            agent::read_weight(dir)
+            self.agent.read_weight(dir)
         }
     }
 
@@ -119,13 +122,38 @@ struct ModeRun<'a, 'e> {
 /// Runs one BFQ mode; returns its results.
 pub fn run_mode(env: &Env<'_>, cfg: &RunConfig, mode: BfqMode, progress: &ProgressBar) -> Result<ModeReport> {
     let started = Instant::now();
-    env.disk.set_mode(mode)?;
+    crate::disk::ensure_iocost_possible(mode, &env.root)?;
+    let (undo, iocost) = env.disk.set_mode(mode, &env.root, env.cleanup)?;
+    // The mode's device settings (io.cost) are undone when it ends, however it ends; signals run the stack.
+    let report = run_mode_on_device(env, cfg, mode, progress, started, iocost);
+    if let Some(token) = undo {
+        let undone = env.cleanup.run(token).with_context(|| format!("undoing the device settings of {}", mode.name()));
+        let report = report?;
+        undone?;
+        return Ok(report);
+    }
+    report
+}
+
+fn run_mode_on_device(
+    env: &Env<'_>,
+    cfg: &RunConfig,
+    mode: BfqMode,
+    progress: &ProgressBar,
+    started: Instant,
+    iocost: Option<crate::disk::IoCostSetting>,
+) -> Result<ModeReport> {
+    let dev: qos_agent::blockdev::DevNum =
+        env.disk.info.maj_min.parse().with_context(|| format!("device number {}", env.disk.info.maj_min))?;
+    let probe = WeightProbe::for_mode(&env.root, mode, dev);
     let bg_file = env.file(workload::BACKGROUND_FILE)?;
     let reads = (if cfg.exp1 { cfg.plan.exp1.iter().map(|c| c.reps as usize).sum::<usize>() } else { 0 }
         + if cfg.exp2 { cfg.plan.exp2_reps as usize * cfg.plan.exp2.len() } else { 0 })
         * 3;
     progress.set_message(format!("{}: starting the agent", mode.name()));
-    let mut agent_cfg = agent::config(cfg.engine.clone(), cfg.sample_interval, &env.work);
+    let v2 = env.root.version() == qos_agent::cgroup::CgroupVersion::V2;
+    let test_disk = v2.then_some(env.disk.info.disk_name.as_str());
+    let mut agent_cfg = crate::agent::config(cfg.engine.clone(), cfg.sample_interval, &env.work, test_disk);
     for assignment in &cfg.agent_bfq {
         let Some((key, value)) = assignment.split_once('=') else {
             anyhow::bail!("--agent-bfq-tunable wants KEY=VALUE, got {assignment:?}");
@@ -137,7 +165,7 @@ pub fn run_mode(env: &Env<'_>, cfg: &RunConfig, mode: BfqMode, progress: &Progre
             .or_default()
             .insert(key.into(), qos_agent::blockdev::tune::TunableValue::Text(value.into()));
     }
-    let agent = Agent::start(agent_cfg, env.backends, env.root.clone())?;
+    let agent = Agent::start(agent_cfg, env.backends, env.root.clone(), probe)?;
     // After the agent's start: the report shows what the agent set too.
     let iosched = env.disk.iosched();
     progress.set_message(format!("{}: starting {reads} readers", mode.name()));
@@ -181,6 +209,8 @@ pub fn run_mode(env: &Env<'_>, cfg: &RunConfig, mode: BfqMode, progress: &Progre
         exp2,
         background_blocks,
         agent: Some(agent),
+        iocost,
+        weight_file: Some(probe.describe()),
     })
 }
 
@@ -219,7 +249,7 @@ impl ModeRun<'_, '_> {
         let bg_bytes = self.bg_bytes()?.saturating_sub(b0);
         // What the background's weight is now, read from its file: the agent's decision in dDiskQoS blocks, the
         // restored original in the others.
-        let bg_weight = agent::read_weight(&self.bg.cgroup)?.weight;
+        let bg_weight = self.agent.read_weight(&self.bg.cgroup)?.weight;
         let want = size_mib << 20;
         if out.report.bytes != want {
             bail!("reader of {} read {} bytes, expected {want}", file.display(), out.report.bytes);
@@ -241,6 +271,7 @@ impl ModeRun<'_, '_> {
             id: out.id,
             weight: Some(out.weight),
             bg_weight: Some(bg_weight),
+            vrate: if self.mode.is_iocost() { vrate(&self.env.root, &self.env.disk.info.maj_min) } else { None },
         };
         Ok((sample, window))
     }
@@ -351,5 +382,31 @@ impl ModeRun<'_, '_> {
                 .collect();
             handles.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("reader thread panicked"))?).collect()
         })
+    }
+}
+
+/// The device's `cost.vrate=P` (percent) in the v2 root's `io.stat` (the kernel prints it for the root cgroup of a
+/// device with io.cost enabled); `None` when absent.
+fn vrate(root: &CgroupRoot, maj_min: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(root.path().join("io.stat")).ok()?;
+    parse_vrate(&text, maj_min)
+}
+
+fn parse_vrate(io_stat: &str, maj_min: &str) -> Option<f64> {
+    let line = io_stat.lines().find(|l| l.split_whitespace().next() == Some(maj_min))?;
+    line.split_whitespace().find_map(|f| f.strip_prefix("cost.vrate=")?.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_vrate;
+
+    #[test]
+    fn vrate_of_the_device_line() {
+        let text = "8:0 rbytes=1 wbytes=0 rios=1 wios=0 dbytes=0 dios=0\n\
+                    7:3 rbytes=9 wbytes=0 rios=3 wios=0 dbytes=0 dios=0 cost.vrate=87.25 cost.usage=12\n";
+        assert_eq!(parse_vrate(text, "7:3"), Some(87.25));
+        assert_eq!(parse_vrate(text, "8:0"), None);
+        assert_eq!(parse_vrate(text, "7:30"), None);
     }
 }

@@ -220,7 +220,7 @@ pub fn render(points: &[Point], modes: &[BfqMode], min_background: f64) -> Strin
 
 /// `sweep`.
 pub fn run(args: &SweepArgs, cleanup: &'static Cleanup) -> Result<()> {
-    app::preflight()?;
+    app::preflight(&args.common.modes)?;
     let common = &args.common;
     let plan = Plan {
         exp1: vec![Exp1Case { size_mib: 1, reps: args.reps }, Exp1Case { size_mib: 10, reps: args.reps }],

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// BFQ's setting for the run.
+/// The device's setting for a mode of the run: one of BFQ's (cgroup v1 and v2), or io.cost (cgroup v2 only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum BfqMode {
@@ -19,6 +19,17 @@ pub enum BfqMode {
     #[value(name = "strict-nolowlat")]
     #[serde(rename = "strict-nolowlat")]
     StrictNoLowLatency,
+    /// cgroup v2 only: scheduler `none`, io.cost enabled (`io.cost.qos` enable=1) with the kernel's automatic
+    /// model; `io.weight` acts.
+    #[value(name = "iocost-kernel")]
+    #[serde(rename = "iocost-kernel")]
+    IocostKernel,
+    /// cgroup v2 only: scheduler `none`, io.cost with the model and latency target that the agent's `iocost`
+    /// subcommand measures and writes (`qos_agent::blockdev::iocost`), calibrated on the test device at the start
+    /// of the mode.
+    #[value(name = "iocost-calibrated")]
+    #[serde(rename = "iocost-calibrated")]
+    IocostCalibrated,
 }
 
 impl BfqMode {
@@ -28,6 +39,8 @@ impl BfqMode {
             BfqMode::Default => "BFQ default (strict_guarantees=0)",
             BfqMode::Strict => "BFQ strict_guarantees=1",
             BfqMode::StrictNoLowLatency => "BFQ strict_guarantees=1 + low_latency=0",
+            BfqMode::IocostKernel => "io.cost, kernel's model (scheduler none)",
+            BfqMode::IocostCalibrated => "io.cost, calibrated model (scheduler none)",
         }
     }
 
@@ -37,12 +50,19 @@ impl BfqMode {
             BfqMode::Default => "default",
             BfqMode::Strict => "strict",
             BfqMode::StrictNoLowLatency => "strict-nolowlat",
+            BfqMode::IocostKernel => "iocost-kernel",
+            BfqMode::IocostCalibrated => "iocost-calibrated",
         }
     }
 
     /// Whether strict_guarantees is on (the targets apply).
     pub fn is_strict(self) -> bool {
-        self != BfqMode::Default
+        matches!(self, BfqMode::Strict | BfqMode::StrictNoLowLatency)
+    }
+
+    /// Whether io.cost (not BFQ) governs the device: `io.weight` acts, and only on cgroup v2.
+    pub fn is_iocost(self) -> bool {
+        matches!(self, BfqMode::IocostKernel | BfqMode::IocostCalibrated)
     }
 }
 

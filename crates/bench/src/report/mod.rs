@@ -41,11 +41,15 @@ pub fn write_all(run: &RunReport, dir: &Path) -> Result<Written> {
 
 /// The part of a mode's heading shared by the text report and the chart: BFQ mode, `low_latency`, runtime, layout.
 pub fn mode_heading(run: &RunReport, mode: &crate::model::ModeReport) -> String {
-    format!(
-        "{}, low_latency={} | runtime {}, {} cgroups",
-        mode.mode.label(),
-        mode.iosched.get("low_latency").map(String::as_str).unwrap_or("?"),
-        run.meta.runtime,
-        run.meta.cgroup_layout,
-    )
+    let device = if mode.mode.is_iocost() {
+        mode.mode.label().to_string()
+    } else {
+        format!(
+            "{}, low_latency={}",
+            mode.mode.label(),
+            mode.iosched.get("low_latency").map(String::as_str).unwrap_or("?")
+        )
+    };
+    let cgroup = if run.meta.cgroup.is_empty() { String::new() } else { format!(" | cgroup {}", run.meta.cgroup) };
+    format!("{device} | runtime {}, {} cgroups{cgroup}", run.meta.runtime, run.meta.cgroup_layout)
 }

@@ -23,8 +23,23 @@ use crate::cleanup::Cleanup;
 pub enum CgroupLayout {
     /// Directly under the blkio root (`ddiskqos-bench-<pid>-fg-<n>`), siblings of everything else.
     Flat,
-    /// Under one parent (`ddiskqos-bench-<pid>/fg-<n>`), like Docker's `docker/<id>`.
+    /// Under one parent (`ddiskqos-bench-<pid>/fg-<n>`), like Docker's `docker/<id>`. With the Docker runtime
+    /// this is Docker's default layout itself (no `--cgroup-parent`: `docker/<id>` with the cgroupfs driver);
+    /// `docker-default` names the same.
+    #[value(alias = "docker-default")]
     Nested,
+}
+
+impl CgroupLayout {
+    /// For the report: the layout and where `runtime`'s cgroups are in it.
+    pub fn describe(self, runtime: &str) -> String {
+        match (self, runtime) {
+            (CgroupLayout::Flat, "docker") => "flat (--cgroup-parent=/: <id> under the root)".into(),
+            (CgroupLayout::Nested, "docker") => "nested (Docker's default layout: docker/<id>)".into(),
+            (CgroupLayout::Flat, _) => "flat".into(),
+            (CgroupLayout::Nested, _) => "nested".into(),
+        }
+    }
 }
 
 /// Readers as processes in bench-made cgroups.
@@ -57,6 +72,13 @@ impl CgroupRuntime {
             CgroupLayout::Nested => {
                 let parent = root.path().join(&name);
                 procs::create(&parent)?;
+                if root.version() == qos_agent::cgroup::CgroupVersion::V2 {
+                    // On v2 a child has io.* files only where its parent enables the controller for it.
+                    let p = parent.clone();
+                    procs::enable_io(&parent).inspect_err(|_| {
+                        let _ = procs::kill_and_remove(&p);
+                    })?;
+                }
                 let p = parent.clone();
                 cleanup.push(format!("remove cgroup {}", parent.display()), move || remove_tree(&p));
                 (parent, String::new())

@@ -40,10 +40,7 @@ const SOCKET: &str = "/var/run/docker.sock";
 
 /// Whether a Docker daemon answers on its socket (`GET /_ping`).
 pub fn daemon_answers() -> bool {
-    let path = std::env::var("DOCKER_HOST")
-        .ok()
-        .and_then(|h| h.strip_prefix("unix://").map(str::to_string))
-        .unwrap_or_else(|| SOCKET.to_string());
+    let path = crate::agent::docker_host_socket().unwrap_or_else(|| SOCKET.into());
     let Ok(mut s) = UnixStream::connect(path) else {
         return false;
     };

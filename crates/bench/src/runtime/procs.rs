@@ -28,6 +28,11 @@ pub fn create(dir: &Path) -> Result<()> {
     std::fs::create_dir(dir).with_context(|| format!("cannot create cgroup {}", dir.display()))
 }
 
+/// cgroup v2: enables the io controller for the children of `dir` (`+io` in its `cgroup.subtree_control`).
+pub fn enable_io(dir: &Path) -> Result<()> {
+    crate::sys::write_existing(&dir.join("cgroup.subtree_control"), "+io")
+}
+
 /// Kills what is left in the cgroup and removes it (retrying while the kernel finishes the exits).
 pub fn kill_and_remove(dir: &Path) -> Result<()> {
     if !dir.exists() {
