@@ -125,7 +125,7 @@ pub fn run_mode(env: &Env<'_>, cfg: &RunConfig, mode: BfqMode, progress: &Progre
         * 3;
     progress.set_message(format!("{}: starting the agent", mode.name()));
     let agent_cfg = agent::config(cfg.engine.clone(), cfg.sample_interval, &env.work);
-    let agent = Agent::start(agent_cfg, env.backends, env.root.clone())?;
+    let agent = Agent::start(agent_cfg, env.backends.clone(), env.root.clone())?;
     progress.set_message(format!("{}: starting {reads} readers", mode.name()));
     let bg = env.runtime.prepare(reads).and_then(|()| {
         progress.set_message(format!("{}: starting the background", mode.name()));
@@ -205,7 +205,7 @@ impl ModeRun<'_, '_> {
         let bg_bytes = self.bg_bytes()?.saturating_sub(b0);
         // What the background's weight is now, read from its file: the agent's decision in dDiskQoS blocks, the
         // restored original in the others.
-        let bg_weight = agent::read_weight(&self.bg.cgroup)?.weight;
+        let bg_weight = agent::read_weight(&self.env.runtime.background_weight_dir(self.bg))?.weight;
         let want = size_mib << 20;
         if out.report.bytes != want {
             bail!("reader of {} read {} bytes, expected {want}", file.display(), out.report.bytes);

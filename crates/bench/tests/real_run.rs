@@ -16,6 +16,9 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ddiskqos-bench");
 
+#[path = "real_run/cri.rs"]
+mod cri;
+
 /// Whether the test can run here; if not, fails in CI and skips (with a message) elsewhere.
 fn require_root(test: &str) -> bool {
     let reason = if !nix::unistd::geteuid().is_root() {
