@@ -176,8 +176,11 @@ fn pod_rel(uid: &str) -> String {
 }
 
 /// The cgroup-v1 hierarchies (and the hybrid layout's cgroup2 tree): real directories, not the `cpu` →
-/// `cpu,cpuacct` links.
+/// `cpu,cpuacct` links; on cgroup v2 (the mount point is itself a cgroup2 root) the one unified hierarchy.
 fn hierarchies() -> Vec<PathBuf> {
+    if Path::new(CGROUP_MOUNTS).join("cgroup.controllers").exists() {
+        return vec![PathBuf::from(CGROUP_MOUNTS)];
+    }
     let Ok(rd) = std::fs::read_dir(CGROUP_MOUNTS) else { return Vec::new() };
     rd.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()).collect()
 }
