@@ -120,3 +120,55 @@ fn cri_run_weights_pod_cgroups_and_leaves_nothing() {
     // The daemon found the pods itself through CRI: the 12 reader pods and the background entered as new.
     assert!(agent["metrics"]["decisions"]["new"].as_u64().unwrap_or(0) > 2 * 2 * 3, "{agent}");
 }
+
+#[test]
+#[ignore = "needs root, cgroup v1 blkio, loop devices and containerd: run ./scripts/test.sh"]
+fn interrupted_cri_run_removes_its_pods() {
+    let needs = [
+        Need::Root,
+        Need::BlkioV1,
+        Need::LoopDevices,
+        Need::Bfq,
+        Need::HostDocker,
+        Need::Program("containerd"),
+        Need::Program("ctr"),
+        Need::Program("runc"),
+        Need::Program("mkfs.ext4"),
+    ];
+    if !require("interrupted_cri_run_removes_its_pods", &needs) {
+        return;
+    }
+    let _machine = testbed::exclusive();
+    let kubepods_before = kubepods_dirs();
+    let containerd = Containerd::start();
+    let work = tempfile::tempdir_in("/var/tmp").expect("work dir");
+    let child = Command::new(BIN)
+        .args(["run", "--runtime", "cri", "--cri-socket"])
+        .arg(containerd.socket())
+        .arg("--work-dir")
+        .arg(work.path())
+        .arg("--out")
+        .arg(work.path().join("out"))
+        // Six 1000 MiB reads (a second or more each): it is surely measuring when interrupted.
+        .args(["--bg-size-mib", "64", "--modes", "strict", "--sizes", "1000", "--reps", "2", "--no-exp2"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the bench");
+    let pid = child.id();
+    // Wait until the six reader pods and the background pod run, then a little longer, then Ctrl-C.
+    let mut cri = containerd.cri();
+    let start = std::time::Instant::now();
+    while cri.sandbox_ids().map_or(0, |ids| ids.len()) < 7 {
+        assert!(start.elapsed() < Duration::from_secs(60), "the run never started its pods");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::SIGINT).expect("SIGINT");
+    let output = wait_with_deadline(child, Duration::from_secs(60));
+    assert_eq!(output.status.code(), Some(130), "stderr: {}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(cri.sandbox_ids().expect("ListPodSandbox"), Vec::<String>::new(), "Ctrl-C left pods in containerd");
+    assert_eq!(kubepods_dirs(), kubepods_before, "Ctrl-C left kubepods cgroups");
+    assert_eq!(leftovers(pid, work.path()), Vec::<String>::new(), "Ctrl-C left things behind");
+}
