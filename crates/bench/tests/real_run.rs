@@ -128,6 +128,8 @@ fn short_real_run_report_is_complete_and_consistent() {
     if !require_root("short_real_run_report_is_complete_and_consistent") {
         return;
     }
+    // One real run at a time in this binary (the CRI tests' too): they share the machine's two cores and its disk.
+    let _machine = testbed::exclusive();
     let work = tempfile::tempdir_in("/var/tmp").expect("work dir");
     let out: PathBuf = work.path().join("out");
     let child = bench(
@@ -253,6 +255,8 @@ fn interrupted_run_cleans_up() {
     if !require_root("interrupted_run_cleans_up") {
         return;
     }
+    // One real run at a time in this binary (the CRI tests' too): they share the machine's two cores and its disk.
+    let _machine = testbed::exclusive();
     let work = tempfile::tempdir_in("/var/tmp").expect("work dir");
     let out = work.path().join("out");
     let child = bench(work.path(), &out, &["--modes", "strict", "--sizes", "1", "--reps", "500", "--no-exp2"])
