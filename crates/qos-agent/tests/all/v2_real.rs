@@ -1,5 +1,4 @@
-//! The agent on real cgroup v2, against a real dockerd, with one BFQ loop device and one io.cost loop device; and
-//! its CRI runtime against the tests' private containerd started inside the test bed (pods on cgroup v2).
+//! The agent on real cgroup v2, against a real dockerd, with one BFQ loop device and one io.cost loop device.
 //!
 //! Runs inside the v2 test bed (it needs /sys/fs/cgroup to be cgroup2 with the io controller, and a dockerd on
 //! that hierarchy at `$DOCKER_HOST` with the image ddiskqos-test:latest):
@@ -204,7 +203,6 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     if !testbed::require(test, &[testbed::Need::Root, testbed::Need::V2TestBed]) {
         return;
     }
-    let _machine = testbed::exclusive();
     let docker_host = std::env::var("DOCKER_HOST").unwrap_or_default();
     let socket = PathBuf::from(docker_host.strip_prefix("unix://").expect("checked by the test bed need"));
     let version = run(DOCKER, &["info", "--format", "{{.CgroupVersion}}"]);
@@ -362,106 +360,4 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     eprintln!("after SIGTERM both containers read io.bfq.weight {bfq_before:?}, io.weight {io_before:?} again");
     drop(containers);
     drop((bfq, cost, plain));
-}
-
-/// The agent's CRI runtime on cgroup v2: the tests' private containerd started inside the test bed (so it and runc
-/// use cgroup2), pods made through CRI with the kubelet's cgroupfs parents, weights on the pod cgroups'
-/// `io.bfq.weight` for a BFQ device, and every pod's file put back on SIGTERM.
-#[test]
-#[ignore = "needs the cgroup-v2 test bed and containerd: scripts/cgroup-v2.sh"]
-fn agent_on_v2_weights_pod_cgroups_through_cri() {
-    use testbed::containerd::{Containerd, Qos};
-    let test = "v2_real::agent_on_v2_weights_pod_cgroups_through_cri";
-    let needs = [
-        testbed::Need::Root,
-        testbed::Need::V2TestBed,
-        testbed::Need::Program("containerd"),
-        testbed::Need::Program("ctr"),
-        testbed::Need::Program("runc"),
-    ];
-    if !testbed::require(test, &needs) {
-        return;
-    }
-    let _machine = testbed::exclusive();
-    let tmp_dir = TmpDir::new();
-    let tmp = tmp_dir.0.clone();
-    let bfq = Loop::new(tmp.join("cri-bfq.img"), "bfq");
-    let mut containerd = Containerd::start();
-    let (reader, idle, fresh) = (crate::cri_real::uid(1), crate::cri_real::uid(2), crate::cri_real::uid(3));
-    let pod_dir = |qos: Qos, uid: &str| Path::new(CGROUP).join(qos.pod_rel(uid));
-    let dev = PathBuf::from(&bfq.dev);
-    let heavy = format!("while true; do dd if={} of=/dev/null bs=1M count=64 iflag=direct 2>/dev/null; done", bfq.dev);
-    containerd.run_pod("reader", &reader, Qos::Burstable, &[], &heavy, &[&dev]);
-    containerd.run_pod("idle", &idle, Qos::BestEffort, &[], "exec sleep 100000", &[]);
-    let (reader_file, idle_file) =
-        (pod_dir(Qos::Burstable, &reader).join("io.bfq.weight"), pod_dir(Qos::BestEffort, &idle).join("io.bfq.weight"));
-    let before = read(&reader_file);
-    assert_eq!(read(&idle_file), before, "two new pods with different weights");
-    eprintln!("pod cgroups on v2: {} reads {before:?} before the agent", reader_file.display());
-
-    let config = tmp.join("cri-agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "runtime = \"cri\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/cri-state.json\"\n\
-             control_socket = \"{0}/cri-agent.sock\"\n[cri]\nsocket = \"{1}\"\n[devices]\ncheck = [\"{2}\"]\n\
-             [mlfq]\nboost_after = \"10m\"\nidle_promote_after = \"off\"\n",
-            tmp.display(),
-            containerd.socket().display(),
-            bfq.name
-        ),
-    )
-    .unwrap();
-    let log = tmp.join("cri-agent.log");
-    let child = Command::new(agent_binary())
-        .args(["-c", config.to_str().unwrap()])
-        .env("DDISKQOS_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("starting the agent");
-    let mut agent = Agent { child, log };
-
-    // The idle pod at the top, the reading pod demoted to the bottom, both at their pod cgroup for the BFQ device.
-    let idle_top = poll(Duration::from_secs(5), || (effective(&idle_file, &bfq.num)? == 1000).then_some(()));
-    assert!(
-        idle_top.is_some(),
-        "idle pod not at 1000: {:?}\n{}",
-        std::fs::read_to_string(&idle_file),
-        agent.log_text()
-    );
-    let bottom = poll(Duration::from_secs(20), || (effective(&reader_file, &bfq.num)? <= 10).then_some(()));
-    let Some((_, took)) = bottom else {
-        panic!(
-            "reading pod not demoted to 10: io.bfq.weight {:?}, io.stat {:?}\n{}",
-            std::fs::read_to_string(&reader_file),
-            std::fs::read_to_string(pod_dir(Qos::Burstable, &reader).join("io.stat")),
-            agent.log_text()
-        )
-    };
-    eprintln!(
-        "reading pod demoted to the bottom at its pod cgroup {:.2} s after the idle pod got 1000",
-        took.as_secs_f64()
-    );
-
-    // A pod made while the agent runs: at the top.
-    containerd.run_pod("fresh", &fresh, Qos::Burstable, &[], "exec sleep 100000", &[]);
-    let fresh_file = pod_dir(Qos::Burstable, &fresh).join("io.bfq.weight");
-    let top = poll(Duration::from_secs(5), || (effective(&fresh_file, &bfq.num)? == 1000).then_some(()));
-    let Some((_, took)) = top else {
-        panic!("new pod not at 1000: {:?}\n{}", std::fs::read_to_string(&fresh_file), agent.log_text())
-    };
-    eprintln!("new pod at 1000 {:.0} ms after StartContainer returned", took.as_secs_f64() * 1e3);
-
-    // SIGTERM: every pod cgroup's io.bfq.weight as it was.
-    let status = agent.sigterm_and_wait(Duration::from_secs(10));
-    assert!(status.success(), "agent exit {status}:\n{}", agent.log_text());
-    for file in [&reader_file, &idle_file, &fresh_file] {
-        assert_eq!(read(file), before, "{} not restored", file.display());
-    }
-    drop(containerd);
-    for (qos, uid) in [(Qos::Burstable, &reader), (Qos::BestEffort, &idle), (Qos::Burstable, &fresh)] {
-        assert!(!pod_dir(qos, uid).exists(), "pod cgroup {} left behind", pod_dir(qos, uid).display());
-    }
-    drop(bfq);
 }
