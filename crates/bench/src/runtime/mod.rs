@@ -2,7 +2,7 @@
 //! real Docker containers from a locally built image ([`docker::DockerRuntime`]), or as Kubernetes pods made
 //! through a CRI socket ([`cri::CriRuntime`]).
 //!
-//! Both start every foreground reader as a *new* cgroup (container) and call [`ReaderHooks::created`] after the
+//! All three start every foreground reader as a *new* cgroup (container, pod) and call [`ReaderHooks::created`] after the
 //! cgroup exists and before the reader's first I/O (the bench then announces it to the agent where the agent cannot
 //! see it by itself, and reads its weight file, in dDiskQoS blocks until the agent's top weight is there), and
 //! [`ReaderHooks::finished`] after it exited.
