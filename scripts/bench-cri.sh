@@ -12,17 +12,18 @@
 # waits for other real experiments and they for it. With --log FILE it goes to the background (setsid nohup,
 # output in FILE) and the script returns at once, printing how to follow it.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 LOCK=/tmp/ddiskqos-real.lock
 
 if [ "${1:-}" = "--log" ]; then
   [ $# -ge 2 ] || { echo "usage: $0 [--log FILE] [BENCH-RUN-ARGS...]" >&2; exit 2; }
-  log=$2
+  self=$(realpath "$0")
+  log=$(realpath -m "$2")
   shift 2
-  setsid nohup "$0" "$@" >"$log" 2>&1 </dev/null &
+  setsid nohup "$self" "$@" >"$log" 2>&1 </dev/null &
   echo "bench-cri running in the background (pid $!); follow it with: tail -f $log"
   exit 0
 fi
+cd "$(dirname "$0")/.."
 
 bash scripts/setup-host.sh
 export PATH="/usr/bin:$PATH"
