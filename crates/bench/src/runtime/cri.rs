@@ -193,13 +193,14 @@ fn remove_empty_tree(dir: &Path) -> Result<()> {
             remove_empty_tree(&e.path())?;
         }
     }
-    // The runtime's last container exit may still be settling: retry for a second.
+    // The runtime's last container exit may still be settling (a killed reader finishing its in-flight direct I/O
+    // under a busy BFQ queue): retry for ten seconds.
     let mut attempts = 0;
     loop {
         match std::fs::remove_dir(dir) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if attempts == 50 => {
+            Err(e) if attempts == 500 => {
                 let pids = procs::pids(dir);
                 return Err(e)
                     .with_context(|| format!("cannot remove pod cgroup {} (processes: {pids:?})", dir.display()));
@@ -230,23 +231,27 @@ impl Pods {
         Ok(())
     }
 
-    /// Removes several pods, four at a time (each removal stops runc containers: a few hundred ms).
+    /// Removes several pods, four at a time (each removal stops runc containers: a few hundred ms). A pod that
+    /// cannot be removed does not stop the others; the first error is returned at the end.
     fn remove_many(&self, pods: Vec<PodRef>) -> Result<()> {
         let queue = Mutex::new(pods);
         let next = || queue.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let errors: Mutex<Vec<anyhow::Error>> = Mutex::new(Vec::new());
         std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..4)
-                .map(|_| {
-                    scope.spawn(|| -> Result<()> {
-                        while let Some(pod) = next() {
-                            self.remove(&pod)?;
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    while let Some(pod) = next() {
+                        if let Err(e) = self.remove(&pod) {
+                            errors.lock().unwrap_or_else(|p| p.into_inner()).push(e);
                         }
-                        Ok(())
-                    })
-                })
-                .collect();
-            workers.into_iter().try_for_each(|w| w.join().map_err(|_| anyhow::anyhow!("pod remover panicked"))?)
-        })
+                    }
+                });
+            }
+        });
+        match errors.into_inner().unwrap_or_else(|p| p.into_inner()).into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Everything: the pods made (and any other pod labelled with this process), then the kubepods levels the
@@ -259,7 +264,7 @@ impl Pods {
                 pods.push(pod);
             }
         }
-        self.remove_many(pods)?;
+        let removed = self.remove_many(pods);
         for h in hierarchies() {
             for rel in KUBEPODS_LEVELS.iter().rev() {
                 let level = h.join(rel);
@@ -269,7 +274,7 @@ impl Pods {
                 }
             }
         }
-        Ok(())
+        removed
     }
 }
 

@@ -167,8 +167,9 @@ fn interrupted_cri_run_removes_its_pods() {
     std::thread::sleep(Duration::from_secs(2));
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::SIGINT).expect("SIGINT");
     let output = wait_with_deadline(child, Duration::from_secs(60));
-    assert_eq!(output.status.code(), Some(130), "stderr: {}", String::from_utf8_lossy(&output.stderr));
-    assert_eq!(cri.sandbox_ids().expect("ListPodSandbox"), Vec::<String>::new(), "Ctrl-C left pods in containerd");
-    assert_eq!(kubepods_dirs(), kubepods_before, "Ctrl-C left kubepods cgroups");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "stderr: {stderr}");
+    assert_eq!(cri.sandbox_ids().expect("ListPodSandbox"), Vec::<String>::new(), "Ctrl-C left pods; {stderr}");
+    assert_eq!(kubepods_dirs(), kubepods_before, "Ctrl-C left kubepods cgroups; stderr: {stderr}");
     assert_eq!(leftovers(pid, work.path()), Vec::<String>::new(), "Ctrl-C left things behind");
 }
