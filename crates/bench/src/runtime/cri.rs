@@ -218,11 +218,20 @@ struct Pods {
     live: Mutex<Vec<PodRef>>,
     /// The kubepods levels that existed before the first pod (never removed).
     levels_before: Vec<PathBuf>,
+    /// Removals of single pods share it; the teardown of everything ([`Pods::remove_all`], run by the cleanup
+    /// stack, maybe on the signal thread while a failing run removes its pods on the main thread) holds it alone,
+    /// so the two never race for the same pod and the kubepods levels go last.
+    teardown: std::sync::RwLock<()>,
 }
 
 impl Pods {
     /// Stops and removes `pod` through CRI, then its pod cgroup in every hierarchy.
     fn remove(&self, pod: &PodRef) -> Result<()> {
+        let _shared = self.teardown.read().unwrap_or_else(|p| p.into_inner());
+        self.remove_unguarded(pod)
+    }
+
+    fn remove_unguarded(&self, pod: &PodRef) -> Result<()> {
         self.client.remove_sandbox(&pod.sandbox)?;
         self.live.lock().unwrap_or_else(|p| p.into_inner()).retain(|p| p != pod);
         for h in hierarchies() {
@@ -234,6 +243,11 @@ impl Pods {
     /// Removes several pods, four at a time (each removal stops runc containers: a few hundred ms). A pod that
     /// cannot be removed does not stop the others; the first error is returned at the end.
     fn remove_many(&self, pods: Vec<PodRef>) -> Result<()> {
+        let _shared = self.teardown.read().unwrap_or_else(|p| p.into_inner());
+        self.remove_many_unguarded(pods)
+    }
+
+    fn remove_many_unguarded(&self, pods: Vec<PodRef>) -> Result<()> {
         let queue = Mutex::new(pods);
         let next = || queue.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let errors: Mutex<Vec<anyhow::Error>> = Mutex::new(Vec::new());
@@ -241,7 +255,7 @@ impl Pods {
             for _ in 0..4 {
                 scope.spawn(|| {
                     while let Some(pod) = next() {
-                        if let Err(e) = self.remove(&pod) {
+                        if let Err(e) = self.remove_unguarded(&pod) {
                             errors.lock().unwrap_or_else(|p| p.into_inner()).push(e);
                         }
                     }
@@ -257,14 +271,18 @@ impl Pods {
     /// Everything: the pods made (and any other pod labelled with this process), then the kubepods levels the
     /// pods created.
     fn remove_all(&self) -> Result<()> {
+        let _alone = self.teardown.write().unwrap_or_else(|p| p.into_inner());
         let mut pods = self.live.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        for (sandbox, uid) in self.client.sandboxes_of(std::process::id())? {
+        // Pods labelled as this process's that the list misses (a start cut short); a failed listing does not stop
+        // the removal of the known ones.
+        let listed = self.client.sandboxes_of(std::process::id());
+        for (sandbox, uid) in listed.as_ref().cloned().unwrap_or_default() {
             let pod = PodRef { sandbox, uid };
             if !pods.contains(&pod) {
                 pods.push(pod);
             }
         }
-        let removed = self.remove_many(pods);
+        let removed = self.remove_many_unguarded(pods);
         for h in hierarchies() {
             for rel in KUBEPODS_LEVELS.iter().rev() {
                 let level = h.join(rel);
@@ -274,7 +292,7 @@ impl Pods {
                 }
             }
         }
-        removed
+        removed.and(listed.map(|_| ()))
     }
 }
 
@@ -337,7 +355,7 @@ impl CriRuntime {
             .flat_map(|h| KUBEPODS_LEVELS.iter().map(move |l| h.join(l)))
             .filter(|p| p.is_dir())
             .collect();
-        let pods = Arc::new(Pods { client, live: Mutex::new(Vec::new()), levels_before });
+        let pods = Arc::new(Pods { client, live: Mutex::new(Vec::new()), levels_before, teardown: Default::default() });
         let p = pods.clone();
         cleanup.push(format!("stop and remove the bench's pods on {}", socket.display()), move || p.remove_all());
         let ctl_dir = work.join("ctl");
