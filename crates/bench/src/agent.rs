@@ -4,6 +4,9 @@
 //! - Docker runtime: the backends `qos_agent::app::docker_backends` assembles for the agent binary
 //!   (`DockerDiscovery` by events, `DockerCounters` behind the parent gate, `DockerWriter` in the `auto` actuator
 //!   mode). The daemon finds the bench's containers itself, as it would any container.
+//! - CRI runtime: the backends `qos_agent::app::cri_backends` assembles for the agent binary with
+//!   `runtime = "cri"` (`CriDiscovery` over the CRI socket, `CgroupDirCounters` and `CgroupDirWriter` on the pod
+//!   cgroups). The daemon finds the bench's pods itself, as it would on a Kubernetes node.
 //! - cgroup runtime: a [`ChannelDiscovery`] (the bench announces `Started`/`Stopped` of its reader cgroups, which
 //!   sit directly under the blkio root where no discovery of the agent's could tell them from the host's other
 //!   cgroups) with `CgroupDirCounters::with_root` and `CgroupDirWriter`.
@@ -16,7 +19,7 @@
 //! ([`Agent::wait_for_weight`], [`read_weight`]) to record what the kernel holds.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -26,10 +29,11 @@ use qos_agent::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEven
 use qos_agent::blockdev::tune::TunedDevices;
 use qos_agent::blockdev::DevNum;
 use qos_agent::cgroup::{CgroupDir, CgroupRoot, CgroupVersion, WeightFile, WeightFileKind};
-use qos_agent::config::ActuatorMode;
+use qos_agent::config::{ActuatorMode, RuntimeKind};
 use qos_agent::daemon::{Command, Daemon, Summary};
 use qos_agent::metrics::{Metrics, ReasonLabels};
 use qos_agent::runtime::cgroup_dir::CgroupDirCounters;
+use qos_agent::runtime::cri::CriClient;
 use qos_agent::state::OriginalWeights;
 use qos_agent::AgentConfig;
 use qos_core::{ContainerId, Reason, Weight};
@@ -59,21 +63,30 @@ pub const WEIGHT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const SWITCH_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Which backends the daemon runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backends {
     /// The agent binary's Docker backends.
     Docker,
+    /// The agent binary's CRI backends (`runtime = "cri"`) on the runtime listening on `socket`.
+    Cri {
+        /// The CRI socket (`[cri] socket`).
+        socket: PathBuf,
+    },
     /// The bench's channel discovery with the cgroup-dir runtime's counters and writer.
     CgroupDir,
 }
 
 impl Backends {
     /// For the report.
-    pub fn describe(self) -> &'static str {
+    pub fn describe(&self) -> &'static str {
         match self {
             Backends::Docker => {
                 "qos_agent::app::docker_backends: DockerDiscovery (events), DockerCounters::with_root, \
                  DockerWriter (actuator auto)"
+            }
+            Backends::Cri { .. } => {
+                "qos_agent::app::cri_backends: CriDiscovery (CRI re-list + inotify on kubepods), \
+                 CgroupDirCounters::with_root and CgroupDirWriter on the pod cgroups"
             }
             Backends::CgroupDir => {
                 "bench ChannelDiscovery (Started/Stopped announced by the bench), CgroupDirCounters::with_root, \
@@ -283,6 +296,10 @@ impl Agent {
     pub fn start(mut cfg: AgentConfig, backends: Backends, root: Arc<CgroupRoot>, probe: WeightProbe) -> Result<Self> {
         cfg.dry_run = true;
         cfg.actuator = ActuatorMode::Auto;
+        if let Backends::Cri { socket } = &backends {
+            cfg.runtime = RuntimeKind::Cri;
+            cfg.cri.socket = socket.clone();
+        }
         cfg.validate().context("agent configuration")?;
         let originals = OriginalWeights::load(Some(&cfg.state_file)).context("agent state file")?;
         // The agent's own opt-in (its start-up check does the same): the daemon's dry run is the bench's Alone and
@@ -296,12 +313,13 @@ impl Agent {
         let metrics = Arc::new(Metrics::new());
         let (commands, rx) = mpsc::channel(16);
         let (announce, discovery) = match backends {
-            Backends::Docker => (None, None),
+            Backends::Docker | Backends::Cri { .. } => (None, None),
             Backends::CgroupDir => {
                 let (tx, events) = mpsc::unbounded_channel();
                 (Some(tx), Some(ChannelDiscovery { events }))
             }
         };
+        let cri = matches!(backends, Backends::Cri { .. });
         let (c, m) = (cfg.clone(), metrics.clone());
         let thread = std::thread::Builder::new()
             .name("ddiskqos-agent".into())
@@ -309,6 +327,15 @@ impl Agent {
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
                 rt.block_on(async move {
                     match discovery {
+                        None if cri => {
+                            // As `ddiskqos-agent` with `runtime = "cri"`: the runtime must answer first.
+                            let mut client = CriClient::new(&c.cri.socket)?;
+                            client.version().await.with_context(|| {
+                                format!("CRI runtime on {} (is it running?)", c.cri.socket.display())
+                            })?;
+                            let (d, counters, writer) = qos_agent::app::cri_backends(&c, client, root, &m);
+                            Ok(Daemon::new(c, d, counters, writer, originals, m)?.run(rx).await?)
+                        }
                         None => {
                             let docker = qos_agent::runtime::docker::connect(&c.docker.socket).await?;
                             let files = qos_agent::app::file_writer(&root, c.devices.check.clone(), &m);

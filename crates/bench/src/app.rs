@@ -19,6 +19,7 @@ use crate::files::{self, FileSpec};
 use crate::model::{Meta, ModeReport, RunReport};
 use crate::runner::{self, Env, RunConfig};
 use crate::runtime::cgroup::CgroupRuntime;
+use crate::runtime::cri::CriRuntime;
 use crate::runtime::docker::{self, DockerRuntime};
 use crate::runtime::{BackgroundKind, Runtime, RuntimeChoice};
 use crate::workload::{self, BfqMode, Plan};
@@ -51,7 +52,7 @@ impl Setup {
         Env {
             disk: &self.disk,
             runtime: &*self.runtime,
-            backends: self.backends,
+            backends: self.backends.clone(),
             root: self.root.clone(),
             work: self.work.clone(),
             files: self.files.clone(),
@@ -147,6 +148,12 @@ pub fn set_up(common: &Common, plan: &Plan, cleanup: &'static Cleanup) -> Result
         Ok((Box::new(rt), format!("runtime cgroup ({reason})"), Backends::CgroupDir))
     };
     let (runtime, runtime_reason, backends) = match common.runtime {
+        RuntimeChoice::Cri => {
+            let socket = common.cri_socket.clone();
+            let rt = CriRuntime::new(&socket, &exe, &files_dir, &work, root.clone(), cleanup)?;
+            let reason = format!("runtime cri (asked for: {})", rt.describe());
+            (Box::new(rt) as Box<dyn Runtime>, reason, Backends::Cri { socket })
+        }
         RuntimeChoice::Cgroup => cgroup("asked for")?,
         RuntimeChoice::Docker => docker("asked for")?,
         RuntimeChoice::Auto if docker::daemon_answers() => docker("a daemon answers")?,
@@ -246,7 +253,11 @@ pub fn meta(
         cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         runtime: setup.runtime.name().into(),
         runtime_reason: setup.runtime_reason.clone(),
-        cgroup_layout: common.cgroup_layout.describe(setup.runtime.name()),
+        cgroup_layout: match common.runtime {
+            // The kubelet's layout, whatever --cgroup-layout says.
+            RuntimeChoice::Cri => "kubepods/burstable/pod<uid> (kubelet, cgroupfs driver)".into(),
+            _ => common.cgroup_layout.describe(setup.runtime.name()),
+        },
         cgroup: format!("{} {}", setup.root.version(), setup.root.path().display()),
         agent: format!("qos_agent::daemon::Daemon on {}", setup.backends.describe()),
         background: if background.is_empty() { background_label(common.background) } else { background },

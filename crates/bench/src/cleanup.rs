@@ -28,6 +28,8 @@ struct Inner {
 /// A stack of undo actions. Use [`Cleanup::global`] in the binary; tests may make their own.
 pub struct Cleanup {
     inner: Mutex<Inner>,
+    /// The exit status a signal asked for (128 + its number), once one arrived.
+    interrupted: OnceLock<i32>,
 }
 
 impl std::fmt::Debug for Cleanup {
@@ -51,7 +53,7 @@ impl Default for Cleanup {
 impl Cleanup {
     /// An empty stack.
     pub fn new() -> Self {
-        Self { inner: Mutex::new(Inner::default()) }
+        Self { inner: Mutex::new(Inner::default()), interrupted: OnceLock::new() }
     }
 
     /// The process-wide stack that the signal watcher runs.
@@ -140,6 +142,11 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         self.0.run_all();
+        // A signal's teardown may make the run fail (its readers vanish) while the watcher runs the stack; the
+        // process must still exit with the signal's status, not the failure's, whichever thread exits first.
+        if let Some(&code) = self.0.interrupted.get() {
+            std::process::exit(code);
+        }
     }
 }
 
@@ -168,6 +175,7 @@ fn spawn_signal_watcher(stack: &'static Cleanup) {
             }
         });
         if let Some(code) = code {
+            let _ = stack.interrupted.set(code);
             eprintln!("\ninterrupted: cleaning up ({} actions)", stack.pending());
             stack.run_all();
             std::process::exit(code);

@@ -100,6 +100,9 @@ pub struct Common {
     /// Where readers run: docker when a daemon answers, else cgroup.
     #[arg(long, value_enum, default_value = "auto")]
     pub runtime: RuntimeChoice,
+    /// `--runtime cri`: the CRI runtime's socket (containerd's by default; CRI-O's is /var/run/crio/crio.sock).
+    #[arg(long, env = "DDISKQOS_CRI_SOCKET", default_value = crate::runtime::cri::DEFAULT_SOCKET)]
+    pub cri_socket: PathBuf,
     /// Readers' cgroups directly under the blkio root (flat; Docker with `--cgroup-parent=/`) or under one common
     /// parent (nested: Docker's default `docker/<id>`). BFQ lets a new cgroup preempt the one in service only
     /// between top-level groups, so the layout decides whether a new high-weight container gets the disk at once.

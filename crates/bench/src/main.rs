@@ -7,7 +7,7 @@
 //! ## Layout
 //! - `cli`: flags; `app`: the `run` command end to end; `sweep`: the knob sweep.
 //! - `disk`, `files`, `cleanup`: the device, the test files, the undo stack (also on Ctrl-C).
-//! - `workload`: the experiments as data; `runner`: one BFQ mode; `runtime/`: cgroup and Docker readers.
+//! - `workload`: the experiments as data; `runner`: one BFQ mode; `runtime/`: cgroup, Docker and CRI (pod) readers.
 //! - `agent`: the shipped agent's daemon (`qos_agent::daemon::Daemon`) with the agent's own backends, driving the
 //!   weights; the bench only reads weight files.
 //! - `reader`: the reader processes (hidden subcommands); `stats`, `model`, `report/`: results and output.

@@ -165,7 +165,7 @@ fn run_mode_on_device(
             .or_default()
             .insert(key.into(), qos_agent::blockdev::tune::TunableValue::Text(value.into()));
     }
-    let agent = Agent::start(agent_cfg, env.backends, env.root.clone(), probe)?;
+    let agent = Agent::start(agent_cfg, env.backends.clone(), env.root.clone(), probe)?;
     // After the agent's start: the report shows what the agent set too.
     let iosched = env.disk.iosched();
     progress.set_message(format!("{}: starting {reads} readers", mode.name()));
@@ -249,7 +249,7 @@ impl ModeRun<'_, '_> {
         let bg_bytes = self.bg_bytes()?.saturating_sub(b0);
         // What the background's weight is now, read from its file: the agent's decision in dDiskQoS blocks, the
         // restored original in the others.
-        let bg_weight = self.agent.read_weight(&self.bg.cgroup)?.weight;
+        let bg_weight = self.agent.read_weight(&self.env.runtime.background_weight_dir(self.bg))?.weight;
         let want = size_mib << 20;
         if out.report.bytes != want {
             bail!("reader of {} read {} bytes, expected {want}", file.display(), out.report.bytes);

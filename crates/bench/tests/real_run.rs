@@ -16,6 +16,9 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ddiskqos-bench");
 
+#[path = "real_run/cri.rs"]
+mod cri;
+
 /// Whether the test can run here; if not, fails in CI and skips (with a message) elsewhere.
 fn require_root(test: &str) -> bool {
     let reason = if !nix::unistd::geteuid().is_root() {
@@ -130,6 +133,8 @@ fn short_real_run_report_is_complete_and_consistent() {
     if !require_root("short_real_run_report_is_complete_and_consistent") {
         return;
     }
+    // One real run at a time in this binary (the CRI tests' too): they share the machine's two cores and its disk.
+    let _machine = testbed::exclusive();
     let work = tempfile::tempdir_in("/var/tmp").expect("work dir");
     let out: PathBuf = work.path().join("out");
     let child = bench(
@@ -255,6 +260,8 @@ fn interrupted_run_cleans_up() {
     if !require_root("interrupted_run_cleans_up") {
         return;
     }
+    // One real run at a time in this binary (the CRI tests' too): they share the machine's two cores and its disk.
+    let _machine = testbed::exclusive();
     let work = tempfile::tempdir_in("/var/tmp").expect("work dir");
     let out = work.path().join("out");
     let child = bench(work.path(), &out, &["--modes", "strict", "--sizes", "1", "--reps", "500", "--no-exp2"])

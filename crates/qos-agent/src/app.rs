@@ -84,9 +84,9 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             let (name, version) = client.version().await.context("is the container runtime running?")?;
             info!(socket = %cfg.cri.socket.display(), runtime = %name, version = %version, "connected to the CRI runtime");
             let mut tuned = blockdev::check::check_at_start(&cfg, &root, None)?;
-            let discovery = CriDiscovery::new(client, root.clone(), cfg.cri.relist_interval);
+            let (discovery, counters, writer) = cri_backends(&cfg, client, root.clone(), &metrics);
             info!(dry_run = cfg.dry_run, "managing Kubernetes pods (one weight per pod cgroup)");
-            let daemon = daemon_on_cgroup_files(&cfg, discovery, &root, originals, &metrics)?;
+            let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?;
             let summary = serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?;
             tuned.restore();
             summary
@@ -111,8 +111,31 @@ pub async fn docker_backends(
     Ok((discovery, counters, writer))
 }
 
-/// A daemon over `discovery` whose containers are plain cgroup directories (cgroup-dir runtime, CRI pod cgroups):
-/// the gated counters and the file writer, as every runtime without an API actuator uses them.
+/// The CRI runtime's discovery, counters and writer, assembled as [`run`] assembles them for `runtime = "cri"`
+/// (the bench runs the daemon on these too): pods from `client` (connected and answering), counters from the pod
+/// cgroups behind the parent gate, the file writer on the pod cgroups.
+pub fn cri_backends(
+    cfg: &AgentConfig,
+    client: CriClient,
+    root: Arc<CgroupRoot>,
+    metrics: &Metrics,
+) -> (CriDiscovery, CgroupDirCounters, CgroupDirWriter) {
+    let discovery = CriDiscovery::new(client, root.clone(), cfg.cri.relist_interval);
+    let (counters, writer) = cgroup_file_backends(cfg, &root, metrics);
+    (discovery, counters, writer)
+}
+
+/// The counters and writer of every runtime whose containers are plain cgroup directories (cgroup-dir runtime,
+/// CRI pod cgroups): the gated counters and the file writer, as every runtime without an API actuator uses them.
+fn cgroup_file_backends(
+    cfg: &AgentConfig,
+    root: &Arc<CgroupRoot>,
+    metrics: &Metrics,
+) -> (CgroupDirCounters, CgroupDirWriter) {
+    (CgroupDirCounters::with_root(root.clone()), file_writer(root, cfg.devices.check.clone(), metrics))
+}
+
+/// A daemon over `discovery` whose containers are plain cgroup directories, on [`cgroup_file_backends`].
 fn daemon_on_cgroup_files<D: Discovery>(
     cfg: &AgentConfig,
     discovery: D,
@@ -120,8 +143,7 @@ fn daemon_on_cgroup_files<D: Discovery>(
     originals: OriginalWeights,
     metrics: &Arc<Metrics>,
 ) -> Result<Daemon<D, CgroupDirCounters, CgroupDirWriter>> {
-    let counters = CgroupDirCounters::with_root(root.clone());
-    let writer = file_writer(root, cfg.devices.check.clone(), metrics);
+    let (counters, writer) = cgroup_file_backends(cfg, root, metrics);
     Ok(Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?)
 }
 

@@ -56,8 +56,12 @@ impl Qos {
     }
 }
 
-/// The cgroup-v1 hierarchies (real mount points, not the `cpu` → `cpu,cpuacct` symlinks).
+/// The cgroup-v1 hierarchies (real mount points, not the `cpu` → `cpu,cpuacct` symlinks); on cgroup v2 (the mount
+/// point is itself a cgroup2 root, as inside `scripts/cgroup-v2.sh`) the one unified hierarchy.
 fn hierarchies() -> Vec<PathBuf> {
+    if Path::new(CGROUP_MOUNTS).join("cgroup.controllers").exists() {
+        return vec![PathBuf::from(CGROUP_MOUNTS)];
+    }
     let Ok(rd) = fs::read_dir(CGROUP_MOUNTS) else { return Vec::new() };
     rd.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()).collect()
 }

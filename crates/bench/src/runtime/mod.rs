@@ -1,12 +1,14 @@
-//! Where readers run: as processes in fresh blkio cgroups the bench creates ([`cgroup::CgroupRuntime`]) or as
-//! real Docker containers from a locally built image ([`docker::DockerRuntime`]).
+//! Where readers run: as processes in fresh blkio cgroups the bench creates ([`cgroup::CgroupRuntime`]), as
+//! real Docker containers from a locally built image ([`docker::DockerRuntime`]), or as Kubernetes pods made
+//! through a CRI socket ([`cri::CriRuntime`]).
 //!
-//! Both start every foreground reader as a *new* cgroup (container) and call [`ReaderHooks::created`] after the
+//! All three start every foreground reader as a *new* cgroup (container, pod) and call [`ReaderHooks::created`] after the
 //! cgroup exists and before the reader's first I/O (the bench then announces it to the agent where the agent cannot
 //! see it by itself, and reads its weight file, in dDiskQoS blocks until the agent's top weight is there), and
 //! [`ReaderHooks::finished`] after it exited.
 
 pub mod cgroup;
+pub mod cri;
 pub mod docker;
 pub mod procs;
 
@@ -33,6 +35,9 @@ pub enum RuntimeChoice {
     Docker,
     /// Each reader a process in its own blkio cgroup.
     Cgroup,
+    /// Each reader (and the background) a Kubernetes pod made through a CRI socket (`--cri-socket`), in the
+    /// kubelet's cgroup layout (`kubepods/burstable/pod<uid>`); never chosen by `auto`.
+    Cri,
 }
 
 /// What the background reader is.
@@ -172,6 +177,11 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     /// Starts the background reader on `file` (a path on the test file system); it runs until stopped. `hooks`
     /// hear of its cgroup before it starts reading.
     fn start_background(&self, file: &Path, kind: BackgroundKind, hooks: &dyn ReaderHooks) -> Result<Background>;
+    /// The cgroup whose weight governs the background (the bench reads it after every read): its own cgroup, or
+    /// for a pod its pod cgroup (where the agent writes) while `Background::cgroup` is its container's.
+    fn background_weight_dir(&self, bg: &Background) -> CgroupDir {
+        bg.cgroup.clone()
+    }
     /// Stops and removes the background.
     fn stop_background(&self, bg: &Background) -> Result<()>;
     /// Runs one foreground reader of `file` as a new cgroup/container and waits for it.
