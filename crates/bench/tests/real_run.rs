@@ -13,45 +13,16 @@ use base64::Engine as _;
 use hdrhistogram::serialization::Deserializer;
 use hdrhistogram::Histogram;
 use serde_json::Value;
+use testbed::{require, Need};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ddiskqos-bench");
 
 #[path = "real_run/cri.rs"]
 mod cri;
 
-/// Whether the test can run here; if not, fails in CI and skips (with a message) elsewhere.
-fn require_root(test: &str) -> bool {
-    let reason = if !nix::unistd::geteuid().is_root() {
-        Some("needs root".to_string())
-    } else if !Path::new("/sys/fs/cgroup/blkio/cgroup.procs").exists() {
-        Some("needs the cgroup v1 blkio hierarchy at /sys/fs/cgroup/blkio".to_string())
-    } else if !Path::new("/dev/loop-control").exists() {
-        Some("needs loop devices (/dev/loop-control)".to_string())
-    } else if !["losetup", "mkfs.ext4", "mount"].iter().all(|p| on_path(p)) {
-        Some("needs losetup, mkfs.ext4 and mount".to_string())
-    } else if !std::fs::read_to_string("/sys/block/loop0/queue/scheduler").map(|s| s.contains("bfq")).unwrap_or(true) {
-        Some("needs the BFQ scheduler".to_string())
-    } else {
-        None
-    };
-    match reason {
-        None => true,
-        Some(reason) if must_run() => panic!("{test} cannot run in CI: {reason}"),
-        Some(reason) => {
-            eprintln!("SKIPPED {test}: {reason}");
-            false
-        }
-    }
-}
-
-/// CI, or a developer who asked for the real tests: skipping is a failure.
-fn must_run() -> bool {
-    std::env::var("CI").as_deref() == Ok("true") || std::env::var("DDISKQOS_REQUIRE_REAL").as_deref() == Ok("1")
-}
-
-fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
-}
+/// What a real run on cgroup v1 needs: root, blkio, a BFQ loop device, an ext4 file system on it.
+const V1_RUN: [Need; 6] =
+    [Need::Root, Need::BlkioV1, Need::LoopDevices, Need::Bfq, Need::Program("mkfs.ext4"), Need::Program("mount")];
 
 /// Waits for the child with a deadline; kills it (SIGINT first, so it cleans up) if it overstays.
 fn wait_with_deadline(mut child: Child, deadline: Duration) -> Output {
@@ -130,7 +101,7 @@ fn bench(work: &Path, out: &Path, extra: &[&str]) -> Command {
 #[test]
 #[ignore = "needs root, cgroup v1 blkio and a loop device: run ./scripts/test.sh"]
 fn short_real_run_report_is_complete_and_consistent() {
-    if !require_root("short_real_run_report_is_complete_and_consistent") {
+    if !require("short_real_run_report_is_complete_and_consistent", &V1_RUN) {
         return;
     }
     // One real run at a time in this binary (the CRI tests' too): they share the machine's two cores and its disk.
@@ -257,7 +228,7 @@ fn short_real_run_report_is_complete_and_consistent() {
 #[test]
 #[ignore = "needs root, cgroup v1 blkio and a loop device: run ./scripts/test.sh"]
 fn interrupted_run_cleans_up() {
-    if !require_root("interrupted_run_cleans_up") {
+    if !require("interrupted_run_cleans_up", &V1_RUN) {
         return;
     }
     // One real run at a time in this binary (the CRI tests' too): they share the machine's two cores and its disk.
@@ -285,7 +256,6 @@ fn interrupted_run_cleans_up() {
 /// skips `v2_real::`).
 mod v2_real {
     use super::*;
-    use testbed::{require, Need};
 
     /// The v2 root of the test bed.
     const V2: &str = "/sys/fs/cgroup";

@@ -565,28 +565,8 @@ impl Runtime for CriRuntime {
 
     fn prepare(&self, readers: usize) -> Result<()> {
         // Every reader pod of the mode now, before the background runs (see the module doc).
-        let n_threads = 4.min(readers.max(1));
-        let todo = std::sync::atomic::AtomicUsize::new(readers);
-        let started: Mutex<Vec<Pooled>> = Mutex::new(Vec::with_capacity(readers));
-        std::thread::scope(|scope| -> Result<()> {
-            let workers: Vec<_> = (0..n_threads)
-                .map(|_| {
-                    scope.spawn(|| -> Result<()> {
-                        while todo.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok() {
-                            let p = self.start_pooled()?;
-                            started.lock().unwrap_or_else(|e| e.into_inner()).push(p);
-                        }
-                        Ok(())
-                    })
-                })
-                .collect();
-            for w in workers {
-                w.join().map_err(|_| anyhow::anyhow!("pod starter panicked"))??;
-            }
-            Ok(())
-        })?;
-        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-        pool.extend(started.into_inner().unwrap_or_else(|e| e.into_inner()));
+        let started = super::start_all(readers, "pod", || self.start_pooled())?;
+        self.pool.lock().unwrap_or_else(|e| e.into_inner()).extend(started);
         Ok(())
     }
 

@@ -202,9 +202,46 @@ pub fn parse_report(stdout: &str) -> Result<ReadReport> {
     serde_json::from_str(line).with_context(|| format!("bad reader report {line:?}"))
 }
 
+/// Starts `n` things (reader containers or pods) with `start` on up to four threads at once; all of them, or the
+/// first error (`what` names the thing in a panic's error).
+pub(crate) fn start_all<T: Send>(n: usize, what: &str, start: impl Fn() -> Result<T> + Sync) -> Result<Vec<T>> {
+    let todo = std::sync::atomic::AtomicUsize::new(n);
+    let started = std::sync::Mutex::new(Vec::with_capacity(n));
+    std::thread::scope(|scope| -> Result<()> {
+        let workers: Vec<_> = (0..4.min(n.max(1)))
+            .map(|_| {
+                scope.spawn(|| -> Result<()> {
+                    let relaxed = std::sync::atomic::Ordering::Relaxed;
+                    while todo.fetch_update(relaxed, relaxed, |left| left.checked_sub(1)).is_ok() {
+                        let item = start()?;
+                        started.lock().unwrap_or_else(|e| e.into_inner()).push(item);
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().map_err(|_| anyhow::anyhow!("{what} starter panicked"))??;
+        }
+        Ok(())
+    })?;
+    Ok(started.into_inner().unwrap_or_else(|e| e.into_inner()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn start_all_starts_each_once_or_returns_the_error() {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let mut got = start_all(10, "thing", || Ok(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))).unwrap();
+        got.sort();
+        assert_eq!(got, (0..10).collect::<Vec<_>>());
+        assert!(start_all(0, "thing", || Ok(1)).unwrap().is_empty());
+        let err = start_all(5, "thing", || -> Result<u8> { anyhow::bail!("no room") }).unwrap_err();
+        assert_eq!(err.to_string(), "no room");
+    }
 
     #[test]
     fn report_parsing() {
