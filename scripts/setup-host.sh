@@ -13,7 +13,9 @@ fi
 
 need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
-[ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx dd || need+=(busybox-static)
+# `grep -x` without -q reads the whole list: with -q it may exit early, busybox then dies of SIGPIPE and pipefail
+# counted the check as failed (the package was reinstalled on every run).
+[ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -x dd >/dev/null || need+=(busybox-static)
 command -v fio >/dev/null 2>&1 || need+=(fio)
 command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v losetup >/dev/null 2>&1 || need+=(mount)
