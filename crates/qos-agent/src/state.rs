@@ -189,19 +189,28 @@ impl OriginalWeights {
             version: VERSION,
             originals: self.originals.iter().map(|(k, v)| (k.to_string(), v.get() as u16)).collect(),
         };
-        let (tmp, mut f) = create_temp(path).map_err(io)?;
-        // No fsync: the file must survive the agent's crash (SIGKILL), which the page cache does, not the
-        // machine's, after which no cgroup weight survives either (and /run, the default place, is gone). An
-        // fsync here blocked the daemon loop for up to 175 ms per save on a loaded disk (the bench's strace,
-        // 2026-11-23), delaying new containers' top weight. The rename keeps every reader on a whole file.
-        let written = f
-            .write_all(serde_json::to_string_pretty(&disk).expect("serializable").as_bytes())
-            .and_then(|()| std::fs::rename(&tmp, path));
-        if written.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written.map_err(io)
+        write_private(path, serde_json::to_string_pretty(&disk).expect("serializable").as_bytes()).map_err(io)
     }
+}
+
+/// Replaces `path` with `bytes` as the agent's private files are written: its directory created 0700 if missing,
+/// the content put in a new 0600 temporary file beside it ([`create_temp`]: never through a planted symlink) and
+/// renamed over `path`, so every reader sees a whole file. The state file and the BFQ tunables' originals use it.
+///
+/// No fsync: the file must survive the agent's crash (SIGKILL), which the page cache does, not the machine's, after
+/// which no cgroup weight survives either (and /run, the default place, is gone). An fsync here blocked the daemon
+/// loop for up to 175 ms per save on a loaded disk (the bench's strace, 2026-11-23), delaying new containers' top
+/// weight.
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    }
+    let (tmp, mut f) = create_temp(path)?;
+    let written = f.write_all(bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// What a state file holds, read without taking it over: for `ddiskqos-agent state show` and `state reset`.

@@ -275,13 +275,9 @@ impl TunedDevices {
             map.entry(&t.device).or_default().insert(&t.key, &t.original);
         }
         let text = serde_json::to_string_pretty(&map).expect("a map of strings serializes");
-        let tmp = path.with_extension("json.tmp");
-        let fail = |e: std::io::Error| TuneError::File { path: path.clone(), reason: e.to_string() };
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(fail)?;
-        }
-        std::fs::write(&tmp, text).map_err(fail)?;
-        std::fs::rename(&tmp, path).map_err(fail)
+        // Beside the state file, maybe in a shared directory: written as the state file is (0600, no symlink).
+        crate::state::write_private(path, text.as_bytes())
+            .map_err(|e| TuneError::File { path: path.clone(), reason: e.to_string() })
     }
 
     /// Puts every original back (last set, first restored), logs each, and removes the originals file when all

@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use testbed::docker::Containers;
+
 const CGROUP: &str = "/sys/fs/cgroup";
 const DOCKER: &str = "/usr/bin/docker";
 const IMAGE: &str = "ddiskqos-test:latest";
@@ -101,30 +103,6 @@ impl TmpDir {
 impl Drop for TmpDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Containers of the test bed's dockerd, removed on drop.
-#[derive(Default)]
-struct Containers(Vec<String>);
-
-impl Containers {
-    fn run(&mut self, args: &[&str]) -> String {
-        let mut all = vec!["run", "-d"];
-        all.extend_from_slice(args);
-        let id = run(DOCKER, &all);
-        self.0.push(id.clone());
-        id
-    }
-}
-
-impl Drop for Containers {
-    fn drop(&mut self) {
-        if !self.0.is_empty() {
-            let mut args = vec!["rm", "-f"];
-            args.extend(self.0.iter().map(String::as_str));
-            let _ = Command::new(DOCKER).args(&args).stdout(Stdio::null()).stderr(Stdio::null()).status();
-        }
     }
 }
 
