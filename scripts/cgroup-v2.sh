@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The cgroup-v2 test bed of this machine kind (see ../shared/TESTBED.md, "cgroup v2 for real"): the machine boots
-# cgroup v1 hybrid with `blkio` at /sys/fs/cgroup/blkio; this script moves the io controller to the v2 tree
-# (/sys/fs/cgroup/unified), runs a command in a private mount namespace whose /sys/fs/cgroup is that cgroup2 tree
+# cgroup v1 hybrid with `blkio` at /sys/fs/cgroup/blkio; this script moves the io controller (with --cpu the cpu
+# controller too) to the v2 tree (/sys/fs/cgroup/unified), runs a command in a private mount namespace whose /sys/fs/cgroup is that cgroup2 tree
 # (optionally with a throw-away dockerd running there too), and puts the machine back on v1 afterwards, also on
 # failure or Ctrl-C.
 #
-#   scripts/cgroup-v2.sh run [--dockerd] -- CMD [ARG...]   # the usual way; exit status is CMD's
-#   scripts/cgroup-v2.sh enter | leave | status             # the two halves by hand (leave is idempotent)
+#   scripts/cgroup-v2.sh run [--dockerd] [--cpu] -- CMD [ARG...]   # the usual way; exit status is CMD's
+#   scripts/cgroup-v2.sh enter [--cpu] | leave | status             # the two halves by hand (leave is idempotent)
+#
+# --cpu: runc gives every container with CPU shares (every CRI pod sandbox: containerd sets them) a cpu.weight,
+# which needs the cpu controller on v2; on this machine kind the v1 `cpu` hierarchy holds only an empty docker/.
 #
 # Inside CMD (a private mount and network namespace; loopback only): /sys/fs/cgroup is cgroup2 with `io` enabled
 # for children; with --dockerd, DOCKER_HOST points at the
@@ -14,7 +17,7 @@
 # ddiskqos-test:latest is imported into it. Run other processes in the same namespace with
 # `nsenter -t "$DDISKQOS_V2_NS_PID" -m -n`.
 #
-# Refuses to start when a blkio v1 cgroup other than the root has processes (stop those containers first). Only
+# Refuses to start when a blkio (or, with --cpu, cpu) v1 cgroup other than the root has processes (stop those containers first). Only
 # cgroups this script's run created are removed; the machine's own hierarchies (memory, ...) are never touched.
 set -euo pipefail
 
@@ -28,10 +31,26 @@ DOCKER_CLI=/usr/bin/docker
 log() { printf '[cgroup-v2] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-blkio_count() { awk '$1 == "blkio" { print $3 }' /proc/cgroups; }
-blkio_hierarchy() { awk '$1 == "blkio" { print $2 }' /proc/cgroups; }
-io_on_v2() { grep -qw io "$V2/cgroup.controllers"; }
+# A v1 controller's row in /proc/cgroups: hierarchy id ($2) and cgroups including dying ones ($3).
+v1_count() { awk -v c="$1" '$1 == c { print $3 }' /proc/cgroups; }
+v1_hierarchy() { awk -v c="$1" '$1 == c { print $2 }' /proc/cgroups; }
+# The v2 name of a v1 controller.
+v2_name() { case $1 in blkio) echo io ;; *) echo "$1" ;; esac; }
+on_v2() { grep -qw "$(v2_name "$1")" "$V2/cgroup.controllers"; }
+io_on_v2() { on_v2 blkio; }
+# "MOUNTPOINT CONTROLLERS" of the v1 hierarchy holding controller $1 (CONTROLLERS comma-separated, e.g. cpu or
+# cpu,cpuacct: the mount options that are controller names), or nothing when it is not mounted.
+v1_mount() {
+  local names; names=$(awk 'NR > 1 { printf "%s ", $1 }' /proc/cgroups)
+  awk -v c="$1" -v names=" $names" '$3 == "cgroup" {
+      n = split($4, o, ","); hit = 0; ctl = ""
+      for (i = 1; i <= n; i++) if (index(names, " " o[i] " ")) { ctl = ctl (ctl ? "," : "") o[i]; if (o[i] == c) hit = 1 }
+      if (hit) { print $2, ctl; exit }
+    }' /proc/mounts
+}
 v1_mounted() { mountpoint -q "$V1" && [ -e "$V1/blkio.reset_stats" ]; }
+# The v1 hierarchies this run moved to v2, one "CONTROLLER MOUNTPOINT CONTROLLERS" line each.
+MOVED="$STATE_DIR/moved"
 
 # Removes empty cgroup directories below $1, deepest first; fails naming a cgroup that still has processes.
 remove_children() {
@@ -64,47 +83,71 @@ release_detached_loops() {
 status() {
   if v1_mounted; then echo "io controller: cgroup v1 (blkio at $V1)"; else echo "blkio v1: not mounted"; fi
   if io_on_v2; then echo "io controller: available on cgroup v2 ($V2)"; fi
-  echo "blkio cgroups (incl. dying): $(blkio_count), hierarchy id $(blkio_hierarchy)"
+  echo "blkio cgroups (incl. dying): $(v1_count blkio), hierarchy id $(v1_hierarchy blkio)"
+  local cpu; cpu=$(v1_mount cpu)
+  if [ -n "$cpu" ]; then echo "cpu controller: cgroup v1 (${cpu#* } at ${cpu%% *})"; fi
+  if on_v2 cpu; then echo "cpu controller: available on cgroup v2 ($V2)"; fi
   echo "v2 subtree_control: $(cat "$V2/cgroup.subtree_control")"
 }
 
-enter() {
-  [ "$(id -u)" = 0 ] || die "must run as root"
-  [ -d "$V2" ] || die "$V2 (the cgroup2 tree of the hybrid layout) is missing: not this machine kind"
-  mkdir -p "$STATE_DIR"
-  if io_on_v2 && ! v1_mounted; then
-    log "io is already on cgroup v2"
+# Moves v1 controller $1 (blkio or cpu) to the v2 tree: its v1 children removed, its hierarchy unmounted, its dying
+# cgroups waited out (TESTBED.md), and the controller enabled for the v2 root's children.
+move_to_v2() {
+  local ctl=$1 v2; v2=$(v2_name "$ctl")
+  local m; m=$(v1_mount "$ctl")
+  if [ -z "$m" ]; then
+    on_v2 "$ctl" || die "$ctl is neither mounted on v1 nor available on v2: unknown state, see '$0 status'"
+    log "$v2 is already on cgroup v2"
   else
-    v1_mounted || die "blkio v1 is not mounted at $V1 and io is not on v2: unknown state, see '$0 status'"
-    remove_children "$V1"
-    cat "$V2/cgroup.subtree_control" > "$STATE_DIR/subtree_control.before"
-    find "$V2" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort > "$STATE_DIR/children.before"
-    release_detached_loops
-    umount "$V1"
-    log "blkio v1 unmounted; waiting for its dying cgroups to be freed (up to ${WAIT_SECS}s)"
+    local mp=${m%% *} opts=${m#* }
+    remove_children "$mp"
+    echo "$ctl $mp $opts" >> "$MOVED"
+    umount "$mp"
+    log "$ctl v1 ($opts at $mp) unmounted; waiting for its dying cgroups to be freed (up to ${WAIT_SECS}s)"
     local deadline=$((SECONDS + WAIT_SECS))
-    until io_on_v2; do
-      [ $SECONDS -lt $deadline ] || { mount -t cgroup -o blkio cgroup "$V1" || true; die "io did not appear on cgroup v2 within ${WAIT_SECS}s (blkio cgroups: $(blkio_count)); blkio v1 mounted again"; }
+    until on_v2 "$ctl"; do
+      [ $SECONDS -lt $deadline ] || { mount -t cgroup -o "$opts" cgroup "$mp" || true; die "$v2 did not appear on cgroup v2 within ${WAIT_SECS}s ($ctl cgroups: $(v1_count "$ctl")); $ctl v1 mounted again"; }
       # Once only the root is left, mounting and unmounting the v1 hierarchy again lets the controller go.
-      if [ "$(blkio_count)" = 1 ] && ! mountpoint -q "$V1"; then
-        mount -t cgroup -o blkio cgroup "$V1" && umount "$V1" || true
+      if [ "$(v1_count "$ctl")" = 1 ] && ! mountpoint -q "$mp"; then
+        mount -t cgroup -o "$opts" cgroup "$mp" && umount "$mp" || true
       fi
       sleep 1
     done
   fi
-  grep -qw io "$V2/cgroup.subtree_control" || echo +io > "$V2/cgroup.subtree_control"
+  grep -qw "$v2" "$V2/cgroup.subtree_control" || echo "+$v2" > "$V2/cgroup.subtree_control"
+}
+
+# enter [--cpu]: io (and with --cpu the cpu controller, which runc needs for a CRI pod sandbox's CPU shares) to v2.
+enter() {
+  [ "$(id -u)" = 0 ] || die "must run as root"
+  [ -d "$V2" ] || die "$V2 (the cgroup2 tree of the hybrid layout) is missing: not this machine kind"
+  local ctls="blkio"
+  case ${1:-} in --cpu) ctls="blkio cpu" ;; "") ;; *) die "enter: unknown option $1 (usage: $0 enter [--cpu])" ;; esac
+  mkdir -p "$STATE_DIR"
+  if [ ! -f "$STATE_DIR/entered" ]; then
+    cat "$V2/cgroup.subtree_control" > "$STATE_DIR/subtree_control.before"
+    find "$V2" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort > "$STATE_DIR/children.before"
+    : > "$MOVED"
+  fi
   touch "$STATE_DIR/entered"
-  log "io controller is on cgroup v2: $V2 (children get io.weight, io.bfq.weight, io.stat)"
+  release_detached_loops
+  local ctl
+  for ctl in $ctls; do move_to_v2 "$ctl"; done
+  log "on cgroup v2 ($V2): $(for c in $ctls; do printf '%s ' "$(v2_name "$c")"; done)(children get io.weight, io.bfq.weight, io.stat$(case $ctls in *cpu*) printf ', cpu.weight' ;; esac))"
 }
 
 leave() {
   [ "$(id -u)" = 0 ] || die "must run as root"
-  if v1_mounted; then
-    log "blkio v1 is mounted: nothing to put back"
-    rm -f "$STATE_DIR/entered"
+  # What to mount again: the hierarchies `enter` recorded; blkio alone when there is no record (an older run).
+  local moved=""
+  [ -s "$MOVED" ] && moved=$(cat "$MOVED")
+  if [ -z "$moved" ] && ! v1_mounted; then moved="blkio $V1 blkio"; fi
+  if [ -z "$moved" ]; then
+    log "nothing moved to v2: nothing to put back"
+    rm -f "$STATE_DIR/entered" "$MOVED"
     return 0
   fi
-  # Remove the v2 cgroups created since `enter` (docker/, test cgroups), deepest first.
+  # Remove the v2 cgroups created since `enter` (docker/, test cgroups, kubepods/), deepest first.
   local before="$STATE_DIR/children.before" child
   while IFS= read -r child; do
     [ -n "$child" ] || continue
@@ -113,7 +156,7 @@ leave() {
       rmdir "$V2/$child" || die "cannot remove v2 cgroup $V2/$child"
     fi
   done < <(find "$V2" -mindepth 1 -maxdepth 1 -type d -printf '%f\n')
-  # Turn off for children every controller that was not on before (io; hugetlb, which Docker on v2 enables):
+  # Turn off for children every controller that was not on before (io, cpu; hugetlb, which Docker on v2 enables):
   # first in the cgroups that were there before `enter` and stay (a dockerd on v2 enables its controllers in an
   # existing docker/ too, and the root's cannot be turned off while a child still has them on: EBUSY), deepest
   # first, then in the root.
@@ -125,14 +168,19 @@ leave() {
     done
   done < <(find "$V2" -mindepth 1 -type d -printf '%d %p\n' | sort -rn | cut -d' ' -f2-; echo "$V2")
   release_detached_loops
-  log "mounting blkio v1 again (retrying while dying v2 cgroups hold the controller, up to ${WAIT_SECS}s)"
-  local deadline=$((SECONDS + WAIT_SECS))
-  until mount -t cgroup -o blkio cgroup "$V1" 2>/dev/null; do
-    [ $SECONDS -lt $deadline ] || die "blkio v1 could not be mounted within ${WAIT_SECS}s; run '$0 leave' again later"
-    sleep 1
-  done
-  rm -f "$STATE_DIR/entered" "$STATE_DIR/subtree_control.before" "$STATE_DIR/children.before"
-  log "back on cgroup v1: blkio at $V1"
+  local ctl mp opts
+  while read -r ctl mp opts; do
+    [ -n "$ctl" ] || continue
+    if mountpoint -q "$mp"; then log "$ctl v1 is mounted at $mp: nothing to put back"; continue; fi
+    log "mounting $ctl v1 ($opts at $mp) again (retrying while dying v2 cgroups hold the controller, up to ${WAIT_SECS}s)"
+    local deadline=$((SECONDS + WAIT_SECS))
+    until mount -t cgroup -o "$opts" cgroup "$mp" 2>/dev/null; do
+      [ $SECONDS -lt $deadline ] || die "$ctl v1 could not be mounted at $mp within ${WAIT_SECS}s; run '$0 leave' again later"
+      sleep 1
+    done
+    log "back on cgroup v1: $ctl at $mp"
+  done <<< "$moved"
+  rm -f "$STATE_DIR/entered" "$STATE_DIR/subtree_control.before" "$STATE_DIR/children.before" "$MOVED"
 }
 
 # Runs inside the private mount namespace: cgroup2 at /sys/fs/cgroup, optional dockerd, then the command.
@@ -184,19 +232,20 @@ import_test_image() {
 }
 
 run() {
-  local with_dockerd=0
+  local with_dockerd=0 cpu=""
   while [ $# -gt 0 ]; do
     case $1 in
       --dockerd) with_dockerd=1; shift ;;
+      --cpu) cpu=--cpu; shift ;;
       --) shift; break ;;
-      *) die "run: unknown option $1 (usage: $0 run [--dockerd] -- CMD [ARG...])" ;;
+      *) die "run: unknown option $1 (usage: $0 run [--dockerd] [--cpu] -- CMD [ARG...])" ;;
     esac
   done
   [ $# -gt 0 ] || die "run needs a command after --"
   trap 'rc=$?; trap - EXIT INT TERM; leave || rc=1; exit $rc' EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
-  enter
+  enter $cpu
   local rc=0
   unshare -m -n --propagation private "$0" _inside "$with_dockerd" "$@" || rc=$?
   return $rc
@@ -204,9 +253,9 @@ run() {
 
 case ${1:-} in
   run) shift; run "$@" ;;
-  enter) enter ;;
+  enter) shift; enter "$@" ;;
   leave) leave ;;
   status) status ;;
   _inside) shift; inside "$@" ;;
-  *) echo "usage: $0 run [--dockerd] -- CMD [ARG...] | enter | leave | status" >&2; exit 2 ;;
+  *) echo "usage: $0 run [--dockerd] [--cpu] -- CMD [ARG...] | enter [--cpu] | leave | status" >&2; exit 2 ;;
 esac

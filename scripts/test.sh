@@ -16,7 +16,8 @@ cargo test --workspace --benches --locked --no-fail-fast
 cargo test --workspace --doc --locked
 
 # cgroup v2 for real (crates/qos-agent/tests/all/v2_real.rs): the agent against a dockerd on v2 with a BFQ and an
-# io.cost loop device. scripts/cgroup-v2.sh moves the io controller to v2, runs the test binary in a private mount
+# io.cost loop device, and its CRI runtime against the tests' containerd on v2. scripts/cgroup-v2.sh moves the io
+# and cpu controllers to v2 (runc needs cpu for a pod sandbox's CPU shares), runs the test binary in a private mount
 # namespace with a throw-away dockerd, and puts the machine back on v1. (Whoever shares the machine with other
 # real-test runs wraps this whole script in `flock /tmp/ddiskqos-real.lock`; the lock is not taken again here,
 # as a nested flock on the same file would wait for itself.)
@@ -29,7 +30,7 @@ BENCH_V2_TEST=$(cargo test -p bench --test real_run --no-run --locked --message-
 [ -x "$BENCH_V2_TEST" ] || { echo "scripts/test.sh: cannot find the bench's real_run test binary" >&2; exit 1; }
 HAD_DOCKER0=$([ -e /sys/class/net/docker0 ] && echo yes || echo no)
 # Both run (one test bed entry, about a minute each way), and either failing fails the pass.
-bash scripts/cgroup-v2.sh run --dockerd -- sh -c '"$1" --include-ignored --test-threads=1 v2_real::; a=$?
+bash scripts/cgroup-v2.sh run --dockerd --cpu -- sh -c '"$1" --include-ignored --test-threads=1 v2_real::; a=$?
   "$2" --include-ignored --test-threads=1 v2_real::; b=$?; [ "$a" = 0 ] && [ "$b" = 0 ]' sh "$V2_TEST" "$BENCH_V2_TEST"
 if [ "$HAD_DOCKER0" = yes ] && [ ! -e /sys/class/net/docker0 ]; then
   echo "scripts/test.sh: the v2 test bed removed the host's docker0 bridge" >&2
@@ -38,6 +39,6 @@ fi
 # Captured first: `status | grep -q` would end status with SIGPIPE, which pipefail counts as a failure.
 V2_STATUS=$(bash scripts/cgroup-v2.sh status)
 case $V2_STATUS in
-  "io controller: cgroup v1"*) ;;
+  "io controller: cgroup v1"*"cpu controller: cgroup v1"*) ;;
   *) printf 'scripts/test.sh: the machine is not back on cgroup v1:\n%s\n' "$V2_STATUS" >&2; exit 1 ;;
 esac

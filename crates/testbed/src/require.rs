@@ -27,6 +27,9 @@ pub enum Need {
     /// The cgroup-v2 test bed (`scripts/cgroup-v2.sh run --dockerd`): `/sys/fs/cgroup` is cgroup2 with the io
     /// controller and io.cost, and a dockerd on it answers at `$DOCKER_HOST` with the test image.
     V2TestBed,
+    /// The cpu controller on the cgroup2 tree at `/sys/fs/cgroup` (`scripts/cgroup-v2.sh run --cpu`): runc gives a
+    /// CRI pod sandbox CPU shares (`cpu.weight`) and fails to start it without.
+    V2Cpu,
     /// A program on `PATH`.
     Program(&'static str),
 }
@@ -42,6 +45,8 @@ impl Need {
             Self::HostDocker => docker::image_ready(),
             Self::PrivateDockerd => dockerd::can_run(),
             Self::V2TestBed => v2_test_bed(),
+            Self::V2Cpu => std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+                .is_ok_and(|c| c.split_whitespace().any(|w| w == "cpu")),
             Self::Program(name) => on_path(name),
         };
         (!ok).then(|| self.to_string())
@@ -60,6 +65,9 @@ impl std::fmt::Display for Need {
             Self::V2TestBed => f.write_str(
                 "the cgroup-v2 test bed (cgroup2 with io and io.cost at /sys/fs/cgroup, a dockerd on it at \
                  $DOCKER_HOST with the test image: run inside scripts/cgroup-v2.sh run --dockerd)",
+            ),
+            Self::V2Cpu => f.write_str(
+                "the cpu controller on cgroup2 at /sys/fs/cgroup (run inside scripts/cgroup-v2.sh run --cpu)",
             ),
             Self::Program(name) => write!(f, "{name} on PATH"),
         }

@@ -17,7 +17,7 @@ use testbed::{require, Need};
 use crate::AGENT;
 
 /// A pod uid (a UUID) unique to this run.
-fn uid(n: u32) -> String {
+pub(crate) fn uid(n: u32) -> String {
     let s = unique_suffix(); // "<pid>-<nanos>"
     let (pid, nanos) = s.split_once('-').unwrap();
     format!("{:08x}-d15c-4a05-8{n:03x}-{:012x}", pid.parse::<u32>().unwrap(), nanos.parse::<u64>().unwrap())

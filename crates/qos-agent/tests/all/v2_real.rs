@@ -644,3 +644,223 @@ fn io_stat_counters_of_real_containers_hold_their_own_bytes_only() {
     drop(own);
     drop((a, b));
 }
+
+/// Effective weights of a pod cgroup on the BFQ device (`io.bfq.weight`) and the io.cost device (`io.weight`).
+fn pod_weights(dir: &Path, bfq: &Loop, cost: &Loop) -> Option<(u32, u32)> {
+    Some((effective(&dir.join("io.bfq.weight"), &bfq.num)?, effective(&dir.join("io.weight"), &cost.num)?))
+}
+
+/// The agent's CRI runtime on cgroup v2, as a Kubernetes node on v2 with the cgroupfs driver runs it: the tests'
+/// private containerd started inside the test bed (so it and runc use cgroup2; `--cpu` gives runc the cpu
+/// controller a sandbox's CPU shares need), pods of all three QoS classes made through CRI with the kubelet's
+/// parents (there is no kubelet here), real I/O on a BFQ device, a second device under io.cost. Checked in the pod
+/// cgroups' files: each pod at the top on both devices, each in the file that governs it; the reader demoted level
+/// by level; annotations (pinned weight, exclusion, a bad value); a new pod at the top; a containerd restart under
+/// the agent; every pod's two files as they were after SIGTERM.
+#[test]
+#[ignore = "needs the cgroup-v2 test bed with the cpu controller and containerd: scripts/cgroup-v2.sh run --cpu"]
+fn agent_on_v2_weights_pod_cgroups_through_cri() {
+    use testbed::containerd::{Containerd, Qos};
+    let test = "v2_real::agent_on_v2_weights_pod_cgroups_through_cri";
+    let needs = [
+        testbed::Need::Root,
+        testbed::Need::V2TestBed,
+        testbed::Need::V2Cpu,
+        testbed::Need::Program("containerd"),
+        testbed::Need::Program("ctr"),
+        testbed::Need::Program("runc"),
+    ];
+    if !testbed::require(test, &needs) {
+        return;
+    }
+    let _machine = testbed::exclusive();
+    let tmp_dir = TmpDir::new("cri");
+    let tmp = tmp_dir.0.clone();
+    let bfq = Loop::new(tmp.join("cri-bfq.img"), "bfq");
+    let mut cost = Loop::new(tmp.join("cri-cost.img"), "none");
+    cost.enable_io_cost();
+    let t0 = Instant::now();
+    let mut containerd = Containerd::start();
+    eprintln!("containerd on cgroup v2 up with the sandbox image: {:.1} s", t0.elapsed().as_secs_f64());
+    let uid = crate::cri_real::uid;
+    let pod_dir = |qos: Qos, uid: &str| Path::new(CGROUP).join(qos.pod_rel(uid));
+
+    let (reader, idle, pinned, excluded, bad) = (uid(11), uid(12), uid(13), uid(14), uid(15));
+    let sleep = "exec sleep 100000";
+    // About 20 MB/s (2 MiB direct reads, 0.1 s apart), so every level shows in the pod cgroup's files.
+    let read_script = format!(
+        "sleep 1; i=0; while [ $i -lt 250 ]; do dd if={} of=/dev/null bs=1M count=2 skip=$i iflag=direct 2>/dev/null; \
+         i=$((i+2)); sleep 0.1; done; exec sleep 100000",
+        bfq.dev
+    );
+    let dev = PathBuf::from(&bfq.dev);
+    containerd.run_pod("reader", &reader, Qos::Burstable, &[], &read_script, &[&dev]);
+    containerd.run_pod("idle", &idle, Qos::BestEffort, &[], sleep, &[]);
+    containerd.run_pod("pinned", &pinned, Qos::Guaranteed, &[("ddiskqos.io/weight", "300")], sleep, &[]);
+    containerd.run_pod("excluded", &excluded, Qos::Burstable, &[("ddiskqos.io/exclude", "true")], sleep, &[]);
+    containerd.run_pod("bad", &bad, Qos::BestEffort, &[("ddiskqos.io/weight", "abc")], sleep, &[]);
+    let excluded_dir = pod_dir(Qos::Burstable, &excluded);
+    write(excluded_dir.join("io.bfq.weight").to_str().unwrap(), "123");
+    write(excluded_dir.join("io.weight").to_str().unwrap(), "default 123");
+    let excluded_before = (read(&excluded_dir.join("io.bfq.weight")), read(&excluded_dir.join("io.weight")));
+    let reader_dir = pod_dir(Qos::Burstable, &reader);
+    let before = (read(&reader_dir.join("io.bfq.weight")), read(&reader_dir.join("io.weight")));
+    eprintln!("pod cgroups on v2, before the agent: io.bfq.weight {:?}, io.weight {:?}", before.0, before.1);
+    // Why the test bed needs --cpu: runc wrote the containers' CPU shares (the sandbox's 2 shares -> cpu.weight 1).
+    let cpu_weights: Vec<String> = std::fs::read_dir(&reader_dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| read(&e.path().join("cpu.weight")).trim().to_string())
+        .collect();
+    eprintln!("cpu.weight of the reader pod's sandbox and container cgroups: {cpu_weights:?}");
+
+    let config = tmp.join("cri-agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "runtime = \"cri\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/cri-state.json\"\n\
+             control_socket = \"{0}/cri-agent.sock\"\n[cri]\nsocket = \"{1}\"\n[devices]\ncheck = [\"{2}\", \"{3}\"]\n\
+             [mlfq]\nboost_after = \"10m\"\nidle_promote_after = \"off\"\n",
+            tmp.display(),
+            containerd.socket().display(),
+            bfq.name,
+            cost.name
+        ),
+    )
+    .unwrap();
+    let log = tmp.join("cri-agent.log");
+    let started = Instant::now();
+    let child = Command::new(agent_binary())
+        .args(["-c", config.to_str().unwrap()])
+        .env("DDISKQOS_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("starting the agent");
+    let mut agent = Agent { child, log };
+
+    // The reader's trajectory on the BFQ device, recorded while the other pods are checked.
+    let recorder = {
+        let file = reader_dir.join("io.bfq.weight");
+        let num = bfq.num.clone();
+        std::thread::spawn(move || {
+            let (mut seen, t) = (Vec::<(f64, u32)>::new(), Instant::now());
+            while t.elapsed() < Duration::from_secs(15) {
+                if let Some(w) = effective(&file, &num) {
+                    if seen.last().is_none_or(|(_, last)| *last != w) {
+                        seen.push((t.elapsed().as_secs_f64(), w));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            seen
+        })
+    };
+    for (what, dir, want) in [
+        ("idle BestEffort pod at the top", pod_dir(Qos::BestEffort, &idle), 1000),
+        ("pinned Guaranteed pod at its annotation's weight", pod_dir(Qos::Guaranteed, &pinned), 300),
+        ("pod with a bad annotation managed, at the top", pod_dir(Qos::BestEffort, &bad), 1000),
+    ] {
+        let got = poll(Duration::from_secs(5), || (pod_weights(&dir, &bfq, &cost)? == (want, want)).then_some(()));
+        assert!(
+            got.is_some(),
+            "{what}: io.bfq.weight {:?}, io.weight {:?} in {}; log:\n{}",
+            std::fs::read_to_string(dir.join("io.bfq.weight")),
+            std::fs::read_to_string(dir.join("io.weight")),
+            dir.display(),
+            agent.log_text()
+        );
+    }
+    eprintln!(
+        "existing pods weighted on both devices {:.2} s after the agent started",
+        started.elapsed().as_secs_f64()
+    );
+    let log_text = agent.log_text();
+    assert!(
+        log_text.contains("ddiskqos.io/weight") && log_text.contains("abc"),
+        "bad annotation not reported:\n{log_text}"
+    );
+
+    let seen = recorder.join().unwrap();
+    eprintln!("reader pod's io.bfq.weight on {}: {seen:?}", bfq.num);
+    let mut it = seen.iter().map(|(_, w)| *w);
+    assert!(
+        [1000, 200, 40, 10].iter().all(|w| it.any(|x| x == *w)),
+        "reader pod not demoted level by level at its pod cgroup: {seen:?}\n{}",
+        agent.log_text()
+    );
+    assert_eq!(pod_weights(&reader_dir, &bfq, &cost), Some((10, 10)), "reader pod's io.weight not at the bottom too");
+    assert_eq!(
+        (read(&excluded_dir.join("io.bfq.weight")), read(&excluded_dir.join("io.weight"))),
+        excluded_before,
+        "excluded pod touched"
+    );
+
+    // A new pod while the agent runs: at the top on both devices.
+    let fresh = uid(16);
+    let t = Instant::now();
+    containerd.run_pod("fresh", &fresh, Qos::Burstable, &[], sleep, &[]);
+    let created = t.elapsed();
+    let fresh_dir = pod_dir(Qos::Burstable, &fresh);
+    let Some((_, took)) =
+        poll(Duration::from_secs(5), || (pod_weights(&fresh_dir, &bfq, &cost)? == (1000, 1000)).then_some(()))
+    else {
+        panic!("new pod not at 1000: {:?}\n{}", pod_weights(&fresh_dir, &bfq, &cost), agent.log_text())
+    };
+    eprintln!(
+        "new pod: RunPodSandbox+CreateContainer+StartContainer {:.0} ms, then 1000 on both devices after {:.0} ms",
+        created.as_secs_f64() * 1e3,
+        took.as_secs_f64() * 1e3
+    );
+
+    // containerd restarts under the agent: it notices, keeps the weights, and manages pods made afterwards.
+    containerd.stop();
+    let lost = poll(Duration::from_secs(10), || agent.log_text().contains("CRI runtime unreachable").then_some(()));
+    assert!(lost.is_some(), "agent did not notice containerd stopping; log:\n{}", agent.log_text());
+    containerd.spawn();
+    let back = poll(Duration::from_secs(15), || agent.log_text().contains("CRI runtime answers again").then_some(()));
+    assert!(back.is_some(), "agent did not reconnect; log:\n{}", agent.log_text());
+    assert_eq!(
+        pod_weights(&pod_dir(Qos::Guaranteed, &pinned), &bfq, &cost),
+        Some((300, 300)),
+        "pinned pod changed over the restart"
+    );
+    let after = uid(17);
+    containerd.run_pod("restarted", &after, Qos::Guaranteed, &[], sleep, &[]);
+    let after_dir = pod_dir(Qos::Guaranteed, &after);
+    assert!(
+        poll(Duration::from_secs(5), || (pod_weights(&after_dir, &bfq, &cost)? == (1000, 1000)).then_some(()))
+            .is_some(),
+        "pod made after the containerd restart not managed: {:?}\n{}",
+        pod_weights(&after_dir, &bfq, &cost),
+        agent.log_text()
+    );
+
+    // SIGTERM: both files of every managed pod as they were; the excluded pod never touched.
+    let status = agent.sigterm_and_wait(Duration::from_secs(10));
+    assert!(status.success(), "agent exit {status}:\n{}", agent.log_text());
+    for (qos, u) in [
+        (Qos::Burstable, &reader),
+        (Qos::BestEffort, &idle),
+        (Qos::Guaranteed, &pinned),
+        (Qos::BestEffort, &bad),
+        (Qos::Burstable, &fresh),
+        (Qos::Guaranteed, &after),
+    ] {
+        let dir = pod_dir(qos, u);
+        let now = (read(&dir.join("io.bfq.weight")), read(&dir.join("io.weight")));
+        assert_eq!(now, before, "pod {} not restored", dir.display());
+    }
+    assert_eq!(
+        (read(&excluded_dir.join("io.bfq.weight")), read(&excluded_dir.join("io.weight"))),
+        excluded_before,
+        "excluded pod touched"
+    );
+    eprintln!("after SIGTERM every managed pod reads io.bfq.weight {:?}, io.weight {:?} again", before.0, before.1);
+    drop(containerd);
+    for (qos, u) in [(Qos::Burstable, &reader), (Qos::Guaranteed, &after)] {
+        assert!(!pod_dir(qos, u).exists(), "pod cgroup {} left behind", pod_dir(qos, u).display());
+    }
+    drop((bfq, cost));
+}
