@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The cgroup-v2 test bed of this machine kind (see ../shared/TESTBED.md, "cgroup v2 for real"): the machine boots
 # cgroup v1 hybrid with `blkio` at /sys/fs/cgroup/blkio; this script moves the io controller (with --cpu the cpu
-# controller too) to the v2 tree (/sys/fs/cgroup/unified), runs a command in a private mount namespace whose /sys/fs/cgroup is that cgroup2 tree
-# (optionally with a throw-away dockerd running there too), and puts the machine back on v1 afterwards, also on
-# failure or Ctrl-C.
+# controller too) to the v2 tree (/sys/fs/cgroup/unified), runs a command in a private mount namespace whose
+# /sys/fs/cgroup is that cgroup2 tree (optionally with a throw-away dockerd running there too), and puts the machine
+# back on v1 afterwards, also on failure or Ctrl-C.
 #
 #   scripts/cgroup-v2.sh run [--dockerd] [--cpu] -- CMD [ARG...]   # the usual way; exit status is CMD's
 #   scripts/cgroup-v2.sh enter [--cpu] | leave | status             # the two halves by hand (leave is idempotent)
@@ -17,8 +17,9 @@
 # ddiskqos-test:latest is imported into it. Run other processes in the same namespace with
 # `nsenter -t "$DDISKQOS_V2_NS_PID" -m -n`.
 #
-# Refuses to start when a blkio (or, with --cpu, cpu) v1 cgroup other than the root has processes (stop those containers first). Only
-# cgroups this script's run created are removed; the machine's own hierarchies (memory, ...) are never touched.
+# Refuses to start when a blkio (or, with --cpu, cpu) v1 cgroup other than the root has processes (stop those
+# containers first). Only cgroups this script's run created are removed; the machine's own hierarchies (memory, ...)
+# are never touched.
 set -euo pipefail
 
 V1=/sys/fs/cgroup/blkio
@@ -44,7 +45,8 @@ v1_mount() {
   local names; names=$(awk 'NR > 1 { printf "%s ", $1 }' /proc/cgroups)
   awk -v c="$1" -v names=" $names" '$3 == "cgroup" {
       n = split($4, o, ","); hit = 0; ctl = ""
-      for (i = 1; i <= n; i++) if (index(names, " " o[i] " ")) { ctl = ctl (ctl ? "," : "") o[i]; if (o[i] == c) hit = 1 }
+      for (i = 1; i <= n; i++)
+        if (index(names, " " o[i] " ")) { ctl = ctl (ctl ? "," : "") o[i]; if (o[i] == c) hit = 1 }
       if (hit) { print $2, ctl; exit }
     }' /proc/mounts
 }
@@ -106,7 +108,10 @@ move_to_v2() {
     log "$ctl v1 ($opts at $mp) unmounted; waiting for its dying cgroups to be freed (up to ${WAIT_SECS}s)"
     local deadline=$((SECONDS + WAIT_SECS))
     until on_v2 "$ctl"; do
-      [ $SECONDS -lt $deadline ] || { mount -t cgroup -o "$opts" cgroup "$mp" || true; die "$v2 did not appear on cgroup v2 within ${WAIT_SECS}s ($ctl cgroups: $(v1_count "$ctl")); $ctl v1 mounted again"; }
+      if [ $SECONDS -ge $deadline ]; then
+        mount -t cgroup -o "$opts" cgroup "$mp" || true
+        die "$v2 not on cgroup v2 within ${WAIT_SECS}s ($ctl cgroups: $(v1_count "$ctl")); $ctl v1 mounted again"
+      fi
       # Once only the root is left, mounting and unmounting the v1 hierarchy again lets the controller go.
       if [ "$(v1_count "$ctl")" = 1 ] && ! mountpoint -q "$mp"; then
         mount -t cgroup -o "$opts" cgroup "$mp" && umount "$mp" || true
@@ -133,7 +138,9 @@ enter() {
   release_detached_loops
   local ctl
   for ctl in $ctls; do move_to_v2 "$ctl"; done
-  log "on cgroup v2 ($V2): $(for c in $ctls; do printf '%s ' "$(v2_name "$c")"; done)(children get io.weight, io.bfq.weight, io.stat$(case $ctls in *cpu*) printf ', cpu.weight' ;; esac))"
+  local files="io.weight, io.bfq.weight, io.stat"
+  case $ctls in *cpu*) files="$files, cpu.weight" ;; esac
+  log "on cgroup v2 ($V2): $(for c in $ctls; do printf '%s ' "$(v2_name "$c")"; done)(children get $files)"
 }
 
 leave() {
@@ -172,10 +179,10 @@ leave() {
   while read -r ctl mp opts; do
     [ -n "$ctl" ] || continue
     if mountpoint -q "$mp"; then log "$ctl v1 is mounted at $mp: nothing to put back"; continue; fi
-    log "mounting $ctl v1 ($opts at $mp) again (retrying while dying v2 cgroups hold the controller, up to ${WAIT_SECS}s)"
+    log "mounting $ctl v1 ($opts at $mp) again (retrying while dying v2 cgroups hold it, up to ${WAIT_SECS}s)"
     local deadline=$((SECONDS + WAIT_SECS))
     until mount -t cgroup -o "$opts" cgroup "$mp" 2>/dev/null; do
-      [ $SECONDS -lt $deadline ] || die "$ctl v1 could not be mounted at $mp within ${WAIT_SECS}s; run '$0 leave' again later"
+      [ $SECONDS -lt $deadline ] || die "$ctl v1 not mounted at $mp within ${WAIT_SECS}s; run '$0 leave' again later"
       sleep 1
     done
     log "back on cgroup v1: $ctl at $mp"
