@@ -132,6 +132,11 @@ idle_promote_after = "off"
     assert_eq!(bfq_weight(&pod_dir(Qos::Burstable, &excluded)), Some(123), "excluded pod touched");
     let log = agent.log_text();
     assert!(log.contains("ddiskqos.io/weight") && log.contains("abc"), "bad annotation not reported:\n{log}");
+    // containerd 1.6 has no CRI event stream: the agent asks once, says so, and relies on re-lists and inotify.
+    let no_events = wait_for(Duration::from_secs(5), Duration::from_millis(20), || {
+        agent.log_text().contains("CRI runtime has no container event stream").then_some(())
+    });
+    assert!(no_events.is_some(), "no word on containerd 1.6's missing GetContainerEvents:\n{}", agent.log_text());
 
     // The heavy reader, demoted level by level at its pod cgroup.
     let seen = recorder.join().unwrap();

@@ -6,14 +6,26 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
-    ListPodSandboxRequest, PodSandbox, PodSandboxFilter, PodSandboxState, PodSandboxStateValue,
+    GetEventsRequest, ListPodSandboxRequest, PodSandbox, PodSandboxFilter, PodSandboxState, PodSandboxStateValue,
     PodSandboxStatusRequest, VersionRequest,
 };
+use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::backend::DiscoveryError;
 
-/// The two calls discovery makes, so it can run against a fake runtime in tests.
+/// What the runtime's container event stream (`GetContainerEvents`) tells discovery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventWake {
+    /// A container or sandbox changed: re-list now.
+    Changed,
+    /// The runtime has no event stream (`Unimplemented`: containerd before 1.7); do not ask again until it restarts.
+    Unsupported,
+    /// The stream ended or failed (the runtime restarting, say); ask again at the next successful list.
+    Ended(String),
+}
+
+/// The calls discovery makes, so it can run against a fake runtime in tests.
 pub trait SandboxSource: Send {
     /// What this is, for logs (the socket).
     fn describe(&self) -> String;
@@ -24,6 +36,14 @@ pub trait SandboxSource: Send {
         &mut self,
         sandbox_id: &str,
     ) -> impl std::future::Future<Output = Result<std::collections::HashMap<String, String>, DiscoveryError>> + Send;
+    /// Subscribes to the runtime's container events: every event becomes [`EventWake::Changed`] on the returned
+    /// channel, and its end one last [`EventWake::Unsupported`] or [`EventWake::Ended`]. Returns at once (the
+    /// call runs in a task). The default: a runtime without events.
+    fn watch_events(&mut self) -> mpsc::Receiver<EventWake> {
+        let (tx, rx) = mpsc::channel(1);
+        let _ = tx.try_send(EventWake::Unsupported);
+        rx
+    }
 }
 
 impl SandboxSource for CriClient {
@@ -41,6 +61,10 @@ impl SandboxSource for CriClient {
     ) -> Result<std::collections::HashMap<String, String>, DiscoveryError> {
         CriClient::sandbox_info(self, sandbox_id).await
     }
+
+    fn watch_events(&mut self) -> mpsc::Receiver<EventWake> {
+        CriClient::watch_events(self)
+    }
 }
 
 /// One CRI call's deadline: the runtime answers these from memory, so a slow answer means trouble.
@@ -51,22 +75,34 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct CriClient {
     rt: RuntimeServiceClient<Channel>,
+    /// For the event stream: a channel without [`CALL_TIMEOUT`] (a stream lasts, and a runtime may send its
+    /// response headers only with the first event).
+    events: RuntimeServiceClient<Channel>,
     socket: PathBuf,
+}
+
+/// A lazily connecting channel to the unix socket `path`, with a per-call deadline if `timeout` is given.
+fn channel(path: &Path, timeout: Option<Duration>) -> Channel {
+    let path = path.to_path_buf();
+    // The URI is required by the HTTP/2 layer and ignored: every connection goes to the socket.
+    let mut endpoint = Endpoint::from_static("http://cri.invalid").connect_timeout(Duration::from_secs(2));
+    if let Some(t) = timeout {
+        endpoint = endpoint.timeout(t);
+    }
+    endpoint.connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+        let path = path.clone();
+        async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+    }))
 }
 
 impl CriClient {
     /// A client of the runtime listening on `socket` (nothing is connected yet).
     pub fn new(socket: &Path) -> Result<Self, DiscoveryError> {
-        let path = socket.to_path_buf();
-        // The URI is required by the HTTP/2 layer and ignored: every connection goes to the socket.
-        let channel = Endpoint::from_static("http://cri.invalid")
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(CALL_TIMEOUT)
-            .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
-            }));
-        Ok(Self { rt: RuntimeServiceClient::new(channel), socket: socket.to_path_buf() })
+        Ok(Self {
+            rt: RuntimeServiceClient::new(channel(socket, Some(CALL_TIMEOUT))),
+            events: RuntimeServiceClient::new(channel(socket, None)),
+            socket: socket.to_path_buf(),
+        })
     }
 
     /// The socket this client talks to.
@@ -120,5 +156,190 @@ impl CriClient {
             .map_err(|s| self.error("PodSandboxStatus", s))?
             .into_inner();
         Ok(resp.info)
+    }
+
+    /// `GetContainerEvents` (CRI v1, containerd 1.7+, CRI-O with evented PLEG), forwarded by a task: see
+    /// [`SandboxSource::watch_events`]. Wake-ups are coalesced (a channel of one: a re-list sees every change).
+    pub fn watch_events(&mut self) -> mpsc::Receiver<EventWake> {
+        let (tx, rx) = mpsc::channel(1);
+        let mut rt = self.events.clone();
+        let socket = self.socket.clone();
+        tokio::spawn(async move {
+            let end = match rt.get_container_events(GetEventsRequest {}).await {
+                Err(s) if s.code() == tonic::Code::Unimplemented => EventWake::Unsupported,
+                Err(s) => EventWake::Ended(format!("{:?}: {}", s.code(), s.message())),
+                Ok(resp) => {
+                    let mut stream = resp.into_inner();
+                    loop {
+                        match stream.message().await {
+                            Ok(Some(_)) => {
+                                if let Err(mpsc::error::TrySendError::Closed(_)) = tx.try_send(EventWake::Changed) {
+                                    return;
+                                }
+                            }
+                            Ok(None) => break EventWake::Ended("the runtime closed the stream".into()),
+                            Err(s) => break EventWake::Ended(format!("{:?}: {}", s.code(), s.message())),
+                        }
+                    }
+                }
+            };
+            tracing::debug!(socket = %socket.display(), end = ?end, "CRI event stream ended");
+            // The last word: wait for room (a pending Changed is read first).
+            let _ = tx.send(end).await;
+        });
+        rx
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! [`CriClient::watch_events`] against a CRI server of the test's own on a unix socket (tonic's generated
+    //! server; every call but `GetContainerEvents` answers `Unimplemented`): real gRPC, real streams.
+
+    use std::pin::Pin;
+
+    use k8s_cri::v1 as cri;
+    use k8s_cri::v1::runtime_service_server::{RuntimeService, RuntimeServiceServer};
+    use tonic::codegen::tokio_stream::wrappers::UnixListenerStream;
+    use tonic::codegen::tokio_stream::Stream;
+    use tonic::{Request, Response, Status};
+
+    use super::*;
+
+    /// What the test runtime's `GetContainerEvents` does.
+    #[derive(Clone, Copy)]
+    enum Events {
+        /// Sends this many events, 50 ms apart, then closes the stream.
+        Send(usize),
+        /// Answers `Unimplemented`, as containerd 1.6 does.
+        Unimplemented,
+    }
+
+    struct TestRuntime(Events);
+
+    type EventStream = Pin<Box<dyn Stream<Item = Result<cri::ContainerEventResponse, Status>> + Send>>;
+
+    /// The trait's other calls, all `Unimplemented`.
+    macro_rules! runtime {
+        ($($call:ident($req:ident) -> $resp:ident;)*) => {
+            #[tonic::async_trait]
+            impl RuntimeService for TestRuntime {
+                type GetContainerEventsStream = EventStream;
+
+                async fn get_container_events(
+                    &self,
+                    _: Request<cri::GetEventsRequest>,
+                ) -> Result<Response<EventStream>, Status> {
+                    let n = match self.0 {
+                        Events::Unimplemented => return Err(Status::unimplemented("GetContainerEvents")),
+                        Events::Send(n) => n,
+                    };
+                    let (tx, rx) = mpsc::channel(4);
+                    tokio::spawn(async move {
+                        for i in 0..n {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            let ev = cri::ContainerEventResponse { container_id: format!("c{i}"), ..Default::default() };
+                            if tx.send(Ok(ev)).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                    Ok(Response::new(Box::pin(tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(rx))))
+                }
+
+                $(
+                    async fn $call(&self, _: Request<cri::$req>) -> Result<Response<cri::$resp>, Status> {
+                        Err(Status::unimplemented(stringify!($call)))
+                    }
+                )*
+            }
+        };
+    }
+
+    runtime! {
+        version(VersionRequest) -> VersionResponse;
+        run_pod_sandbox(RunPodSandboxRequest) -> RunPodSandboxResponse;
+        stop_pod_sandbox(StopPodSandboxRequest) -> StopPodSandboxResponse;
+        remove_pod_sandbox(RemovePodSandboxRequest) -> RemovePodSandboxResponse;
+        pod_sandbox_status(PodSandboxStatusRequest) -> PodSandboxStatusResponse;
+        list_pod_sandbox(ListPodSandboxRequest) -> ListPodSandboxResponse;
+        create_container(CreateContainerRequest) -> CreateContainerResponse;
+        start_container(StartContainerRequest) -> StartContainerResponse;
+        stop_container(StopContainerRequest) -> StopContainerResponse;
+        remove_container(RemoveContainerRequest) -> RemoveContainerResponse;
+        list_containers(ListContainersRequest) -> ListContainersResponse;
+        container_status(ContainerStatusRequest) -> ContainerStatusResponse;
+        update_container_resources(UpdateContainerResourcesRequest) -> UpdateContainerResourcesResponse;
+        reopen_container_log(ReopenContainerLogRequest) -> ReopenContainerLogResponse;
+        exec_sync(ExecSyncRequest) -> ExecSyncResponse;
+        exec(ExecRequest) -> ExecResponse;
+        attach(AttachRequest) -> AttachResponse;
+        port_forward(PortForwardRequest) -> PortForwardResponse;
+        container_stats(ContainerStatsRequest) -> ContainerStatsResponse;
+        list_container_stats(ListContainerStatsRequest) -> ListContainerStatsResponse;
+        pod_sandbox_stats(PodSandboxStatsRequest) -> PodSandboxStatsResponse;
+        list_pod_sandbox_stats(ListPodSandboxStatsRequest) -> ListPodSandboxStatsResponse;
+        update_runtime_config(UpdateRuntimeConfigRequest) -> UpdateRuntimeConfigResponse;
+        status(StatusRequest) -> StatusResponse;
+        checkpoint_container(CheckpointContainerRequest) -> CheckpointContainerResponse;
+        list_metric_descriptors(ListMetricDescriptorsRequest) -> ListMetricDescriptorsResponse;
+        list_pod_sandbox_metrics(ListPodSandboxMetricsRequest) -> ListPodSandboxMetricsResponse;
+        runtime_config(RuntimeConfigRequest) -> RuntimeConfigResponse;
+    }
+
+    /// Serves a [`TestRuntime`] on a socket in a fresh directory; returns the directory (kept alive) and socket.
+    fn serve(events: Events) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("cri.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RuntimeServiceServer::new(TestRuntime(events)))
+                .serve_with_incoming(UnixListenerStream::new(listener)),
+        );
+        (dir, socket)
+    }
+
+    /// Every wake-up until the stream's last word (at most 10 s).
+    async fn wakes(rx: &mut mpsc::Receiver<EventWake>) -> Vec<EventWake> {
+        let mut out = Vec::new();
+        loop {
+            let w = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("a wake-up within 10 s");
+            let last = !matches!(w, Some(EventWake::Changed));
+            out.extend(w);
+            if last {
+                return out;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn events_wake_discovery_and_the_end_of_the_stream_is_reported() {
+        let (_dir, socket) = serve(Events::Send(3));
+        let mut client = CriClient::new(&socket).unwrap();
+        let mut rx = client.watch_events();
+        let got = wakes(&mut rx).await;
+        // Wake-ups are coalesced (a busy reader may see two events as one): one to three of them, then the end.
+        let (end, changed) = got.split_last().expect("at least the end");
+        assert_eq!(*end, EventWake::Ended("the runtime closed the stream".into()), "{got:?}");
+        assert!((1..=3).contains(&changed.len()), "{got:?}");
+        assert!(changed.iter().all(|w| *w == EventWake::Changed), "{got:?}");
+    }
+
+    #[tokio::test]
+    async fn a_runtime_without_the_call_is_unsupported() {
+        let (_dir, socket) = serve(Events::Unimplemented);
+        let mut rx = CriClient::new(&socket).unwrap().watch_events();
+        assert_eq!(wakes(&mut rx).await, vec![EventWake::Unsupported]);
+    }
+
+    #[tokio::test]
+    async fn no_runtime_on_the_socket_ends_the_stream_naming_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rx = CriClient::new(&dir.path().join("absent.sock")).unwrap().watch_events();
+        match wakes(&mut rx).await.as_slice() {
+            [EventWake::Ended(why)] => assert!(why.contains("Unavailable"), "{why}"),
+            other => panic!("expected one Ended, got {other:?}"),
+        }
     }
 }

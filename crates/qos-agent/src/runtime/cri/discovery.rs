@@ -1,10 +1,15 @@
 //! [`CriDiscovery`]: pods from a CRI runtime, one entry per pod.
 //!
-//! containerd 1.6 has no event stream in CRI v1 (`GetContainerEvents` came with 1.7), so discovery re-lists the
-//! READY sandboxes every `relist_interval` (one `ListPodSandbox`, answered from the runtime's memory) and, so a new
-//! pod is seen at once rather than up to an interval later, watches the kubepods cgroup tree with inotify: a pod
-//! cgroup appearing or disappearing starts a burst of quick re-lists (the sandbox becomes READY a moment after its
-//! cgroup is made). A new sandbox costs one verbose `PodSandboxStatus`, for its cgroup parent.
+//! List, then watch. Discovery lists the READY sandboxes at start and re-lists them every `relist_interval` (one
+//! `ListPodSandbox`, answered from the runtime's memory), and wakes up early for a new pod from two sources:
+//! - the runtime's container event stream (`GetContainerEvents`: containerd 1.7+, CRI-O with evented PLEG), where
+//!   the runtime has one: every event starts a burst of quick re-lists; a runtime without it (containerd 1.6
+//!   answers `Unimplemented`) is logged once and asked again only after it restarts; a stream that ends is asked
+//!   for again at the next successful list;
+//! - inotify on the kubepods cgroup tree, for every runtime: a pod cgroup appearing or disappearing starts the same
+//!   burst (the sandbox becomes READY a moment after its cgroup is made).
+//!
+//! A new sandbox costs one verbose `PodSandboxStatus`, for its cgroup parent.
 //!
 //! The entry's id is the pod uid (stable across sandbox re-creation, and the name of its cgroup), its name
 //! `namespace/name`, its labels the pod's `ddiskqos.io/*` annotations, its cgroup the pod cgroup.
@@ -21,7 +26,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::client::{CriClient, SandboxSource};
+use super::client::{CriClient, EventWake, SandboxSource};
 use super::naming::{cgroup_parent_from_info, pod_cgroup};
 use crate::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
 use crate::cgroup::CgroupRoot;
@@ -62,7 +67,18 @@ pub struct CriDiscovery<S = CriClient> {
     burst_until: Option<Instant>,
     inotify: Option<Arc<Inotify>>,
     changed: Option<mpsc::Receiver<()>>,
+    /// The runtime's container events, while subscribed.
+    events: Option<mpsc::Receiver<EventWake>>,
+    /// The event stream ended: subscribe again after the next successful list.
+    resubscribe: bool,
     last_list: Option<Instant>,
+}
+
+/// What woke [`CriDiscovery::next_event`] up.
+enum Woke {
+    Timer,
+    Tree(Option<()>),
+    Event(Option<EventWake>),
 }
 
 impl<S: SandboxSource> std::fmt::Debug for CriDiscovery<S> {
@@ -90,8 +106,16 @@ impl<S: SandboxSource> CriDiscovery<S> {
             burst_until: None,
             inotify: None,
             changed: None,
+            events: None,
+            resubscribe: false,
             last_list: None,
         }
+    }
+
+    /// Subscribes to the runtime's container events (see the module doc).
+    fn subscribe(&mut self) {
+        self.events = Some(self.client.watch_events());
+        self.resubscribe = false;
     }
 
     /// Watches whichever kubepods cgroups exist now (called at every re-list: the kubelet, or the first pod,
@@ -165,6 +189,8 @@ impl<S: SandboxSource> CriDiscovery<S> {
                     let list = now.values().map(|(_, info)| info.clone()).collect();
                     self.known = now;
                     info!(runtime = %self.client.describe(), pods = self.known.len(), "CRI runtime answers again");
+                    // A restarted runtime may be another version: ask for its events again.
+                    self.subscribe();
                     return DiscoveryEvent::Resync(list);
                 }
                 Err(e) => debug!(error = %e, retry_in = ?self.backoff, "CRI runtime still unreachable"),
@@ -263,6 +289,7 @@ impl<S: SandboxSource> Discovery for CriDiscovery<S> {
         self.last_list = Some(Instant::now());
         let list = now.values().map(|(_, info)| info.clone()).collect();
         self.known = now;
+        self.subscribe();
         Ok(list)
     }
 
@@ -277,23 +304,57 @@ impl<S: SandboxSource> Discovery for CriDiscovery<S> {
             let last = self.last_list.unwrap_or_else(Instant::now);
             let due = self.next_relist(last);
             let changed = self.changed.as_mut();
-            tokio::select! {
-                _ = tokio::time::sleep_until(due) => {}
-                woke = async { match changed { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
-                    if woke.is_none() {
-                        return Err(DiscoveryError::Runtime {
-                            what: "watch kubepods cgroups".into(),
-                            detail: "inotify watcher stopped".into(),
-                        });
-                    }
+            let events = self.events.as_mut();
+            let woke = tokio::select! {
+                _ = tokio::time::sleep_until(due) => Woke::Timer,
+                w = async { match changed { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
+                    Woke::Tree(w)
+                }
+                w = async { match events { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
+                    Woke::Event(w)
+                }
+            };
+            match woke {
+                Woke::Timer => {}
+                Woke::Tree(None) => {
+                    return Err(DiscoveryError::Runtime {
+                        what: "watch kubepods cgroups".into(),
+                        detail: "inotify watcher stopped".into(),
+                    });
+                }
+                Woke::Tree(Some(())) | Woke::Event(Some(EventWake::Changed)) => {
                     self.burst_until = Some(Instant::now() + BURST_FOR);
+                }
+                Woke::Event(Some(EventWake::Unsupported)) => {
+                    self.events = None;
+                    info!(
+                        runtime = %self.client.describe(),
+                        relist_interval = ?self.relist_interval,
+                        "CRI runtime has no container event stream (GetContainerEvents unimplemented, e.g. containerd \
+                         before 1.7): new pods are found by re-listing and by inotify on the kubepods cgroups"
+                    );
+                    continue;
+                }
+                Woke::Event(end) => {
+                    self.events = None;
+                    self.resubscribe = true;
+                    let why = match end {
+                        Some(EventWake::Ended(why)) => why,
+                        _ => "the event task stopped".into(),
+                    };
+                    debug!(reason = %why, "CRI event stream ended; subscribing again after the next list");
+                    continue;
                 }
             }
             self.last_list = Some(Instant::now());
             if let Err(e) = self.relist().await {
                 warn!(error = %e, "CRI runtime unreachable; weights stay as they are, retrying");
                 self.lost = true;
+                self.events = None;
                 return Ok(DiscoveryEvent::Lost(e.to_string()));
+            }
+            if self.resubscribe {
+                self.subscribe();
             }
         }
     }
@@ -315,6 +376,10 @@ mod tests {
         sandboxes: Vec<(PodSandbox, String)>, // (sandbox, cgroup parent)
         down: bool,
         inspected: HashMap<String, usize>,
+        /// Whether the runtime has a container event stream; the sending end of the current subscription.
+        has_events: bool,
+        events: Option<mpsc::Sender<EventWake>>,
+        subscriptions: usize,
     }
 
     #[derive(Clone)]
@@ -339,6 +404,18 @@ mod tests {
             let parent = w.sandboxes.iter().find(|(s, _)| s.id == id).map(|(_, p)| p.clone()).unwrap_or_default();
             let json = serde_json::json!({ "config": { "linux": { "cgroup_parent": parent } } });
             Ok(HashMap::from([("info".to_string(), json.to_string())]))
+        }
+
+        fn watch_events(&mut self) -> mpsc::Receiver<EventWake> {
+            let mut w = self.0.lock().unwrap();
+            w.subscriptions += 1;
+            let (tx, rx) = mpsc::channel(1);
+            if w.has_events {
+                w.events = Some(tx);
+            } else {
+                tx.try_send(EventWake::Unsupported).unwrap();
+            }
+            rx
         }
     }
 
@@ -368,10 +445,15 @@ mod tests {
     }
 
     fn setup() -> Setup {
+        setup_with(Duration::from_secs(2), false)
+    }
+
+    /// A runtime re-listed every `relist`, with a container event stream if `has_events`.
+    fn setup_with(relist: Duration, has_events: bool) -> Setup {
         let tmp = tempfile::tempdir().unwrap();
         let root = Arc::new(CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap());
-        let world = Arc::new(Mutex::new(World::default()));
-        let discovery = CriDiscovery::new(Fake(world.clone()), root.clone(), Duration::from_secs(2));
+        let world = Arc::new(Mutex::new(World { has_events, ..World::default() }));
+        let discovery = CriDiscovery::new(Fake(world.clone()), root.clone(), relist);
         Setup { _tmp: tmp, root, world, discovery }
     }
 
@@ -481,5 +563,56 @@ mod tests {
         // Retries after 0.2, 0.6, 1.4 and 3.0 s (backoff doubling from 0.2 s): the fourth finds it back.
         let waited = t.elapsed();
         assert!(waited >= Duration::from_millis(2500) && waited <= Duration::from_millis(3100), "{waited:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_container_event_finds_a_new_pod_long_before_the_relist_interval() {
+        let mut s = setup_with(Duration::from_secs(3600), true);
+        // The pod's cgroup is there before discovery starts watching, so inotify has nothing to report: only the
+        // event can wake discovery before the hour is up (`next` gives up after 30 s).
+        std::fs::create_dir_all(s.root.path().join(format!("kubepods/burstable/pod{}", uid(1)))).unwrap();
+        assert!(s.discovery.start().await.unwrap().is_empty());
+        s.add("sb1", &uid(1), &[], false);
+        let t = tokio::time::Instant::now();
+        let tx = s.world.lock().unwrap().events.clone().expect("subscribed at start");
+        tx.send(EventWake::Changed).await.unwrap();
+        assert_eq!(started_id(&s.next().await), uid(1));
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        assert_eq!(s.world.lock().unwrap().subscriptions, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_runtime_without_events_is_asked_once_and_again_after_it_comes_back() {
+        let mut s = setup();
+        s.add("a", &uid(1), &[], true);
+        s.discovery.start().await.unwrap();
+        for (n, id) in [(2, "b"), (3, "c")] {
+            s.add(id, &uid(n), &[], true);
+            assert_eq!(started_id(&s.next().await), uid(n));
+        }
+        assert_eq!(s.world.lock().unwrap().subscriptions, 1, "asked again though it said Unimplemented");
+        s.world.lock().unwrap().down = true;
+        assert!(matches!(s.next().await, DiscoveryEvent::Lost(_)));
+        s.world.lock().unwrap().down = false;
+        assert!(matches!(s.next().await, DiscoveryEvent::Resync(_)));
+        assert_eq!(s.world.lock().unwrap().subscriptions, 2, "not asked again after the runtime came back");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ended_event_stream_is_subscribed_again_after_the_next_list() {
+        let mut s = setup_with(Duration::from_secs(2), true);
+        s.discovery.start().await.unwrap();
+        // The stream ends (the runtime closed it); a pod made meanwhile is found by the periodic re-list, after
+        // which discovery subscribes again and the next event is heard.
+        drop(s.world.lock().unwrap().events.take());
+        std::fs::create_dir_all(s.root.path().join(format!("kubepods/burstable/pod{}", uid(1)))).unwrap();
+        s.add("sb1", &uid(1), &[], false);
+        assert_eq!(started_id(&s.next().await), uid(1));
+        assert_eq!(s.world.lock().unwrap().subscriptions, 2);
+        s.add("sb2", &uid(2), &[], false);
+        std::fs::create_dir_all(s.root.path().join(format!("kubepods/burstable/pod{}", uid(2)))).unwrap();
+        let tx = s.world.lock().unwrap().events.clone().expect("subscribed again");
+        tx.send(EventWake::Changed).await.unwrap();
+        assert_eq!(started_id(&s.next().await), uid(2));
     }
 }

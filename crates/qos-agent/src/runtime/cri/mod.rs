@@ -14,5 +14,5 @@ mod client;
 mod discovery;
 pub mod naming;
 
-pub use client::{CriClient, SandboxSource};
+pub use client::{CriClient, EventWake, SandboxSource};
 pub use discovery::{CriDiscovery, ANNOTATION_PREFIX};
