@@ -386,27 +386,8 @@ impl ModeRun<'_, '_> {
 }
 
 /// The device's `cost.vrate=P` (percent) in the v2 root's `io.stat` (the kernel prints it for the root cgroup of a
-/// device with io.cost enabled); `None` when absent.
+/// device with io.cost enabled), read with the agent's parser; `None` when absent.
 fn vrate(root: &CgroupRoot, maj_min: &str) -> Option<f64> {
     let text = std::fs::read_to_string(root.path().join("io.stat")).ok()?;
-    parse_vrate(&text, maj_min)
-}
-
-fn parse_vrate(io_stat: &str, maj_min: &str) -> Option<f64> {
-    let line = io_stat.lines().find(|l| l.split_whitespace().next() == Some(maj_min))?;
-    line.split_whitespace().find_map(|f| f.strip_prefix("cost.vrate=")?.parse().ok())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_vrate;
-
-    #[test]
-    fn vrate_of_the_device_line() {
-        let text = "8:0 rbytes=1 wbytes=0 rios=1 wios=0 dbytes=0 dios=0\n\
-                    7:3 rbytes=9 wbytes=0 rios=3 wios=0 dbytes=0 dios=0 cost.vrate=87.25 cost.usage=12\n";
-        assert_eq!(parse_vrate(text, "7:3"), Some(87.25));
-        assert_eq!(parse_vrate(text, "8:0"), None);
-        assert_eq!(parse_vrate(text, "7:30"), None);
-    }
+    qos_agent::blockdev::vrate::vrate_of(&text, maj_min.parse().ok()?)
 }

@@ -153,6 +153,9 @@ pub trait WeightWriter: Send {
     fn container_devices(&self, _id: &ContainerId) -> Vec<DeviceWeight> {
         Vec::new()
     }
+    /// Called once per sampling round: a writer that watches its devices' health (cgroup v2: io.cost pinned at its
+    /// minimum rate, see [`crate::blockdev::vrate`]) looks when its own period is up. The default does nothing.
+    fn watch_devices(&mut self) {}
 }
 
 /// One device of a container's cgroup (cgroup v2): what governs it and the weight in force on it, as the last

@@ -414,6 +414,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         self.feed_decisions();
         self.reconciler.handle_round();
         self.drive().await;
+        self.writer.watch_devices();
         self.metrics.round_seconds.observe(started.elapsed().as_secs_f64());
         self.sd_notify(&[sd_notify::NotifyState::Watchdog]);
     }

@@ -87,6 +87,7 @@ impl DeviceFacts {
 #[derive(Debug, Clone)]
 pub struct DeviceTable {
     sys: PathBuf,
+    v2_root: PathBuf,
     io_cost_qos: PathBuf,
     max_age: Duration,
     devices: BTreeMap<DevNum, DeviceFacts>,
@@ -102,6 +103,7 @@ impl DeviceTable {
     pub fn with_sys(sys: &Path, v2_root: &Path) -> Self {
         Self {
             sys: sys.to_owned(),
+            v2_root: v2_root.to_owned(),
             io_cost_qos: v2_root.join("io.cost.qos"),
             max_age: DEFAULT_MAX_AGE,
             devices: BTreeMap::new(),
@@ -112,6 +114,11 @@ impl DeviceTable {
     pub fn with_max_age(mut self, max_age: Duration) -> Self {
         self.max_age = max_age;
         self
+    }
+
+    /// The cgroup2 root whose `io.cost.qos` (and `io.stat`) the table reads.
+    pub fn v2_root(&self) -> &Path {
+        &self.v2_root
     }
 
     /// How long facts are trusted.

@@ -21,6 +21,7 @@ mod governor;
 pub mod iocost;
 mod switch;
 pub mod tune;
+pub mod vrate;
 
 use std::fmt;
 use std::fs;

@@ -16,6 +16,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -863,4 +864,134 @@ fn agent_on_v2_weights_pod_cgroups_through_cri() {
         assert!(!pod_dir(qos, u).exists(), "pod cgroup {} left behind", pod_dir(qos, u).display());
     }
     drop((bfq, cost));
+}
+
+/// The agent's io.cost rate watch: a loop device under io.cost whose model overstates it a thousandfold and whose
+/// latency target (10 µs) no read can meet, so io.cost lowers `cost.vrate` to the `min=` of `io.cost.qos` and keeps
+/// it there while a reader loads the device. The agent, told to check the device, warns once — naming the device
+/// and the fix — after `cost.vrate` has sat at the floor for `blockdev::vrate::HOLD`; the root's files are put back
+/// afterwards.
+#[test]
+#[ignore = "needs the cgroup-v2 test bed: scripts/cgroup-v2.sh"]
+fn agent_warns_when_io_cost_sits_at_its_minimum_rate() {
+    let test = "v2_real::agent_warns_when_io_cost_sits_at_its_minimum_rate";
+    if !testbed::require(test, &[testbed::Need::Root, testbed::Need::V2TestBed]) {
+        return;
+    }
+    let _machine = testbed::exclusive();
+    let tmp_dir = TmpDir::new("vrate");
+    let tmp = tmp_dir.0.clone();
+    let mut cost = Loop::new(tmp.join("vrate.img"), "none");
+    let model_file = format!("{CGROUP}/io.cost.model");
+    let num = cost.num.clone();
+    write(
+        &model_file,
+        &format!(
+            "{} ctrl=user model=linear rbps=100000000000 rseqiops=10000000 rrandiops=10000000 \
+             wbps=100000000000 wseqiops=10000000 wrandiops=10000000",
+            cost.num
+        ),
+    );
+    write(
+        &format!("{CGROUP}/io.cost.qos"),
+        &format!("{} enable=1 ctrl=user rpct=95 rlat=10 wpct=95 wlat=10 min=10 max=100", cost.num),
+    );
+    cost.io_cost = true;
+    /// Puts the device's model back to the kernel's (the Loop turns io.cost off).
+    struct ModelBack(String, String);
+    impl Drop for ModelBack {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, format!("{} ctrl=auto", self.1));
+        }
+    }
+    let _model_back = ModelBack(model_file.clone(), cost.num.clone());
+
+    // Eight direct readers in a cgroup the agent manages (io.cost governs the I/O of non-root cgroups).
+    let rel = format!("ddiskqos-vrate-{}", std::process::id());
+    let parent = Path::new(CGROUP).join(&rel);
+    std::fs::create_dir(&parent).unwrap();
+    write(parent.join("cgroup.subtree_control").to_str().unwrap(), "+io");
+    let group = parent.join("reader");
+    std::fs::create_dir(&group).unwrap();
+    let readers = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs; for i in 1 2 3 4 5 6 7 8; do \
+             (while true; do dd if={} of=/dev/null bs=1M count=200 skip=$((i*20 % 56)) iflag=direct 2>/dev/null; done) & \
+             done; wait",
+            group.display(),
+            cost.dev
+        ))
+        .process_group(0)
+        .spawn()
+        .expect("starting the readers");
+    /// Stops the readers (their process group) and removes their cgroup and its parent.
+    struct Readers(Child, [PathBuf; 2]);
+    impl Drop for Readers {
+        fn drop(&mut self) {
+            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", self.0.id())]).status();
+            let _ = self.0.wait();
+            for dir in &self.1 {
+                for _ in 0..50 {
+                    if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+    let readers = Readers(readers, [group, parent]);
+
+    let config = tmp.join("vrate-agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "runtime = \"cgroup-dir\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/vrate-state.json\"\n\
+             control_socket = \"{0}/vrate-agent.sock\"\n[cgroup]\nparent = \"{1}\"\n[devices]\ncheck = [\"{2}\"]\n",
+            tmp.display(),
+            rel,
+            cost.name
+        ),
+    )
+    .unwrap();
+    let log = tmp.join("vrate-agent.log");
+    let started = Instant::now();
+    let child = Command::new(agent_binary())
+        .args(["-c", config.to_str().unwrap()])
+        .env("DDISKQOS_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("starting the agent");
+    let mut agent = Agent { child, log };
+    let vrate_now = || {
+        let stat = std::fs::read_to_string(format!("{CGROUP}/io.stat")).unwrap_or_default();
+        qos_agent::blockdev::vrate::vrate_of(&stat, cost.num.parse().unwrap())
+    };
+    let warning = format!("io.cost RUNS AT ITS MINIMUM RATE on device {}", cost.num);
+    let limit = qos_agent::blockdev::vrate::HOLD + Duration::from_secs(40);
+    let warned = poll(limit, || agent.log_text().contains(&warning).then_some(()));
+    let Some((_, took)) = warned else {
+        panic!("no warning within {limit:?}; cost.vrate now {:?}\n{}", vrate_now(), agent.log_text())
+    };
+    eprintln!(
+        "warned {:.1} s after the agent started (cost.vrate now {:?}, the floor 10)",
+        took.as_secs_f64(),
+        vrate_now()
+    );
+    assert!(started.elapsed() >= qos_agent::blockdev::vrate::HOLD, "warned before the hold was up");
+    let text = agent.log_text();
+    assert!(text.contains(&format!("ddiskqos-agent iocost /dev/{} --apply", cost.name)), "no fix named:\n{text}");
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(agent.log_text().matches(&warning).count(), 1, "one warning per stay:\n{}", agent.log_text());
+    let status = agent.sigterm_and_wait(Duration::from_secs(10));
+    assert!(status.success(), "agent exit {status}:\n{}", agent.log_text());
+    drop(readers);
+    drop(_model_back);
+    drop(cost);
+    // The device's lines are gone with it or say io.cost is off and the model is the kernel's again.
+    let (qos, model) = (root_line("io.cost.qos", &num), root_line("io.cost.model", &num));
+    assert!(qos.as_deref().is_none_or(|l| l.contains("enable=0")), "io.cost.qos left: {qos:?}");
+    assert!(model.as_deref().is_none_or(|l| l.contains("ctrl=auto")), "io.cost.model left: {model:?}");
 }

@@ -24,9 +24,10 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use qos_core::{ContainerId, Weight};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::backend::{AppliedVia, BackendError, ContainerInfo, DeviceWeight, WeightWriter};
+use crate::blockdev::vrate::{self, VrateNews, VrateWatch};
 use crate::blockdev::{DevNum, DeviceFacts, DeviceTable, Governor};
 use crate::cgroup::{CgroupDir, CgroupError, CgroupVersion, WeightFile, WeightFileKind, WeightLines, V2_IO_STAT};
 use crate::metrics::DeviceWeightEffective;
@@ -52,6 +53,9 @@ pub struct CgroupDirWriter {
     /// Devices no weight acts on that were already warned about.
     warned: BTreeSet<DevNum>,
     metric: Option<DeviceWeightEffective>,
+    /// io.cost's rate per device under io.cost, and when it was last read.
+    vrate: VrateWatch,
+    vrate_read: Option<Instant>,
 }
 
 /// A container's v2 weight files before the agent changed them.
@@ -122,6 +126,8 @@ impl CgroupDirWriter {
             prune_at: 64,
             warned: BTreeSet::new(),
             metric: None,
+            vrate: VrateWatch::default(),
+            vrate_read: None,
         }
     }
 
@@ -148,6 +154,57 @@ impl CgroupDirWriter {
     /// on v1 or before the first read (for status, per container).
     pub fn container_devices(&self, id: &ContainerId) -> Vec<DeviceWeight> {
         self.devices_of.get(id).map(|(_, d)| d.clone()).unwrap_or_default()
+    }
+
+    /// Every [`vrate::CHECK_EVERY`]: reads io.cost's rate (`cost.vrate` in the v2 root's `io.stat`) of each device
+    /// in the table that io.cost governs and warns, once per stay, about one pinned at its minimum (`min=` of
+    /// `io.cost.qos`) for [`vrate::HOLD`]: its model overstates the device and weights act weakly there.
+    pub fn watch_io_cost(&mut self) {
+        let now = Instant::now();
+        if self.vrate_read.is_some_and(|t| now.saturating_duration_since(t) < vrate::CHECK_EVERY) {
+            return;
+        }
+        self.vrate_read = Some(now);
+        let devices: Vec<DeviceFacts> = self.table.snapshot().into_iter().filter(|f| f.governor.io_cost).collect();
+        let gone: Vec<DevNum> = self.vrate.devices().filter(|d| !devices.iter().any(|f| f.dev == *d)).collect();
+        for dev in gone {
+            self.vrate.forget(dev);
+        }
+        if devices.is_empty() {
+            return;
+        }
+        let root = self.table.v2_root();
+        let (stat_path, qos_path) = (root.join("io.stat"), root.join("io.cost.qos"));
+        let (stat, qos) = match (std::fs::read_to_string(&stat_path), std::fs::read_to_string(&qos_path)) {
+            (Ok(stat), Ok(qos)) => (stat, qos),
+            (Err(e), _) | (_, Err(e)) => {
+                debug!(error = %e, stat = %stat_path.display(), qos = %qos_path.display(), "cannot read io.cost's rate");
+                return;
+            }
+        };
+        for f in devices {
+            let (Some(rate), Some(min)) = (vrate::vrate_of(&stat, f.dev), vrate::qos_min_of(&qos, f.dev)) else {
+                continue;
+            };
+            let disk = f.disk.as_deref().unwrap_or("DEV");
+            match self.vrate.observe(f.dev, rate, min, now) {
+                Some(VrateNews::AtFloor { dev, vrate, min, held }) => warn!(
+                    device = %dev,
+                    disk,
+                    vrate,
+                    min,
+                    held_s = held.as_secs(),
+                    "io.cost RUNS AT ITS MINIMUM RATE on device {dev} ({disk}): cost.vrate {vrate:.2} % = the min of \
+                     io.cost.qos for {} s, so the device is slower than io.cost.model says and cgroup weights act \
+                     weakly or not at all there. Measure the device again: `ddiskqos-agent iocost /dev/{disk} --apply`",
+                    held.as_secs()
+                ),
+                Some(VrateNews::LeftFloor { dev, vrate }) => {
+                    info!(device = %dev, disk, vrate, "io.cost is off its minimum rate on device {dev} again");
+                }
+                None => {}
+            }
+        }
     }
 
     /// Looks at the configured devices (`[devices] check`) now, so that each one no weight acts on is warned
@@ -511,6 +568,10 @@ impl WeightWriter for CgroupDirWriter {
 
     fn device_table(&self) -> Vec<DeviceFacts> {
         CgroupDirWriter::device_table(self)
+    }
+
+    fn watch_devices(&mut self) {
+        self.watch_io_cost();
     }
 
     fn container_devices(&self, id: &ContainerId) -> Vec<DeviceWeight> {

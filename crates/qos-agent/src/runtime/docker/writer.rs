@@ -139,6 +139,10 @@ impl WeightWriter for DockerWriter {
         DockerWriter::device_table(self)
     }
 
+    fn watch_devices(&mut self) {
+        self.files.watch_io_cost();
+    }
+
     fn container_devices(&self, id: &ContainerId) -> Vec<DeviceWeight> {
         self.files.container_devices(id)
     }
