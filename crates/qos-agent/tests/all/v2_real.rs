@@ -114,6 +114,18 @@ struct Agent {
 }
 
 impl Agent {
+    /// Starts the agent under test with `config`, its stderr (log level info) into `log`.
+    fn spawn(config: &Path, log: PathBuf) -> Self {
+        let child = Command::new(agent_binary())
+            .args(["-c", config.to_str().unwrap()])
+            .env("DDISKQOS_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("starting the agent");
+        Self { child, log }
+    }
+
     fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -253,14 +265,7 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     .unwrap();
     let log = tmp.join("agent.log");
     let started = Instant::now();
-    let child = Command::new(agent_binary())
-        .args(["-c", config.to_str().unwrap()])
-        .env("DDISKQOS_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("starting the agent");
-    let mut agent = Agent { child, log };
+    let mut agent = Agent::spawn(&config, log);
 
     // The heavy reader is demoted on both devices, each in the file that governs it.
     let heavy_bfq = heavy_dir.join("io.bfq.weight");
@@ -732,14 +737,7 @@ fn agent_on_v2_weights_pod_cgroups_through_cri() {
     .unwrap();
     let log = tmp.join("cri-agent.log");
     let started = Instant::now();
-    let child = Command::new(agent_binary())
-        .args(["-c", config.to_str().unwrap()])
-        .env("DDISKQOS_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("starting the agent");
-    let mut agent = Agent { child, log };
+    let mut agent = Agent::spawn(&config, log);
 
     // The reader's trajectory on the BFQ device, recorded while the other pods are checked.
     let recorder = {
@@ -957,14 +955,7 @@ fn agent_warns_when_io_cost_sits_at_its_minimum_rate() {
     .unwrap();
     let log = tmp.join("vrate-agent.log");
     let started = Instant::now();
-    let child = Command::new(agent_binary())
-        .args(["-c", config.to_str().unwrap()])
-        .env("DDISKQOS_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("starting the agent");
-    let mut agent = Agent { child, log };
+    let mut agent = Agent::spawn(&config, log);
     let vrate_now = || {
         let stat = std::fs::read_to_string(format!("{CGROUP}/io.stat")).unwrap_or_default();
         qos_agent::blockdev::vrate::vrate_of(&stat, cost.num.parse().unwrap())
