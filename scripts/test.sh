@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-host.sh
+# The DaemonSet's image (a static agent alone in an image), as an operator builds it: deploy_real runs it as a pod.
+bash deploy/kubernetes/build-image.sh
 export DDISKQOS_REQUIRE_REAL=1
 export PATH="/usr/bin:$PATH"   # Debian's docker CLI, matching the daemon
 # Every target; --no-fail-fast: one run reports every failing binary. The cgroup-v2 module needs the v2 test bed

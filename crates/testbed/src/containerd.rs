@@ -158,18 +158,29 @@ state = "{d}/state"
         fs::write(d.join("config.toml"), config).unwrap();
         let mut this = Self { dir, child: None, kubepods_before: kubepods_levels_present(), pods: Vec::new() };
         this.spawn();
-        // The sandbox image, from the host's Docker.
+        this.import_image(PAUSE_IMAGE);
+        this
+    }
+
+    /// Imports `image` from the host's Docker into this containerd's `k8s.io` namespace (as an operator loads an
+    /// image on a node without a registry).
+    pub fn import_image(&self, image: &str) {
         let status = Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "{DOCKER_CLI} save {PAUSE_IMAGE} | ctr --address {} -n k8s.io images import -",
-                this.socket().display()
+                "{DOCKER_CLI} save {image} | ctr --address {} -n k8s.io images import -",
+                self.socket().display()
             ))
             .stdout(Stdio::null())
             .status()
             .unwrap();
-        assert!(status.success(), "importing {PAUSE_IMAGE} into containerd failed");
-        this
+        assert!(status.success(), "importing {image} into containerd failed");
+    }
+
+    /// The file a pod's container logs to (CRI log format), for a container created with `log_path:
+    /// "<name>.log"` in the pod `uid` (what [`Containerd::run_pod`] and [`Containerd::run_pod_with`] do).
+    pub fn container_log(&self, uid: &str, name: &str) -> PathBuf {
+        self.dir.path().join("logs").join(uid).join(format!("{name}.log"))
     }
 
     /// containerd's CRI (and containerd API) socket.
@@ -249,6 +260,30 @@ state = "{d}/state"
             .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}\n{}", self.log_tail()));
         cri.start_container(&id).unwrap_or_else(|e| panic!("StartContainer {name}: {e}\n{}", self.log_tail()));
         sandbox
+    }
+
+    /// Runs a pod as a kubelet would (see [`Containerd::run_pod`]) with a container of the caller's making (its
+    /// `log_path` should be `"<name>.log"`, see [`Containerd::container_log`]). Returns the sandbox and container
+    /// ids.
+    pub fn run_pod_with(
+        &mut self,
+        name: &str,
+        uid: &str,
+        qos: Qos,
+        annotations: &[(&str, &str)],
+        container: cri::ContainerConfig,
+    ) -> (String, String) {
+        self.pods.push((uid.to_string(), qos));
+        let mut cri = self.cri();
+        let config = sandbox_config(name, uid, qos, annotations, &self.dir.path().join("logs").join(uid));
+        let sandbox = cri
+            .run_sandbox(config.clone())
+            .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", self.log_tail()));
+        let id = cri
+            .create_container_from(&sandbox, config, container)
+            .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}\n{}", self.log_tail()));
+        cri.start_container(&id).unwrap_or_else(|e| panic!("StartContainer {name}: {e}\n{}", self.log_tail()));
+        (sandbox, id)
     }
 
     /// Stops and removes every pod sandbox (and its containers) through CRI.
@@ -337,7 +372,8 @@ fn sandbox_config(
     }
 }
 
-fn host_network() -> cri::NamespaceOption {
+/// The namespaces of a host-network pod (what every test pod uses: no CNI here).
+pub fn host_network() -> cri::NamespaceOption {
     cri::NamespaceOption {
         network: cri::NamespaceMode::Node as i32,
         pid: cri::NamespaceMode::Container as i32,
@@ -428,6 +464,64 @@ impl Cri {
             sandbox_config: Some(sandbox_config),
         };
         Ok(self.rt.block_on(self.runtime.create_container(req))?.into_inner().container_id)
+    }
+
+    /// `CreateContainer` in `sandbox` with a container config of the caller's making.
+    pub fn create_container_from(
+        &mut self,
+        sandbox: &str,
+        sandbox_config: cri::PodSandboxConfig,
+        config: cri::ContainerConfig,
+    ) -> Result<String, tonic::Status> {
+        let req = cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox.into(),
+            config: Some(config),
+            sandbox_config: Some(sandbox_config),
+        };
+        Ok(self.rt.block_on(self.runtime.create_container(req))?.into_inner().container_id)
+    }
+
+    /// `ExecSync` of `cmd` in container `id` (what a kubelet's exec probe does): exit code, stdout, stderr.
+    pub fn exec_sync(
+        &mut self,
+        id: &str,
+        cmd: &[&str],
+        timeout: Duration,
+    ) -> Result<(i32, String, String), tonic::Status> {
+        let req = cri::ExecSyncRequest {
+            container_id: id.into(),
+            cmd: cmd.iter().map(|c| c.to_string()).collect(),
+            timeout: timeout.as_secs() as i64,
+        };
+        let r = self.rt.block_on(self.runtime.exec_sync(req))?.into_inner();
+        Ok((
+            r.exit_code,
+            String::from_utf8_lossy(&r.stdout).into_owned(),
+            String::from_utf8_lossy(&r.stderr).into_owned(),
+        ))
+    }
+
+    /// `StopContainer` with a grace period (SIGTERM, then SIGKILL after `timeout`), as a kubelet stops a pod.
+    pub fn stop_container(&mut self, id: &str, timeout: Duration) -> Result<(), tonic::Status> {
+        let req = cri::StopContainerRequest { container_id: id.into(), timeout: timeout.as_secs() as i64 };
+        self.rt.block_on(self.runtime.stop_container(req))?;
+        Ok(())
+    }
+
+    /// The state and exit code of container `id`, and its host pid while it runs (from containerd's verbose
+    /// `ContainerStatus` info).
+    pub fn container_state(&mut self, id: &str) -> Result<(cri::ContainerState, i32, Option<u32>), tonic::Status> {
+        let req = cri::ContainerStatusRequest { container_id: id.into(), verbose: true };
+        let r = self.rt.block_on(self.runtime.container_status(req))?.into_inner();
+        let status = r.status.unwrap_or_default();
+        let pid = r
+            .info
+            .get("info")
+            .and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok())
+            .and_then(|v| v.get("pid")?.as_u64())
+            .filter(|p| *p > 0)
+            .map(|p| p as u32);
+        Ok((status.state(), status.exit_code, pid))
     }
 
     /// `StartContainer`.

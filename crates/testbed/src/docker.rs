@@ -12,8 +12,13 @@ pub const IMAGE: &str = "ddiskqos-test:latest";
 
 /// Whether the host's dockerd answers and has [`IMAGE`].
 pub fn image_ready() -> bool {
+    image_exists(IMAGE)
+}
+
+/// Whether the host's Docker answers and has `image`.
+pub fn image_exists(image: &str) -> bool {
     Command::new(DOCKER_CLI)
-        .args(["image", "inspect", IMAGE])
+        .args(["image", "inspect", image])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()

@@ -32,6 +32,8 @@ pub enum Need {
     V2Cpu,
     /// A program on `PATH`.
     Program(&'static str),
+    /// An image in the host's Docker (e.g. the agent's, `deploy/kubernetes/build-image.sh`).
+    DockerImage(&'static str),
 }
 
 impl Need {
@@ -48,6 +50,7 @@ impl Need {
             Self::V2Cpu => std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
                 .is_ok_and(|c| c.split_whitespace().any(|w| w == "cpu")),
             Self::Program(name) => on_path(name),
+            Self::DockerImage(image) => docker::image_exists(image),
         };
         (!ok).then(|| self.to_string())
     }
@@ -70,6 +73,7 @@ impl std::fmt::Display for Need {
                 "the cpu controller on cgroup2 at /sys/fs/cgroup (run inside scripts/cgroup-v2.sh run --cpu)",
             ),
             Self::Program(name) => write!(f, "{name} on PATH"),
+            Self::DockerImage(image) => write!(f, "the image {image} in the host's Docker"),
         }
     }
 }

@@ -15,14 +15,14 @@ fn dir() -> PathBuf {
 
 /// Every object of every `*.yaml` file, by kind (documents split with serde_yaml's multi-document reader).
 #[derive(Debug, Default)]
-struct Manifests {
-    daemonsets: Vec<DaemonSet>,
-    configmaps: Vec<ConfigMap>,
+pub(crate) struct Manifests {
+    pub(crate) daemonsets: Vec<DaemonSet>,
+    pub(crate) configmaps: Vec<ConfigMap>,
     accounts: Vec<ServiceAccount>,
     namespaces: Vec<Namespace>,
 }
 
-fn load() -> Manifests {
+pub(crate) fn load() -> Manifests {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir())
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -58,7 +58,7 @@ fn load() -> Manifests {
     m
 }
 
-fn agent_container(ds: &DaemonSet) -> &Container {
+pub(crate) fn agent_container(ds: &DaemonSet) -> &Container {
     let spec = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
     spec.containers.iter().find(|c| c.name == "agent").expect("container `agent`")
 }

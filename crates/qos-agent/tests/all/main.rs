@@ -17,6 +17,8 @@
 //! - `faults_real`: dockerd restarts, churn, SIGKILL, broken and vanishing cgroup files, bad config (a private
 //!   dockerd); the fixture-based fault tests there run without root.
 //! - `cri_real`: the agent's CRI runtime against a private containerd, pods made through CRI as a kubelet would.
+//! - `deploy_real`: the DaemonSet's image run as a pod through that containerd, with the manifests' mounts, args,
+//!   security context and probes (`deploy/kubernetes/build-image.sh` builds the image first).
 //! - `scale_real`: correctness at 1,024 cgroups and 32 containers.
 //! - `attacks_real`: the attacks of issue 12 replayed (a metrics flood by `nobody`, two agents on one state file, a
 //!   container moving its process into another cgroup, a read-only state directory, a planted symlink, an idle
@@ -40,6 +42,7 @@ mod cli;
 mod confinement;
 mod cri_real;
 mod daemon_fake;
+mod deploy_real;
 mod docker_real;
 mod faults_real;
 mod fuzz_parsers;
