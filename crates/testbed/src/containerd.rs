@@ -162,10 +162,13 @@ state = "{d}/state"
         this
     }
 
-    /// Imports `image` from the host's Docker into this containerd's `k8s.io` namespace (as an operator loads an
-    /// image on a node without a registry).
+    /// Imports `image` from Docker into this containerd's `k8s.io` namespace (as an operator loads an image on a
+    /// node without a registry): from the dockerd at `$DOCKER_HOST` (the v2 test bed's) if it has the image, else
+    /// from the host's.
     pub fn import_image(&self, image: &str) {
+        let from_host = !crate::docker::image_exists(image) && crate::docker::image_exists_on_host(image);
         let status = Command::new("sh")
+            .envs(from_host.then_some(("DOCKER_HOST", crate::docker::HOST_SOCKET)))
             .arg("-c")
             .arg(format!(
                 "{DOCKER_CLI} save {image} | ctr --address {} -n k8s.io images import -",

@@ -15,9 +15,22 @@ pub fn image_ready() -> bool {
     image_exists(IMAGE)
 }
 
-/// Whether the host's Docker answers and has `image`.
+/// The host's dockerd, whatever `$DOCKER_HOST` says (inside the v2 test bed it names the throw-away dockerd).
+pub const HOST_SOCKET: &str = "unix:///var/run/docker.sock";
+
+/// Whether the dockerd at `$DOCKER_HOST` (else the host's) answers and has `image`.
 pub fn image_exists(image: &str) -> bool {
+    inspect(image, None)
+}
+
+/// Whether the host's dockerd answers and has `image`.
+pub fn image_exists_on_host(image: &str) -> bool {
+    inspect(image, Some(HOST_SOCKET))
+}
+
+fn inspect(image: &str, host: Option<&str>) -> bool {
     Command::new(DOCKER_CLI)
+        .envs(host.map(|h| ("DOCKER_HOST", h)))
         .args(["image", "inspect", image])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

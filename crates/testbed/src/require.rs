@@ -50,7 +50,7 @@ impl Need {
             Self::V2Cpu => std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
                 .is_ok_and(|c| c.split_whitespace().any(|w| w == "cpu")),
             Self::Program(name) => on_path(name),
-            Self::DockerImage(image) => docker::image_exists(image),
+            Self::DockerImage(image) => docker::image_exists(image) || docker::image_exists_on_host(image),
         };
         (!ok).then(|| self.to_string())
     }

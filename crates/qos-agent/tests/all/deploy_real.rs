@@ -6,14 +6,16 @@
 //! taken from the parsed manifests, so a change there is tested here. Checked: readiness (the metrics endpoint
 //! answers), the agent process's capabilities, the node's other pods weighted at their pod cgroups (the agent's own
 //! pod excluded by its annotation), the liveness probe's exec, and a kubelet's stop (SIGTERM with the grace period)
-//! putting every pod's weight back. Needs root, cgroup v1 blkio, loop devices, containerd and the agent's image.
+//! putting every pod's weight back. Needs root, cgroup v1 blkio, loop devices, containerd and the agent's image;
+//! the same on cgroup v2 runs in the v2 test bed (`v2_real::the_daemonset_on_cgroup_v2`, with the ConfigMap's
+//! documented v2 root).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_cri::v1 as cri;
-use testbed::blkio::{bfq_weight, BLKIO};
+use testbed::blkio::BLKIO;
 use testbed::containerd::{host_network, Containerd, Qos};
 use testbed::loopdev::LoopDevice;
 use testbed::probe::{free_port, scrape};
@@ -23,8 +25,33 @@ use testbed::{require, Need};
 /// The image the DaemonSet names (and `build-image.sh` builds by default).
 const IMAGE: &str = "ddiskqos-agent:latest";
 
-fn pod_dir(qos: Qos, uid: &str) -> PathBuf {
-    Path::new(BLKIO).join(qos.pod_rel(uid))
+/// Which cgroup tree the node has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tree {
+    /// cgroup v1: pod cgroups in the blkio hierarchy, `blkio.bfq.weight`.
+    V1,
+    /// cgroup v2 (inside the test bed): pod cgroups in the unified tree, `io.bfq.weight` (`default N`).
+    V2,
+}
+
+impl Tree {
+    fn pod_dir(self, qos: Qos, uid: &str) -> PathBuf {
+        match self {
+            Self::V1 => Path::new(BLKIO).join(qos.pod_rel(uid)),
+            Self::V2 => Path::new("/sys/fs/cgroup").join(qos.pod_rel(uid)),
+        }
+    }
+
+    /// The pod's BFQ weight (the default of the file; the test device has no override line).
+    fn weight(self, dir: &Path) -> Option<u32> {
+        let file = match self {
+            Self::V1 => "blkio.bfq.weight",
+            Self::V2 => "io.bfq.weight",
+        };
+        let text = std::fs::read_to_string(dir.join(file)).ok()?;
+        let t = text.lines().next()?.trim();
+        t.strip_prefix("default ").unwrap_or(t).parse().ok()
+    }
 }
 
 /// The capability sets of a process (`CapEff`, `CapPrm`, `CapBnd`) and its `NoNewPrivs`, from /proc.
@@ -54,6 +81,11 @@ fn the_daemonset_runs_the_image_as_a_pod_without_capabilities_and_manages_the_no
     if !require("deploy_real::the_daemonset_runs_the_image_as_a_pod", &needs) {
         return;
     }
+    run_daemonset(Tree::V1);
+}
+
+/// The DaemonSet's pod on a node with cgroup tree `tree` (see the module doc); the caller has checked the needs.
+pub(crate) fn run_daemonset(tree: Tree) {
     let _machine = testbed::exclusive();
     let manifests = crate::k8s_manifests::load();
     let ds = &manifests.daemonsets[0];
@@ -70,10 +102,16 @@ fn the_daemonset_runs_the_image_as_a_pod_without_capabilities_and_manages_the_no
     // (the pod shares the host's network here; in a cluster it has its own namespace and listens on 0.0.0.0).
     let port = free_port();
     let shipped = manifests.configmaps[0].data.as_ref().unwrap()["agent.toml"].clone();
-    let toml = shipped
+    let mut toml = shipped
         .replace("check = []", &format!("check = [\"{}\"]", disk.name))
         .replace("listen = \"0.0.0.0:9477\"", &format!("listen = \"127.0.0.1:{port}\""));
     assert!(toml.contains(&disk.name) && toml.contains(&port.to_string()), "ConfigMap changed shape:\n{shipped}");
+    if tree == Tree::V2 {
+        // What the ConfigMap's comment tells a v2 node to set.
+        assert!(shipped.contains("cgroup v2: \"/host/sys/fs/cgroup\""), "ConfigMap no longer documents v2:\n{shipped}");
+        toml = toml.replace("root = \"/host/sys/fs/cgroup/blkio\"", "root = \"/host/sys/fs/cgroup\"");
+        assert!(toml.contains("root = \"/host/sys/fs/cgroup\"\n"), "ConfigMap changed shape:\n{shipped}");
+    }
 
     // The volumes, as the kubelet would provide them on this node.
     let host = tempfile::Builder::new().prefix("ddiskqos-deploy-").tempdir_in("/var/tmp").unwrap();
@@ -174,13 +212,17 @@ fn the_daemonset_runs_the_image_as_a_pod_without_capabilities_and_manages_the_no
     // The node's pods, weighted at their pod cgroups; the agent's own pod left alone.
     let weight_is = |dir: PathBuf, want: u32, limit: u64| {
         wait_for(Duration::from_secs(limit), Duration::from_millis(20), || {
-            (bfq_weight(&dir) == Some(want)).then_some(())
+            (tree.weight(&dir) == Some(want)).then_some(())
         })
         .is_some()
     };
-    assert!(weight_is(pod_dir(Qos::BestEffort, &idle), 1000, 10), "idle pod not at 1000; log:\n{}", log_text());
-    assert!(weight_is(pod_dir(Qos::Burstable, &reader), 10, 30), "reader pod not demoted to 10; log:\n{}", log_text());
-    assert_eq!(bfq_weight(&pod_dir(Qos::Burstable, &agent_uid)), Some(100), "the agent's own pod was weighted");
+    assert!(weight_is(tree.pod_dir(Qos::BestEffort, &idle), 1000, 10), "idle pod not at 1000; log:\n{}", log_text());
+    assert!(
+        weight_is(tree.pod_dir(Qos::Burstable, &reader), 10, 30),
+        "reader pod not demoted to 10; log:\n{}",
+        log_text()
+    );
+    assert_eq!(tree.weight(&tree.pod_dir(Qos::Burstable, &agent_uid)), Some(100), "the agent's own pod was weighted");
 
     // Liveness: the probe's command, executed in the container as the kubelet would.
     let probe: Vec<String> =
@@ -197,9 +239,9 @@ fn the_daemonset_runs_the_image_as_a_pod_without_capabilities_and_manages_the_no
     let (state, exit, _) = cri.container_state(&agent_id).unwrap();
     assert_eq!((state, exit), (cri::ContainerState::ContainerExited, 0), "agent's log:\n{}", log_text());
     for (qos, uid) in [(Qos::Burstable, &reader), (Qos::BestEffort, &idle)] {
-        assert_eq!(bfq_weight(&pod_dir(qos, uid)), Some(100), "pod {uid} not restored; log:\n{}", log_text());
+        assert_eq!(tree.weight(&tree.pod_dir(qos, uid)), Some(100), "pod {uid} not restored; log:\n{}", log_text());
     }
     let text = log_text();
     assert!(text.contains("\"level\":\"INFO\"") || text.contains("\"level\":\"info\""), "not JSON logs:\n{text}");
-    eprintln!("agent pod: ready, weighted 2 pods, probe ok, stopped with exit 0, weights restored");
+    eprintln!("agent pod ({tree:?}): ready, weighted 2 pods, probe ok, stopped with exit 0, weights restored");
 }

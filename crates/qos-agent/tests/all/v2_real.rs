@@ -986,3 +986,25 @@ fn agent_warns_when_io_cost_sits_at_its_minimum_rate() {
     assert!(qos.as_deref().is_none_or(|l| l.contains("enable=0")), "io.cost.qos left: {qos:?}");
     assert!(model.as_deref().is_none_or(|l| l.contains("ctrl=auto")), "io.cost.model left: {model:?}");
 }
+
+/// The DaemonSet's pod on cgroup v2: `deploy_real`'s test with the ConfigMap's documented v2 root
+/// (`/host/sys/fs/cgroup`) and pod weights in `io.bfq.weight`; containerd inside the test bed.
+#[test]
+#[ignore = "needs the cgroup-v2 test bed with the cpu controller, containerd and the agent's image: scripts/test.sh"]
+fn the_daemonset_on_cgroup_v2() {
+    let needs = [
+        testbed::Need::Root,
+        testbed::Need::V2TestBed,
+        testbed::Need::V2Cpu,
+        testbed::Need::LoopDevices,
+        testbed::Need::Bfq,
+        testbed::Need::Program("containerd"),
+        testbed::Need::Program("ctr"),
+        testbed::Need::Program("runc"),
+        testbed::Need::DockerImage("ddiskqos-agent:latest"),
+    ];
+    if !testbed::require("v2_real::the_daemonset_on_cgroup_v2", &needs) {
+        return;
+    }
+    crate::deploy_real::run_daemonset(crate::deploy_real::Tree::V2);
+}
