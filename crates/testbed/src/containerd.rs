@@ -33,6 +33,18 @@ pub const PAUSE_IMAGE: &str = "ddiskqos-pause:latest";
 const CGROUP_MOUNTS: &str = "/sys/fs/cgroup";
 /// The namespace of the test pods.
 pub const NAMESPACE: &str = "ddiskqos-test";
+/// What pods through this containerd need on cgroup v1 (a test adds its own): root, blkio, a BFQ loop device,
+/// the host's Docker (it builds [`PAUSE_IMAGE`] once), containerd with `ctr` and runc.
+pub const NEEDS_V1: [crate::Need; 8] = [
+    crate::Need::Root,
+    crate::Need::BlkioV1,
+    crate::Need::LoopDevices,
+    crate::Need::Bfq,
+    crate::Need::HostDocker,
+    crate::Need::Program("containerd"),
+    crate::Need::Program("ctr"),
+    crate::Need::Program("runc"),
+];
 
 /// A Kubernetes QoS class, deciding the pod's cgroup parent as the kubelet (cgroupfs driver) names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,17 +264,7 @@ state = "{d}/state"
         script: &str,
         devices: &[&Path],
     ) -> String {
-        self.pods.push((uid.to_string(), qos));
-        let mut cri = self.cri();
-        let config = sandbox_config(name, uid, qos, annotations, &self.dir.path().join("logs").join(uid));
-        let sandbox = cri
-            .run_sandbox(config.clone())
-            .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", self.log_tail()));
-        let id = cri
-            .create_container(&sandbox, config, name, script, devices)
-            .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}\n{}", self.log_tail()));
-        cri.start_container(&id).unwrap_or_else(|e| panic!("StartContainer {name}: {e}\n{}", self.log_tail()));
-        sandbox
+        self.run_pod_with(name, uid, qos, annotations, script_container(name, script, devices)).0
     }
 
     /// Runs a pod as a kubelet would (see [`Containerd::run_pod`]) with a container of the caller's making (its
@@ -375,6 +377,33 @@ fn sandbox_config(
     }
 }
 
+/// A container running `script` (busybox sh, in [`PAUSE_IMAGE`]) with `devices` (read-only, same path inside),
+/// host network, logging to `<name>.log`.
+pub fn script_container(name: &str, script: &str, devices: &[&Path]) -> cri::ContainerConfig {
+    cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata { name: name.into(), attempt: 0 }),
+        image: Some(cri::ImageSpec { image: PAUSE_IMAGE.into(), ..Default::default() }),
+        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        log_path: format!("{name}.log"),
+        devices: devices
+            .iter()
+            .map(|d| cri::Device {
+                container_path: d.to_string_lossy().into_owned(),
+                host_path: d.to_string_lossy().into_owned(),
+                permissions: "r".into(),
+            })
+            .collect(),
+        linux: Some(cri::LinuxContainerConfig {
+            security_context: Some(cri::LinuxContainerSecurityContext {
+                namespace_options: Some(host_network()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// The namespaces of a host-network pod (what every test pod uses: no CNI here).
 pub fn host_network() -> cri::NamespaceOption {
     cri::NamespaceOption {
@@ -428,45 +457,6 @@ impl Cri {
     pub fn run_sandbox(&mut self, config: cri::PodSandboxConfig) -> Result<String, tonic::Status> {
         let req = cri::RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() };
         Ok(self.rt.block_on(self.runtime.run_pod_sandbox(req))?.into_inner().pod_sandbox_id)
-    }
-
-    /// `CreateContainer` in `sandbox` running `script` with `devices` (read-only, same path inside).
-    pub fn create_container(
-        &mut self,
-        sandbox: &str,
-        sandbox_config: cri::PodSandboxConfig,
-        name: &str,
-        script: &str,
-        devices: &[&Path],
-    ) -> Result<String, tonic::Status> {
-        let config = cri::ContainerConfig {
-            metadata: Some(cri::ContainerMetadata { name: name.into(), attempt: 0 }),
-            image: Some(cri::ImageSpec { image: PAUSE_IMAGE.into(), ..Default::default() }),
-            command: vec!["/bin/sh".into(), "-c".into(), script.into()],
-            log_path: format!("{name}.log"),
-            devices: devices
-                .iter()
-                .map(|d| cri::Device {
-                    container_path: d.to_string_lossy().into_owned(),
-                    host_path: d.to_string_lossy().into_owned(),
-                    permissions: "r".into(),
-                })
-                .collect(),
-            linux: Some(cri::LinuxContainerConfig {
-                security_context: Some(cri::LinuxContainerSecurityContext {
-                    namespace_options: Some(host_network()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let req = cri::CreateContainerRequest {
-            pod_sandbox_id: sandbox.into(),
-            config: Some(config),
-            sandbox_config: Some(sandbox_config),
-        };
-        Ok(self.rt.block_on(self.runtime.create_container(req))?.into_inner().container_id)
     }
 
     /// `CreateContainer` in `sandbox` with a container config of the caller's making.

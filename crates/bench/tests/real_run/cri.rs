@@ -27,22 +27,14 @@ fn kubepods_dirs() -> Vec<String> {
 
 /// What a real run with `--runtime cri` needs: a v1 run's needs, the host's Docker (it builds the sandbox image
 /// once) and containerd with runc.
-const CRI_RUN: [Need; 9] = [
-    Need::Root,
-    Need::BlkioV1,
-    Need::LoopDevices,
-    Need::Bfq,
-    Need::HostDocker,
-    Need::Program("containerd"),
-    Need::Program("ctr"),
-    Need::Program("runc"),
-    Need::Program("mkfs.ext4"),
-];
+fn cri_run_needs() -> Vec<Need> {
+    [&testbed::containerd::NEEDS_V1[..], &[Need::Program("mkfs.ext4")]].concat()
+}
 
 #[test]
 #[ignore = "needs root, cgroup v1 blkio, loop devices and containerd: run ./scripts/test.sh"]
 fn cri_run_weights_pod_cgroups_and_leaves_nothing() {
-    if !require("cri_run_weights_pod_cgroups_and_leaves_nothing", &CRI_RUN) {
+    if !require("cri_run_weights_pod_cgroups_and_leaves_nothing", &cri_run_needs()) {
         return;
     }
     let _machine = testbed::exclusive();
@@ -127,7 +119,7 @@ fn cri_run_weights_pod_cgroups_and_leaves_nothing() {
 #[test]
 #[ignore = "needs root, cgroup v1 blkio, loop devices and containerd: run ./scripts/test.sh"]
 fn interrupted_cri_run_removes_its_pods() {
-    if !require("interrupted_cri_run_removes_its_pods", &CRI_RUN) {
+    if !require("interrupted_cri_run_removes_its_pods", &cri_run_needs()) {
         return;
     }
     let _machine = testbed::exclusive();

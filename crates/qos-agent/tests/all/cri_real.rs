@@ -35,17 +35,7 @@ fn weight_becomes(dir: &Path, want: u32, limit: Duration) -> Option<Duration> {
 #[test]
 #[ignore = "needs root, cgroup v1 blkio and containerd: run ./scripts/test.sh"]
 fn agent_manages_pods_through_containerd() {
-    let needs = [
-        Need::Root,
-        Need::BlkioV1,
-        Need::LoopDevices,
-        Need::Bfq,
-        Need::HostDocker,
-        Need::Program("containerd"),
-        Need::Program("ctr"),
-        Need::Program("runc"),
-        Need::Program("setpriv"),
-    ];
+    let needs = [&testbed::containerd::NEEDS_V1[..], &[Need::Program("setpriv")]].concat();
     if !require("agent_manages_pods_through_containerd", &needs) {
         return;
     }

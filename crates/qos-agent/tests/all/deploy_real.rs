@@ -67,17 +67,7 @@ fn privileges(pid: u32) -> Vec<String> {
 #[test]
 #[ignore = "needs root, cgroup v1 blkio, containerd and the agent's image: run ./scripts/test.sh"]
 fn the_daemonset_runs_the_image_as_a_pod_without_capabilities_and_manages_the_nodes_pods() {
-    let needs = [
-        Need::Root,
-        Need::BlkioV1,
-        Need::LoopDevices,
-        Need::Bfq,
-        Need::HostDocker,
-        Need::Program("containerd"),
-        Need::Program("ctr"),
-        Need::Program("runc"),
-        Need::DockerImage(IMAGE),
-    ];
+    let needs = [&testbed::containerd::NEEDS_V1[..], &[Need::DockerImage(IMAGE)]].concat();
     if !require("deploy_real::the_daemonset_runs_the_image_as_a_pod", &needs) {
         return;
     }
