@@ -129,12 +129,24 @@ impl<W: WeightWriter> WeightWriter for PrintingWriter<W> {
 
     async fn write(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
         let result = self.inner.write(info, weight).await;
+        self.print(info, weight, "written", &result);
+        result
+    }
+
+    async fn restore(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
+        let result = self.inner.restore(info, original).await;
+        self.print(info, original, "restored", &result);
+        result
+    }
+}
+
+impl<W> PrintingWriter<W> {
+    fn print(&self, info: &ContainerInfo, weight: Weight, what: &str, result: &Result<AppliedVia, BackendError>) {
         let at = self.started.elapsed().as_secs_f64();
-        match &result {
-            Ok(_) => println!("[{at:5.2}s] {:<12} weight {:>4}  (written, read back)", info.name, weight.get()),
+        match result {
+            Ok(_) => println!("[{at:5.2}s] {:<12} weight {:>4}  ({what}, read back)", info.name, weight.get()),
             Err(e) => println!("[{at:5.2}s] {:<12} weight {:>4}  FAILED: {e}", info.name, weight.get()),
         }
-        result
     }
 }
 

@@ -136,11 +136,20 @@ impl AppliedVia {
 pub trait WeightWriter: Send {
     /// The weight the container has now, read from its cgroup (used to restore it later).
     fn read(&mut self, info: &ContainerInfo) -> impl Future<Output = Result<Weight, BackendError>> + Send;
-    /// Sets the weight and verifies it by reading the cgroup file back.
+    /// Sets the weight and verifies it by reading the cgroup file back. Always a write of `weight`, even when it
+    /// equals the original: a pinned weight must be in force, whatever the files held before.
     fn write(
         &mut self,
         info: &ContainerInfo,
         weight: Weight,
+    ) -> impl Future<Output = Result<AppliedVia, BackendError>> + Send;
+    /// Puts the container's original weight back (release, shutdown, entering dry run) and verifies it. Its own
+    /// operation, never inferred from a value: a writer that kept the files as `read` found them (cgroup v2:
+    /// per-device overrides) puts them back so; one that did not writes `original`.
+    fn restore(
+        &mut self,
+        info: &ContainerInfo,
+        original: Weight,
     ) -> impl Future<Output = Result<AppliedVia, BackendError>> + Send;
     /// The block devices the writer has looked at and what governs each (cgroup v2: BFQ, io.cost or nothing), for
     /// status. Writers that do not track devices return nothing.

@@ -462,6 +462,13 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                     };
                     self.reconciler.handle_write_result(&id, result);
                 }
+                Output::Restore { id, weight } => {
+                    let result = match self.tracked.get(&id) {
+                        Some(t) => self.writer.restore(&t.info, weight).await,
+                        None => Err(BackendError::NoCgroup(id.clone())),
+                    };
+                    self.reconciler.handle_write_result(&id, result);
+                }
                 Output::SaveOriginals(items) => {
                     let result = self.originals.record_all(items.iter().map(|(id, w)| (id, *w)));
                     self.reconciler.handle_save_result(result);

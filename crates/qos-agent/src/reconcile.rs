@@ -15,6 +15,9 @@
 //! - a released container gets its original back only if the agent wrote something; an excluded container whose
 //!   original is on file (a previous agent changed it) gets it back whatever the file holds; a restore that fails
 //!   keeps the original wanted, retried and on file;
+//! - putting an original back is its own action ([`Output::Restore`]), owed whenever the agent wrote, even a weight
+//!   equal to the original (on cgroup v2 that write set every governed device, the original's files may have had
+//!   other per-device values); a decision for the original's value is an [`Output::Write`];
 //! - dry run decides but writes nothing: entering it first puts back every original the agent changed, and
 //!   entering or leaving it forgets what is "applied" so everything is decided or written afresh;
 //! - shutdown puts back every original the agent changed and forgets them from the file in one save, then reports
@@ -35,7 +38,8 @@
 //!
 //! The rule for drivers: after every input (or a run of inputs given back to back, as a round gives its decisions
 //! and then [`Reconciler::handle_round`]), call [`Reconciler::poll_output`] until it returns `None`. Carry out
-//! each action as it comes; a [`Output::ReadWeight`], [`Output::Write`] or [`Output::SaveOriginals`] must have its
+//! each action as it comes; a [`Output::ReadWeight`], [`Output::Write`], [`Output::Restore`] or
+//! [`Output::SaveOriginals`] must have its
 //! result fed back ([`Reconciler::handle_read_result`], [`Reconciler::handle_write_result`],
 //! [`Reconciler::handle_save_result`]) before the next poll (at most one is outstanding: until its result arrives,
 //! `poll_output` returns `None`). [`Output::ForgetOriginals`] needs no answer: an original left on file by a failed
@@ -111,14 +115,11 @@ impl Entry {
         self.desired.is_some() && self.desired != self.applied
     }
 
-    /// While saves are held: the original, if the file may hold another weight the agent wrote.
+    /// While saves are held: the original, if the agent (or a crashed one) wrote the file since it was last put
+    /// back, whatever value it wrote.
     fn held_restore(&self) -> Option<Weight> {
         let original = self.original?;
-        let owed = match self.applied {
-            Some(a) => a != original,
-            None => self.changed_by_agent,
-        };
-        owed.then_some(original)
+        self.changed_by_agent.then_some(original)
     }
 }
 
@@ -340,7 +341,7 @@ impl Reconciler {
         }
     }
 
-    /// The answer to an [`Output::Write`]. A result nobody asked for is ignored.
+    /// The answer to an [`Output::Write`] or an [`Output::Restore`]. A result nobody asked for is ignored.
     pub fn handle_write_result(&mut self, id: &ContainerId, result: Result<AppliedVia, BackendError>) {
         let (weight, batch, held) = match self.in_flight {
             Some(InFlight::Write(ref i, w)) if i == id => (w, false, false),
@@ -516,7 +517,7 @@ impl Reconciler {
                 if let Some((id, weight)) = batch.queue.pop_front() {
                     if self.entries.contains_key(&id) {
                         self.in_flight = Some(InFlight::BatchRestore(id.clone(), weight));
-                        return Some(Output::Write { id, weight });
+                        return Some(Output::Restore { id, weight });
                     }
                     continue;
                 }
@@ -543,7 +544,7 @@ impl Reconciler {
                 // Saves fail: only the original goes back, nothing else is written until a save works.
                 if let Some(original) = e.held_restore().filter(|_| !e.blocked) {
                     self.in_flight = Some(InFlight::HeldRestore(id.clone(), original));
-                    return Some(Output::Write { id, weight: original });
+                    return Some(Output::Restore { id, weight: original });
                 }
                 continue;
             }
@@ -567,6 +568,9 @@ impl Reconciler {
                 continue;
             }
             self.in_flight = Some(InFlight::Write(id.clone(), want));
+            if e.restoring {
+                return Some(Output::Restore { id, weight: want });
+            }
             return Some(Output::Write { id, weight: want });
         }
     }
@@ -640,12 +644,11 @@ impl Reconciler {
                 e.desired = Some(original);
                 e.restoring = true;
                 if e.applied == Some(original) {
-                    let old = e.applied;
-                    self.report_decision(id, old, original, Effect::Unchanged);
-                    self.finish_restore(id, original);
-                } else {
-                    self.make_dirty(id);
+                    // Written as a weight, not put back: the restore is still owed (see the module doc). The
+                    // decision's "before" stays right: it falls back to the original, the same value.
+                    e.applied = None;
                 }
+                self.make_dirty(id);
             }
             None => {
                 // Nothing of the agent's is in the file: nothing to put back.
@@ -696,12 +699,8 @@ impl Reconciler {
                     }
                     continue;
                 }
-                if e.applied == Some(original) {
-                    batch.done.push(id.clone());
-                    batch.summary.restored += 1;
-                } else {
-                    batch.queue.push_back((id.clone(), original));
-                }
+                // Even at the original's value: what the agent wrote is not what it read (see the module doc).
+                batch.queue.push_back((id.clone(), original));
             }
         }
         self.batch = Some(batch);

@@ -46,6 +46,16 @@ pub enum Output {
         /// The weight.
         weight: Weight,
     },
+    /// Put the container's original weight back and verify it; answer with
+    /// [`Reconciler::handle_write_result`](super::Reconciler::handle_write_result). Its own action, not a
+    /// [`Output::Write`] of the original's value: a writer may put back more than a value (cgroup v2: per-device
+    /// overrides), and a weight pinned at the original's value is a write like any other.
+    Restore {
+        /// The container.
+        id: ContainerId,
+        /// Its original weight.
+        weight: Weight,
+    },
     /// Drop these containers from the state file, in one save.
     ForgetOriginals(Vec<ContainerId>),
     /// Something worth a log line or a metric.

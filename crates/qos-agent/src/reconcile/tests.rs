@@ -53,6 +53,8 @@ enum Did {
     /// A save that failed (the state file cannot be written).
     SaveFailed(Vec<(String, u32)>),
     Write(String, u32),
+    /// An original put back ([`Output::Restore`]).
+    Restore(String, u32),
     Forget(Vec<String>),
 }
 
@@ -65,6 +67,8 @@ struct Sim {
     broken_writes: BTreeSet<ContainerId>,
     broken_reads: BTreeSet<ContainerId>,
     vanished: BTreeSet<ContainerId>,
+    /// Containers whose last successful write was a restore: their files are as the agent found them.
+    put_back: BTreeSet<ContainerId>,
     /// Saves of the state file fail.
     broken_saves: bool,
     did: Vec<Did>,
@@ -117,14 +121,12 @@ impl Sim {
                 }
                 Output::Write { id, weight } => {
                     self.did.push(Did::Write(id.to_string(), weight.get()));
-                    let result = if self.vanished.contains(&id) {
-                        Err(vanished(&id))
-                    } else if self.broken_writes.contains(&id) {
-                        Err(broken(&id))
-                    } else {
-                        self.files.insert(id.clone(), weight);
-                        Ok(AppliedVia::CgroupFile)
-                    };
+                    let result = self.put(&id, weight, false);
+                    self.r.handle_write_result(&id, result);
+                }
+                Output::Restore { id, weight } => {
+                    self.did.push(Did::Restore(id.to_string(), weight.get()));
+                    let result = self.put(&id, weight, true);
                     self.r.handle_write_result(&id, result);
                 }
                 Output::SaveOriginals(items) => {
@@ -149,6 +151,23 @@ impl Sim {
                 Output::Report(r) => self.reports.push(r),
             }
         }
+    }
+
+    /// A write or restore into the in-memory file, with the injected faults.
+    fn put(&mut self, id: &ContainerId, weight: Weight, restore: bool) -> Result<AppliedVia, BackendError> {
+        if self.vanished.contains(id) {
+            return Err(vanished(id));
+        }
+        if self.broken_writes.contains(id) {
+            return Err(broken(id));
+        }
+        self.files.insert(id.clone(), weight);
+        if restore {
+            self.put_back.insert(id.clone());
+        } else {
+            self.put_back.remove(id);
+        }
+        Ok(AppliedVia::CgroupFile)
     }
 
     fn take(&mut self) -> Vec<Did> {
@@ -177,6 +196,10 @@ impl Sim {
 
 fn write(c: &str, v: u32) -> Did {
     Did::Write(c.into(), v)
+}
+
+fn restore(c: &str, v: u32) -> Did {
+    Did::Restore(c.into(), v)
 }
 
 fn save(items: &[(&str, u32)]) -> Did {
@@ -369,7 +392,7 @@ fn released_gets_its_original_back_only_if_the_agent_wrote_something() {
     s.decide(vec![decision("wrote", Some(200), Reason::New), decision("never", Some(200), Reason::New)]);
     s.take();
     s.decide(vec![decision("wrote", None, Reason::Released), decision("never", None, Reason::Released)]);
-    assert_eq!(s.take(), vec![forget(&["never"]), write("wrote", 500), forget(&["wrote"])]);
+    assert_eq!(s.take(), vec![forget(&["never"]), restore("wrote", 500), forget(&["wrote"])]);
     assert_eq!((s.file("wrote"), s.file("never")), (500, 300));
     assert_eq!((s.on_file("wrote"), s.on_file("never")), (None, None));
     assert_eq!(s.count(|r| matches!(r, Report::OriginalRestored { .. })), 1);
@@ -378,10 +401,26 @@ fn released_gets_its_original_back_only_if_the_agent_wrote_something() {
 }
 
 #[test]
+fn a_weight_equal_to_the_original_is_a_write_and_still_owes_a_restore() {
+    let mut s = Sim::new(false);
+    s.managed("p", 300);
+    s.decide(vec![decision("p", Some(300), Reason::Pinned)]);
+    assert_eq!(s.take(), vec![save(&[("p", 300)]), write("p", 300)], "a write, not a restore");
+    s.decide(vec![decision("p", None, Reason::Released)]);
+    assert_eq!(s.take(), vec![restore("p", 300), forget(&["p"])]);
+    s.decide(vec![decision("p", Some(300), Reason::Pinned)]);
+    s.take();
+    s.r.handle_shutdown();
+    s.drain();
+    assert_eq!(s.take(), vec![restore("p", 300), forget(&["p"])]);
+    assert_eq!(s.summary(), Some(Summary { restored: 1, restore_failures: 0 }));
+}
+
+#[test]
 fn excluded_container_with_its_original_on_file_is_restored_whatever_the_file_holds() {
     let mut s = Sim::new(false);
     s.track("x", 40, Original::OnFile(w(400)), Tracking::Excluded);
-    assert_eq!(s.take(), vec![write("x", 400), forget(&["x"])]);
+    assert_eq!(s.take(), vec![restore("x", 400), forget(&["x"])]);
     // Excluded without an original on file: untouched.
     s.track("y", 40, Original::Read(w(40)), Tracking::Excluded);
     assert_eq!(s.take(), vec![]);
@@ -393,11 +432,11 @@ fn failed_restore_keeps_the_original_wanted_retried_and_on_file() {
     s.broken_writes.insert(id("x"));
     s.track("x", 40, Original::OnFile(w(400)), Tracking::Excluded);
     s.round();
-    assert_eq!(s.take(), vec![write("x", 400), write("x", 400)]);
+    assert_eq!(s.take(), vec![restore("x", 400), restore("x", 400)]);
     assert_eq!(s.on_file("x"), Some(400));
     s.broken_writes.clear();
     s.round();
-    assert_eq!(s.take(), vec![write("x", 400), forget(&["x"])]);
+    assert_eq!(s.take(), vec![restore("x", 400), forget(&["x"])]);
     s.round();
     assert_eq!(s.take(), vec![], "then left alone");
 }
@@ -421,12 +460,14 @@ fn shutdown_restores_what_the_agent_changed_and_forgets_it_in_one_save() {
     assert_eq!(
         s.take(),
         vec![
-            write("broken", 600),
-            write("demoted", 500),
-            write("gone", 700),
-            forget(&["never", "top", "demoted", "gone"])
+            restore("broken", 600),
+            restore("demoted", 500),
+            restore("gone", 700),
+            restore("top", 1000),
+            forget(&["never", "demoted", "gone", "top"])
         ],
-        "top needs no write; never was not changed by the agent, so its saved original is only forgotten"
+        "top was written (at its original's value), so it is restored too; never was not changed by the agent, so \
+         its saved original is only forgotten"
     );
     assert_eq!(s.on_file("never"), None, "a clean stop leaves only failed restores on file");
     assert_eq!(s.summary(), Some(Summary { restored: 2, restore_failures: 1 }));
@@ -445,7 +486,7 @@ fn shutdown_retries_a_restore_still_wanted() {
     s.take();
     s.r.handle_shutdown();
     s.drain();
-    assert_eq!(s.take(), vec![write("x", 400)]);
+    assert_eq!(s.take(), vec![restore("x", 400)]);
     assert_eq!(s.summary(), Some(Summary { restored: 0, restore_failures: 1 }));
 }
 
@@ -458,7 +499,7 @@ fn a_weight_a_crashed_agent_left_is_restored_at_shutdown_even_if_nothing_was_wri
     s.broken_writes.clear();
     s.r.handle_shutdown();
     s.drain();
-    assert_eq!(s.take(), vec![write("a", 1000), write("a", 100), forget(&["a"])]);
+    assert_eq!(s.take(), vec![write("a", 1000), restore("a", 100), forget(&["a"])]);
     assert_eq!(s.summary(), Some(Summary { restored: 1, restore_failures: 0 }));
 }
 
@@ -500,7 +541,7 @@ fn entering_dry_run_restores_first_then_decides_without_writing() {
     s.take();
     s.r.handle_reload(true);
     s.drain();
-    assert_eq!(s.take(), vec![write("a", 500), forget(&["a"])]);
+    assert_eq!(s.take(), vec![restore("a", 500), forget(&["a"])]);
     assert_eq!(s.summary(), Some(Summary { restored: 1, restore_failures: 0 }));
     assert_eq!(s.r.applied(&id("a")), Some(w(200)), "still decided, in dry run");
     s.decide(vec![decision("a", Some(40), Reason::Demoted)]);
@@ -553,7 +594,7 @@ fn a_failed_save_holds_every_change_puts_originals_back_and_resumes_when_a_save_
     // The state file becomes unwritable: b's original cannot be saved, so b is not written; a goes back.
     s.broken_saves = true;
     s.decide(vec![decision("b", Some(1000), Reason::New), decision("a", Some(10), Reason::Demoted)]);
-    assert_eq!(s.take(), vec![Did::SaveFailed(vec![("b".into(), 300)]), write("a", 100)]);
+    assert_eq!(s.take(), vec![Did::SaveFailed(vec![("b".into(), 300)]), restore("a", 100)]);
     assert!(s.r.saves_held());
     assert_eq!((s.file("a"), s.file("b")), (100, 300));
     let first = |s: &Sim, want: bool| s.count(|r| matches!(r, Report::SaveFailed { first, .. } if *first == want));
@@ -823,9 +864,11 @@ mod model {
             }
             for r in &s.reports[reports_before..] {
                 // What the agent's verified writes did to each file.
-                if let Report::Written { id, weight, .. } = r {
+                // A write changes the file, even at the original's value (cgroup v2: other per-device values);
+                // only a restore puts it back as found.
+                if let Report::Written { id, .. } = r {
                     if let Some(m) = model.get_mut(id) {
-                        m.changed = Some(*weight) != m.original;
+                        m.changed = !s.put_back.contains(id);
                         m.restore_wanted &= m.changed;
                     }
                 }
@@ -854,7 +897,7 @@ mod model {
         prop_assert!(s.summary().is_some(), "a summary");
         for (i, m) in &model {
             if m.changed && !dry && !s.vanished.contains(i) {
-                let restored = Some(s.files[i]) == m.original;
+                let restored = s.put_back.contains(i) && Some(s.files[i]) == m.original;
                 prop_assert!(restored || failed.contains(i), "{} changed by the agent: restored or reported", i);
             }
             if failed.contains(i) {
@@ -896,7 +939,11 @@ mod model {
                         on_file.remove(&id(c));
                     }
                 }
-                Did::Write(c, v) => {
+                Did::Write(c, v) | Did::Restore(c, v) => {
+                    if matches!(d, Did::Restore(..)) {
+                        let original = originals.get(&id(c)).copied().flatten().map(|o| o.get());
+                        prop_assert_eq!(Some(*v), original, "a restore of {} puts back its original", c);
+                    }
                     if held {
                         let original = originals.get(&id(c)).copied().flatten().map(|o| o.get());
                         prop_assert_eq!(Some(*v), original, "write to {} while saves fail is not its original", c);

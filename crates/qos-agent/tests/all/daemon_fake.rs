@@ -52,8 +52,10 @@ struct Inner {
     weights: HashMap<String, u32>,
     /// Cumulative counters, by container id.
     counters: HashMap<String, IoCounters>,
-    /// Every successful write, in order.
+    /// Every successful write, in order (restores included).
     writes: Vec<(String, u32)>,
+    /// Every successful restore, in order.
+    restores: Vec<(String, u32)>,
     /// Every write attempted (successful or not), by container.
     write_attempts: HashMap<String, usize>,
     /// Samples taken, by container.
@@ -110,6 +112,10 @@ impl World {
 
     fn writes_to(&self, id: &str) -> Vec<u32> {
         self.with(|w| w.writes.iter().filter(|(i, _)| i == id).map(|(_, v)| *v).collect())
+    }
+
+    fn restores_of(&self, id: &str) -> Vec<u32> {
+        self.with(|w| w.restores.iter().filter(|(i, _)| i == id).map(|(_, v)| *v).collect())
     }
 
     fn attempts(&self, id: &str) -> usize {
@@ -209,6 +215,25 @@ impl CounterSource for FakeCounters {
 #[derive(Debug)]
 struct FakeWriter(World);
 
+impl FakeWriter {
+    /// A write or a restore: both land in the "file"; restores are also listed on their own.
+    fn put(&mut self, info: &ContainerInfo, weight: Weight, restore: bool) -> Result<AppliedVia, BackendError> {
+        self.0.with(|w| {
+            let id = info.id.to_string();
+            *w.write_attempts.entry(id.clone()).or_default() += 1;
+            if let Some(f) = w.write_fault.get(&id) {
+                return Err(error(&info.id, *f, "write"));
+            }
+            w.weights.insert(id.clone(), weight.get());
+            w.writes.push((id.clone(), weight.get()));
+            if restore {
+                w.restores.push((id, weight.get()));
+            }
+            Ok(AppliedVia::CgroupFile)
+        })
+    }
+}
+
 impl WeightWriter for FakeWriter {
     async fn read(&mut self, info: &ContainerInfo) -> Result<Weight, BackendError> {
         self.0.with(|w| {
@@ -224,16 +249,11 @@ impl WeightWriter for FakeWriter {
     }
 
     async fn write(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
-        self.0.with(|w| {
-            let id = info.id.to_string();
-            *w.write_attempts.entry(id.clone()).or_default() += 1;
-            if let Some(f) = w.write_fault.get(&id) {
-                return Err(error(&info.id, *f, "write"));
-            }
-            w.weights.insert(id.clone(), weight.get());
-            w.writes.push((id, weight.get()));
-            Ok(AppliedVia::CgroupFile)
-        })
+        self.put(info, weight, false)
+    }
+
+    async fn restore(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
+        self.put(info, original, true)
     }
 
     fn device_table(&self) -> Vec<DeviceFacts> {
@@ -624,6 +644,20 @@ async fn pinned_and_excluded_labels() {
     assert_eq!(summary, Summary { restored: 2, restore_failures: 0 });
     assert_eq!((world.weight("pinned"), world.weight("plain"), world.weight("excluded")), (700, 700, 700));
     assert_eq!(world.writes_to("excluded"), Vec::<u32>::new(), "excluded: untouched at shutdown too");
+    assert_eq!((world.restores_of("pinned"), world.restores_of("plain")), (vec![700], vec![700]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_weight_pinned_at_the_original_is_written_not_restored_and_restored_at_the_end() {
+    let world = World::with_containers(&["p"], 300);
+    let h = Harness::start(cfg(), &world, vec![info("p", &[(WEIGHT_LABEL, "300")])]);
+    h.settle().await;
+    h.rounds(1).await;
+    // A write of 300 (the writer must make it hold on every device), not a restore of the snapshot.
+    assert_eq!((world.writes_to("p"), world.restores_of("p")), (vec![300], vec![]));
+    let summary = h.shutdown().await;
+    assert_eq!(summary, Summary { restored: 1, restore_failures: 0 });
+    assert_eq!(world.restores_of("p"), vec![300], "what the agent wrote is put back as it was read");
 }
 
 #[tokio::test(start_paused = true)]
@@ -683,7 +717,7 @@ async fn dry_run_decides_but_writes_nothing() {
 async fn shutdown_restores_originals_of_changed_containers_only() {
     let world = World::default();
     world.add("demoted", 500);
-    world.add("top", 1000); // already at the top weight: nothing to put back
+    world.add("top", 1000); // already at the top weight: written all the same, so put back all the same
     world.add("never", 250); // every write failed: the agent never changed it
     world.add("excluded", 640);
     world.fail_writes("never", Some(Fault::Broken));
@@ -699,7 +733,9 @@ async fn shutdown_restores_originals_of_changed_containers_only() {
     let summary = h.shutdown().await;
     assert_eq!(summary, Summary { restored: 2, restore_failures: 0 });
     assert_eq!(world.writes_to("demoted"), vec![1000, 200, 500]);
-    assert_eq!(world.writes_to("top"), vec![1000], "no restore write when the original is already there");
+    assert_eq!(world.writes_to("top"), vec![1000, 1000], "the agent wrote it: a restore, even at the same value");
+    assert_eq!(world.restores_of("top"), vec![1000]);
+    assert_eq!(world.restores_of("demoted"), vec![500]);
     assert_eq!(world.attempts("never"), attempts_never, "no restore of a weight the agent never changed");
     assert_eq!(world.weight("never"), 250);
     assert_eq!(world.attempts("excluded"), 0);

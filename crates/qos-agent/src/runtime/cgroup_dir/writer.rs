@@ -15,9 +15,11 @@
 //!    disagreeing devices' facts and, if their governor changed, plans the write once more.
 //!
 //! [`CgroupDirWriter::read_weight`] (the daemon's `read`, taken before the first change) keeps a snapshot of both
-//! v2 files, overrides included; writing that same weight again (what the daemon does to restore) puts the files
-//! back exactly as snapshotted: default values, overrides, and the removal of overrides the agent added (by
-//! writing `MAJ:MIN default`, which removes an override in both files, checked on Linux 6.18).
+//! v2 files, overrides included; [`CgroupDirWriter::restore_weight`] (the daemon's `restore`, its own operation)
+//! puts the files back exactly as snapshotted: default values, overrides, and the removal of overrides the agent
+//! added (by writing `MAJ:MIN default`, which removes an override in both files, checked on Linux 6.18). A write
+//! is always a write, even of the weight `read` returned: a pinned weight equal to the original must be in force
+//! on every governed device, which the snapshot's overrides need not be.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -61,7 +63,7 @@ pub struct CgroupDirWriter {
 /// A container's v2 weight files before the agent changed them.
 #[derive(Debug, Clone)]
 struct Snapshot {
-    /// What `read` returned: writing this weight means "restore".
+    /// What `read` returned: a restore to another weight (an original from the state file) cannot use the files.
     weight: Weight,
     /// The cgroup directory: the snapshot is dropped once it is gone.
     dir: PathBuf,
@@ -290,12 +292,6 @@ impl CgroupDirWriter {
             WeightFile::open(dir)?.write_verified(weight)?;
             return Ok(AppliedVia::CgroupFile);
         }
-        if let Some(snapshot) = self.snapshots.get(&info.id).filter(|s| s.weight == weight).cloned() {
-            self.plan(info, dir)?;
-            let back = restore(dir, &snapshot)?;
-            self.record_effective(&info.id, &back);
-            return Ok(AppliedVia::CgroupFile);
-        }
         let plan = self.plan(info, dir)?;
         let err = match write_plan(dir, &plan, weight) {
             Ok(back) => {
@@ -312,6 +308,25 @@ impl CgroupDirWriter {
             return Ok(AppliedVia::CgroupFile);
         }
         Err(err.into())
+    }
+
+    /// Puts the container's original weight back: v1 writes it; v2 puts both files back as the first read found
+    /// them when that read gave `original` (overrides included), else (an original from the state file, the files
+    /// holding a crashed agent's weight) writes `original` like any weight.
+    pub fn restore_weight(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
+        let dir = cgroup_of(info)?;
+        if dir.version() == CgroupVersion::V1 {
+            return self.write_weight(info, original);
+        }
+        match self.snapshots.get(&info.id).filter(|s| s.weight == original).cloned() {
+            Some(snapshot) => {
+                self.plan(info, dir)?;
+                let back = restore(dir, &snapshot)?;
+                self.record_effective(&info.id, &back);
+                Ok(AppliedVia::CgroupFile)
+            }
+            None => self.write_weight(info, original),
+        }
     }
 
     /// Checks, without writing, that `weight` is in force: v1 the file's value; v2 the effective value of every
@@ -566,6 +581,10 @@ impl WeightWriter for CgroupDirWriter {
         self.write_weight(info, weight)
     }
 
+    async fn restore(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
+        self.restore_weight(info, original)
+    }
+
     fn device_table(&self) -> Vec<DeviceFacts> {
         CgroupDirWriter::device_table(self)
     }
@@ -671,7 +690,7 @@ mod tests {
         assert_eq!(devices_of(&f), ["7:3=bfq io.bfq.weight:10", "7:4=io-cost io.weight:10", "254:0=none"]);
 
         // Restoring the weight `read` returned puts both files back.
-        f.writer.write_weight(&f.info, w(100)).unwrap();
+        f.writer.restore_weight(&f.info, w(100)).unwrap();
         assert_eq!((f.file("io.bfq.weight"), f.file("io.weight")), ("default 100\n".into(), "default 100\n".into()));
         assert_eq!(devices_of(&f), ["7:3=bfq io.bfq.weight:100", "7:4=io-cost io.weight:100", "254:0=none"]);
     }
@@ -773,9 +792,27 @@ mod tests {
         f.put("io.weight", "default 10\n7:4 900\n8:0 300\n");
         f.writer.write_weight(&f.info, w(40)).unwrap();
         assert_eq!(f.file("io.weight"), "default 40\n7:4 40\n8:0 300\n");
-        f.writer.write_weight(&f.info, w(100)).unwrap();
+        f.writer.restore_weight(&f.info, w(100)).unwrap();
         assert_eq!(f.file("io.bfq.weight"), "default 100\n7:3 500\n");
         assert_eq!(f.file("io.weight"), "default 100\n8:0 300\n");
+    }
+
+    #[test]
+    fn a_pinned_weight_equal_to_the_original_is_in_force_on_every_device() {
+        // loop3 has an io.bfq.weight override of 500, loop4 reads 100: `read` gives the lowest, 100.
+        let mut f = fixture("default 100\n7:3 500\n", "default 100\n");
+        assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(100));
+        f.writer.write_weight(&f.info, w(1000)).unwrap();
+        // Pinned at 100, the original's value: a write like any other, so loop3 gets 100 too (not its old 500).
+        f.writer.write_weight(&f.info, w(100)).unwrap();
+        assert_eq!(f.file("io.bfq.weight"), "default 100\n7:3 100\n");
+        assert_eq!(devices_of(&f), ["7:3=bfq io.bfq.weight:100", "7:4=io-cost io.weight:100", "254:0=none"]);
+        // The restore, its own operation, puts loop3's override back.
+        f.writer.restore_weight(&f.info, w(100)).unwrap();
+        assert_eq!(f.file("io.bfq.weight"), "default 100\n7:3 500\n");
+        // A restore to another original (one a crashed agent left on file) writes it like any weight.
+        f.writer.restore_weight(&f.info, w(40)).unwrap();
+        assert_eq!(f.file("io.bfq.weight"), "default 40\n7:3 40\n");
     }
 
     #[test]

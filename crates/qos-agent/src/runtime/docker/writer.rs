@@ -100,8 +100,39 @@ impl WeightWriter for DockerWriter {
     }
 
     async fn write(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
+        self.apply(info, weight, false).await
+    }
+
+    async fn restore(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
+        self.apply(info, original, true).await
+    }
+
+    fn device_table(&self) -> Vec<DeviceFacts> {
+        DockerWriter::device_table(self)
+    }
+
+    fn watch_devices(&mut self) {
+        self.files.watch_io_cost();
+    }
+
+    fn container_devices(&self, id: &ContainerId) -> Vec<DeviceWeight> {
+        self.files.container_devices(id)
+    }
+}
+
+impl DockerWriter {
+    /// A write (`restore`: of the original) per the mode; where the files are written directly, a restore puts
+    /// them back as first read.
+    async fn apply(&mut self, info: &ContainerInfo, weight: Weight, restore: bool) -> Result<AppliedVia, BackendError> {
+        let direct = |files: &mut CgroupDirWriter| {
+            if restore {
+                files.restore_weight(info, weight)
+            } else {
+                files.write_weight(info, weight)
+            }
+        };
         match self.mode {
-            ActuatorMode::Cgroupfs => self.files.write_weight(info, weight),
+            ActuatorMode::Cgroupfs => direct(&mut self.files),
             ActuatorMode::Docker => self.via_docker(info, weight).await,
             ActuatorMode::Auto => {
                 if self.docker_delivers != Some(false) && weight.get() >= 10 {
@@ -130,21 +161,9 @@ impl WeightWriter for DockerWriter {
                         }
                     }
                 }
-                self.files.write_weight(info, weight)
+                direct(&mut self.files)
             }
         }
-    }
-
-    fn device_table(&self) -> Vec<DeviceFacts> {
-        DockerWriter::device_table(self)
-    }
-
-    fn watch_devices(&mut self) {
-        self.files.watch_io_cost();
-    }
-
-    fn container_devices(&self, id: &ContainerId) -> Vec<DeviceWeight> {
-        self.files.container_devices(id)
     }
 }
 
