@@ -264,6 +264,45 @@ impl AgentConfig {
         Self::from_toml(&text, path)
     }
 
+    /// The settings that differ in `new` and that a running agent does not apply (a reload warns about them; they
+    /// need a restart), named as in the file: `runtime`, `actuator`, `state_file`, `control_socket`, `[docker]`,
+    /// `[cri]`, `[cgroup]`, `[devices]`, `[metrics]`. A reload applies the rest: `sample_interval`, `cpu_budget`,
+    /// `dry_run`, `[mlfq]`.
+    pub fn needs_restart(&self, new: &AgentConfig) -> Vec<&'static str> {
+        // Taken apart field by field, so a new setting does not compile until it is sorted into one group.
+        let AgentConfig {
+            runtime,
+            sample_interval: _,
+            cpu_budget: _,
+            actuator,
+            dry_run: _,
+            state_file,
+            control_socket,
+            docker,
+            cri,
+            cgroup,
+            devices,
+            metrics,
+            mlfq: _,
+        } = self;
+        let mut changed = Vec::new();
+        let mut check = |differs: bool, name: &'static str| {
+            if differs {
+                changed.push(name);
+            }
+        };
+        check(*runtime != new.runtime, "runtime");
+        check(*actuator != new.actuator, "actuator");
+        check(*state_file != new.state_file, "state_file");
+        check(*control_socket != new.control_socket, "control_socket");
+        check(*docker != new.docker, "[docker]");
+        check(*cri != new.cri, "[cri]");
+        check(*cgroup != new.cgroup, "[cgroup]");
+        check(*devices != new.devices, "[devices]");
+        check(*metrics != new.metrics, "[metrics]");
+        changed
+    }
+
     /// Checks every rule of the agent and of the engine.
     pub fn validate(&self) -> Result<(), qos_core::ConfigError> {
         self.mlfq.validate().map_err(|e| match e {
@@ -331,6 +370,39 @@ mod tests {
 
     fn parse(text: &str) -> Result<AgentConfig, String> {
         AgentConfig::from_toml(text, Path::new("agent.toml")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn needs_restart_names_every_section_a_reload_does_not_apply() {
+        let old = AgentConfig::default();
+        assert!(old.needs_restart(&old).is_empty());
+        let one = |change: fn(&mut AgentConfig)| {
+            let mut new = old.clone();
+            change(&mut new);
+            assert_ne!(new, old, "the change changes something");
+            old.needs_restart(&new)
+        };
+        assert_eq!(one(|c| c.runtime = RuntimeKind::Cri), ["runtime"]);
+        assert_eq!(one(|c| c.actuator = ActuatorMode::Cgroupfs), ["actuator"]);
+        assert_eq!(one(|c| c.state_file = "/run/other.json".into()), ["state_file"]);
+        assert_eq!(one(|c| c.control_socket = "/run/other.sock".into()), ["control_socket"]);
+        assert_eq!(one(|c| c.docker.socket = "/run/d.sock".into()), ["[docker]"]);
+        assert_eq!(one(|c| c.cri.socket = "/run/crio.sock".into()), ["[cri]"]);
+        assert_eq!(one(|c| c.cri.relist_interval = Duration::from_secs(9)), ["[cri]"]);
+        assert_eq!(one(|c| c.cgroup.parent = "machine.slice".into()), ["[cgroup]"]);
+        assert_eq!(one(|c| c.devices.check = vec!["sdb".into()]), ["[devices]"]);
+        assert_eq!(one(|c| c.devices.switch_to_bfq = vec!["sdb".into()]), ["[devices]"]);
+        assert_eq!(one(|c| c.metrics.enabled = true), ["[metrics]"]);
+        // What a reload applies.
+        assert!(one(|c| c.sample_interval = Duration::from_secs(1)).is_empty());
+        assert!(one(|c| c.cpu_budget = None).is_empty());
+        assert!(one(|c| c.dry_run = true).is_empty());
+        assert!(one(|c| c.mlfq.boost_after = Duration::from_secs(3)).is_empty());
+        // Several at once, in the order the file documents them.
+        let mut new = old.clone();
+        (new.devices.check, new.cri.relist_interval, new.runtime) =
+            (vec!["sdb".into()], Duration::from_secs(9), RuntimeKind::Cri);
+        assert_eq!(old.needs_restart(&new), ["runtime", "[cri]", "[devices]"]);
     }
 
     #[test]

@@ -492,17 +492,13 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     // ----- control -----
 
     async fn reload(&mut self, cfg: AgentConfig) {
-        let restart_needed = cfg.runtime != self.cfg.runtime
-            || cfg.docker != self.cfg.docker
-            || cfg.cgroup != self.cfg.cgroup
-            || cfg.metrics != self.cfg.metrics
-            || cfg.control_socket != self.cfg.control_socket
-            || cfg.state_file != self.cfg.state_file
-            || cfg.actuator != self.cfg.actuator;
-        if restart_needed {
+        let restart = self.cfg.needs_restart(&cfg);
+        if !restart.is_empty() {
+            // Named in the message itself: the one line an operator reads after `systemctl reload`.
             warn!(
-                "reload: runtime, docker, cgroup, metrics, actuator, socket and state-file settings need a restart; \
-                   applying only mlfq, sample_interval, cpu_budget and dry_run"
+                "reload: {} changed and need a restart to take effect (not applied); a reload applies only [mlfq], \
+                 sample_interval, cpu_budget and dry_run",
+                restart.join(", ")
             );
         }
         if let Err(e) = self.engine.reconfigure(cfg.mlfq.clone(), now()) {

@@ -1020,6 +1020,40 @@ async fn reload_applies_a_new_sampling_interval_and_dry_run() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn reload_changing_a_section_that_needs_a_restart_says_so_naming_it() {
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
+    let logs = LogBuffer::default();
+    let _guard = logs.install();
+    let h = Harness::start(cfg(), &world, vec![info("a", &[])]);
+    h.settle().await;
+    let mut new = cfg();
+    new.cri.relist_interval = Duration::from_secs(5);
+    new.devices.check = vec!["loop9".into()];
+    new.sample_interval = Duration::from_millis(100);
+    h.reload(new).await;
+    assert_eq!(logs.count("need a restart"), 1, "one warning");
+    assert_eq!(logs.count("[cri]"), 1, "names [cri]");
+    assert_eq!(logs.count("[devices]"), 1, "names [devices]");
+    assert_eq!(logs.count("[docker]"), 0, "not a section that did not change");
+    // What a reload applies is still applied.
+    let before = world.samples_of("a");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!((10..=11).contains(&(world.samples_of("a") - before)), "{}", world.samples_of("a") - before);
+
+    // The agent still runs the old [cri] and [devices]: the same file reloaded says so again ...
+    let mut again = cfg();
+    again.cri.relist_interval = Duration::from_secs(5);
+    again.devices.check = vec!["loop9".into()];
+    h.reload(again).await;
+    assert_eq!(logs.count("need a restart"), 2);
+    // ... and a reload that changes only what it applies says nothing about a restart.
+    let mut applied = cfg();
+    applied.sample_interval = Duration::from_millis(200);
+    h.reload(applied).await;
+    assert_eq!(logs.count("need a restart"), 2, "no warning");
+}
+
+#[tokio::test(start_paused = true)]
 async fn reload_into_dry_run_still_restores_what_was_written() {
     let world = World::default();
     world.add("a", 500);
