@@ -27,10 +27,11 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use qos_agent::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
 use qos_agent::blockdev::tune::TunedDevices;
-use qos_agent::blockdev::DevNum;
+use qos_agent::blockdev::{DevNum, DeviceTable};
 use qos_agent::cgroup::{CgroupDir, CgroupRoot, CgroupVersion, WeightFile, WeightFileKind};
 use qos_agent::config::{ActuatorMode, RuntimeKind};
 use qos_agent::daemon::{Command, Daemon, Summary};
+use qos_agent::files::V2Plan;
 use qos_agent::metrics::{Metrics, ReasonLabels};
 use qos_agent::runtime::cgroup_dir::CgroupDirCounters;
 use qos_agent::runtime::cri::CriClient;
@@ -96,15 +97,16 @@ impl Backends {
     }
 }
 
-/// Which file the bench reads a cgroup's weight from: the one that governs the test device.
+/// Which weight file the bench reads a cgroup's weight from, and how.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightProbe {
     /// cgroup v1: the cgroup's weight file (`blkio.bfq.weight`), as the agent opens it.
     V1,
-    /// cgroup v2: `kind` (`io.bfq.weight` under BFQ, `io.weight` under io.cost), its effective value on `dev`
-    /// (the device's `MAJ:MIN N` override, else `default N`).
+    /// cgroup v2: the file that acts on the test device, as the agent's own [`V2Plan`] says from the device's
+    /// facts (scheduler, io.cost) when the mode starts; read as its effective value on `dev` (the device's
+    /// `MAJ:MIN N` override, else `default N`).
     V2 {
-        /// The file.
+        /// The file: the first the plan writes (the one acting on the device; `io.weight` if both or neither act).
         kind: WeightFileKind,
         /// The test device.
         dev: DevNum,
@@ -112,12 +114,16 @@ pub enum WeightProbe {
 }
 
 impl WeightProbe {
-    /// The file that governs `dev` in `mode` on `root`'s hierarchy.
-    pub fn for_mode(root: &CgroupRoot, mode: crate::workload::BfqMode, dev: DevNum) -> Self {
+    /// The file that governs `dev` now on `root`'s hierarchy (call it once the mode's scheduler and io.cost are
+    /// set).
+    pub fn for_device(root: &CgroupRoot, dev: DevNum) -> Self {
         match root.version() {
             CgroupVersion::V1 => WeightProbe::V1,
-            CgroupVersion::V2 if mode.is_iocost() => WeightProbe::V2 { kind: WeightFileKind::V2Io, dev },
-            CgroupVersion::V2 => WeightProbe::V2 { kind: WeightFileKind::V2Bfq, dev },
+            CgroupVersion::V2 => {
+                let governor = DeviceTable::new(root.path()).refresh(dev, Instant::now()).0.governor;
+                let kind = V2Plan::new([(dev, governor)]).files()[0];
+                WeightProbe::V2 { kind, dev }
+            }
         }
     }
 

@@ -145,7 +145,7 @@ fn run_mode_on_device(
 ) -> Result<ModeReport> {
     let dev: qos_agent::blockdev::DevNum =
         env.disk.info.maj_min.parse().with_context(|| format!("device number {}", env.disk.info.maj_min))?;
-    let probe = WeightProbe::for_mode(&env.root, mode, dev);
+    let probe = WeightProbe::for_device(&env.root, dev);
     let bg_file = env.file(workload::BACKGROUND_FILE)?;
     let reads = (if cfg.exp1 { cfg.plan.exp1.iter().map(|c| c.reps as usize).sum::<usize>() } else { 0 }
         + if cfg.exp2 { cfg.plan.exp2_reps as usize * cfg.plan.exp2.len() } else { 0 })

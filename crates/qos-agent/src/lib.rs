@@ -13,6 +13,8 @@
 //! - [`runtime`]: one folder per container runtime, each with its discovery, counters, writer and cgroup naming:
 //!   [`runtime::docker`] (through `bollard`) and [`runtime::cgroup_dir`] (the children of one cgroup; its
 //!   counters and writer work on any container with a cgroup directory and the other runtimes reuse them).
+//! - [`files`]: the cgroup-file layer every runtime's writer uses: [`files::V2Plan`], the pure cgroup-v2 rule of
+//!   which weight file acts on which device and what to write, check and restore.
 //! - [`cgroup`]: runtime-agnostic cgroup v1/v2 file primitives: mount detection (once), confined directories,
 //!   counter-file parsers and reader, weight files with verified writes, errors naming files.
 //! - [`blockdev`]: block-device facts (scheduler, io.cost, the disk of a path or device number) and the guarded
@@ -35,6 +37,7 @@ pub mod cgroup;
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod files;
 pub mod labels;
 pub mod listen;
 pub mod metrics;

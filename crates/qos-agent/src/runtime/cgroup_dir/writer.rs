@@ -4,7 +4,8 @@
 //! plain number.
 //!
 //! On cgroup v2 each device has its own governor (see [`crate::blockdev::DeviceTable`]): `io.bfq.weight` acts on
-//! BFQ devices, `io.weight` on devices with io.cost enabled, nothing on the others. A write therefore:
+//! BFQ devices, `io.weight` on devices with io.cost enabled, nothing on the others; that rule, the lines to write
+//! and the checks are [`V2Plan`]'s (pure). A write therefore:
 //! 1. lists the devices that matter: the `MAJ:MIN` lines of the container's `io.stat` (read at write time; writes
 //!    are rare) and the devices of `[devices] check`;
 //! 2. writes `default W` into every file that governs one of them (both files when none is governed yet, so a
@@ -21,7 +22,7 @@
 //! is always a write, even of the weight `read` returned: a pinned weight equal to the original must be in force
 //! on every governed device, which the snapshot's overrides need not be.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -32,6 +33,7 @@ use crate::backend::{AppliedVia, BackendError, ContainerInfo, DeviceWeight, Weig
 use crate::blockdev::vrate::{self, VrateNews, VrateWatch};
 use crate::blockdev::{DevNum, DeviceFacts, DeviceTable, Governor};
 use crate::cgroup::{CgroupDir, CgroupError, CgroupVersion, WeightFile, WeightFileKind, WeightLines, V2_IO_STAT};
+use crate::files::{check_restored, restore_lines, Line, Mismatch, V2Plan};
 use crate::metrics::DeviceWeightEffective;
 
 /// Where the v2 hierarchy is mounted unless told otherwise (its root holds `io.cost.qos`).
@@ -68,40 +70,6 @@ struct Snapshot {
     /// The cgroup directory: the snapshot is dropped once it is gone.
     dir: PathBuf,
     files: Vec<(WeightFileKind, WeightLines)>,
-}
-
-/// The devices of one v2 write and what governs each.
-#[derive(Debug, Default)]
-struct Plan {
-    /// Every device of the write, with what governs it (`Governor::NONE` included).
-    all: Vec<(DevNum, Governor)>,
-    governed: BTreeMap<DevNum, Governor>,
-}
-
-impl Plan {
-    fn governed_by(&self, kind: WeightFileKind) -> impl Iterator<Item = DevNum> + '_ {
-        self.governed.iter().filter(move |(_, g)| governs(**g, kind)).map(|(d, _)| *d)
-    }
-
-    /// The files to write: those governing some device; both when no device is governed. `io.weight` first, so a
-    /// check that fails on both names io.cost (what Docker never writes) rather than a BFQ override.
-    fn kinds(&self) -> Vec<WeightFileKind> {
-        let all = [WeightFileKind::V2Io, WeightFileKind::V2Bfq];
-        let some: Vec<_> = all.into_iter().filter(|k| self.governed_by(*k).next().is_some()).collect();
-        if some.is_empty() {
-            all.to_vec()
-        } else {
-            some
-        }
-    }
-}
-
-fn governs(g: Governor, kind: WeightFileKind) -> bool {
-    match kind {
-        WeightFileKind::V2Bfq => g.bfq,
-        WeightFileKind::V2Io => g.io_cost,
-        _ => false,
-    }
 }
 
 impl Default for CgroupDirWriter {
@@ -234,13 +202,7 @@ impl CgroupDirWriter {
     /// Fills in the effective values of the container's devices from the weight files as just read back.
     fn record_effective(&mut self, id: &ContainerId, files: &[(WeightFileKind, WeightLines)]) {
         let Some((_, devices)) = self.devices_of.get_mut(id) else { return };
-        for d in devices.iter_mut() {
-            d.effective = files
-                .iter()
-                .filter(|(kind, _)| governs(d.governor, *kind))
-                .map(|(kind, lines)| (*kind, lines.effective(d.dev)))
-                .collect();
-        }
+        *devices = V2Plan::new(devices.iter().map(|d| (d.dev, d.governor))).device_weights(files);
     }
 
     /// The container's weight now: v1 the file's value; v2 the effective weight on the devices that have a
@@ -260,8 +222,8 @@ impl CgroupDirWriter {
         }
         let mut lowest: Option<Weight> = None;
         for (kind, lines, file) in &files {
-            for dev in plan.governed_by(*kind) {
-                let w = weight_of(file, *kind, lines.effective(dev))?;
+            for (_, _, value) in plan.in_force(&[(*kind, lines.clone())]) {
+                let w = weight_of(file, *kind, value)?;
                 lowest = Some(lowest.map_or(w, |l| l.min(w)));
             }
         }
@@ -350,7 +312,7 @@ impl CgroupDirWriter {
 
     /// The governed devices of `dir` now: its `io.stat` devices and the configured ones, each looked up in the
     /// device table (re-read when stale), ineffective ones reported once.
-    fn plan(&mut self, info: &ContainerInfo, dir: &CgroupDir) -> Result<Plan, CgroupError> {
+    fn plan(&mut self, info: &ContainerInfo, dir: &CgroupDir) -> Result<V2Plan, CgroupError> {
         let mut devices = io_stat_devices(dir)?;
         for name in &self.configured {
             match self.table.dev_of_name(name) {
@@ -365,7 +327,7 @@ impl CgroupDirWriter {
             }
         }
         let now = Instant::now();
-        let mut plan = Plan::default();
+        let mut all = Vec::new();
         for dev in devices {
             let (facts, changed) = self.table.get(dev, now);
             let governor = facts.governor;
@@ -373,17 +335,18 @@ impl CgroupDirWriter {
                 let facts = facts.clone();
                 self.report(&facts, before);
             }
-            if governor.is_effective() {
-                plan.governed.insert(dev, governor);
-            }
-            plan.all.push((dev, governor));
+            all.push((dev, governor));
         }
+        let plan = V2Plan::new(all);
         if !self.devices_of.contains_key(&info.id) {
             self.prune();
         }
         // Effective values are filled in by the read-back that follows; a failed one leaves them unknown.
-        let devices =
-            plan.all.iter().map(|(dev, governor)| DeviceWeight { dev: *dev, governor: *governor, effective: vec![] });
+        let devices = plan.devices().iter().map(|(dev, governor)| DeviceWeight {
+            dev: *dev,
+            governor: *governor,
+            effective: vec![],
+        });
         self.devices_of.insert(info.id.clone(), (dir.path().to_owned(), devices.collect()));
         Ok(plan)
     }
@@ -468,17 +431,15 @@ fn io_stat_devices(dir: &CgroupDir) -> Result<BTreeSet<DevNum>, CgroupError> {
 }
 
 /// Writes `weight` per the plan (see the module doc), then verifies it; returns the files as read back.
-fn write_plan(dir: &CgroupDir, plan: &Plan, weight: Weight) -> Result<Vec<(WeightFileKind, WeightLines)>, CgroupError> {
-    for kind in plan.kinds() {
+fn write_plan(
+    dir: &CgroupDir,
+    plan: &V2Plan,
+    weight: Weight,
+) -> Result<Vec<(WeightFileKind, WeightLines)>, CgroupError> {
+    for kind in plan.files() {
         let file = open_required(dir, kind)?;
-        let value = kind.file_value(weight);
         let before = file.read_lines()?;
-        file.write_default_value(value)?;
-        for dev in plan.governed_by(kind) {
-            if before.devices.get(&dev).is_some_and(|v| *v != value) {
-                file.write_device(dev, Some(value))?;
-            }
-        }
+        write_lines(&file, &plan.write_lines(kind, weight, &before))?;
     }
     verify_plan(dir, plan, weight)
 }
@@ -487,35 +448,38 @@ fn write_plan(dir: &CgroupDir, plan: &Plan, weight: Weight) -> Result<Vec<(Weigh
 /// defaults of the files a write would touch. Returns the files as read.
 fn verify_plan(
     dir: &CgroupDir,
-    plan: &Plan,
+    plan: &V2Plan,
     weight: Weight,
 ) -> Result<Vec<(WeightFileKind, WeightLines)>, CgroupError> {
     let mut read_back = Vec::new();
-    for kind in plan.kinds() {
+    for kind in plan.files() {
         let file = open_required(dir, kind)?;
-        let value = kind.file_value(weight);
         let lines = file.read_lines()?;
-        let mut any = false;
-        for dev in plan.governed_by(kind) {
-            any = true;
-            let read = lines.effective(dev);
-            if read != value {
-                let what = if lines.devices.contains_key(&dev) { "its MAJ:MIN override" } else { "the default" };
-                return Err(CgroupError::DeviceMismatch {
-                    path: file.path().to_owned(),
-                    device: dev.to_string(),
-                    wrote: value,
-                    read,
-                    what,
-                });
-            }
-        }
-        if !any && lines.default != value {
-            return Err(CgroupError::Mismatch { path: file.path().to_owned(), wrote: value, read: lines.default });
-        }
+        plan.check(kind, weight, &lines).map_err(|m| mismatch_error(&file, m))?;
         read_back.push((kind, lines));
     }
     Ok(read_back)
+}
+
+fn write_lines(file: &WeightFile, lines: &[Line]) -> Result<(), CgroupError> {
+    for line in lines {
+        match *line {
+            Line::Default(v) => file.write_default_value(v)?,
+            Line::Device(dev, v) => file.write_device(dev, v)?,
+        }
+    }
+    Ok(())
+}
+
+/// The error naming the file, and the device when the plan names one.
+fn mismatch_error(file: &WeightFile, m: Mismatch) -> CgroupError {
+    let path = file.path().to_owned();
+    match m.dev {
+        Some(dev) => {
+            CgroupError::DeviceMismatch { path, device: dev.to_string(), wrote: m.wrote, read: m.read, what: m.what() }
+        }
+        None => CgroupError::Mismatch { path, wrote: m.wrote, read: m.read },
+    }
 }
 
 fn open_required(dir: &CgroupDir, kind: WeightFileKind) -> Result<WeightFile, CgroupError> {
@@ -534,39 +498,9 @@ fn restore(dir: &CgroupDir, snapshot: &Snapshot) -> Result<Vec<(WeightFileKind, 
     for (kind, want) in &snapshot.files {
         let Some(file) = WeightFile::open_kind(dir, *kind)? else { continue };
         let now = file.read_lines()?;
-        if now.default != want.default {
-            file.write_default_value(want.default)?;
-        }
-        for dev in now.devices.keys().filter(|d| !want.devices.contains_key(d)) {
-            file.write_device(*dev, None)?;
-        }
-        for (dev, v) in &want.devices {
-            if now.devices.get(dev) != Some(v) {
-                file.write_device(*dev, Some(*v))?;
-            }
-        }
+        write_lines(&file, &restore_lines(want, &now))?;
         let back = file.read_lines()?;
-        if back.default != want.default {
-            return Err(CgroupError::Mismatch {
-                path: file.path().to_owned(),
-                wrote: want.default,
-                read: back.default,
-            });
-        }
-        let devices: BTreeSet<&DevNum> = back.devices.keys().chain(want.devices.keys()).collect();
-        for dev in devices {
-            if back.devices.get(dev) != want.devices.get(dev) {
-                let (wrote, read) = (want.effective(*dev), back.effective(*dev));
-                let what = if back.devices.contains_key(dev) { "its MAJ:MIN override" } else { "the default" };
-                return Err(CgroupError::DeviceMismatch {
-                    path: file.path().to_owned(),
-                    device: dev.to_string(),
-                    wrote,
-                    read,
-                    what,
-                });
-            }
-        }
+        check_restored(want, &back).map_err(|m| mismatch_error(&file, m))?;
         read_back.push((*kind, back));
     }
     Ok(read_back)
