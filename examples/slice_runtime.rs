@@ -5,7 +5,7 @@
 //! - its own [`Discovery`]: [`PollingDiscovery`] lists the parent every 100 ms (the agent's own cgroup-dir runtime,
 //!   `qos_agent::runtime::cgroup_dir::CgroupDirDiscovery`, uses inotify instead);
 //! - a [`WeightWriter`] wrapper: [`PrintingWriter`] prints every weight that reached a cgroup file, around the
-//!   library's `CgroupDirWriter`; counters come from the library's `CgroupDirCounters`.
+//!   library's `FileWriter`; counters come from the library's `FileCounters`.
 //!
 //! ```text
 //! cargo run --example slice_runtime                          # a simulated slice in a temp dir, anywhere
@@ -31,8 +31,8 @@ use ddiskqos::agent::backend::{
 use ddiskqos::agent::cgroup::{CgroupRoot, CgroupVersion};
 use ddiskqos::agent::config::{AgentConfig, RuntimeKind};
 use ddiskqos::agent::daemon::{Command, Daemon};
+use ddiskqos::agent::files::{FileCounters, FileWriter};
 use ddiskqos::agent::metrics::Metrics;
-use ddiskqos::agent::runtime::cgroup_dir::{CgroupDirCounters, CgroupDirWriter};
 use ddiskqos::agent::state::OriginalWeights;
 use ddiskqos::core::{ContainerId, Weight};
 use tokio::sync::{mpsc, oneshot};
@@ -223,8 +223,8 @@ async fn run(cfg: AgentConfig, root: Arc<CgroupRoot>, parent: &str, duration: Du
     cfg.validate()?;
     let started = Instant::now();
     let discovery = PollingDiscovery::new(root, parent, Duration::from_millis(100), started);
-    let writer = PrintingWriter { inner: CgroupDirWriter::default(), started };
-    let counters = CgroupDirCounters::new();
+    let writer = PrintingWriter { inner: FileWriter::default(), started };
+    let counters = FileCounters::new();
     // No state file: this example restores everything it changed before it exits.
     let originals = OriginalWeights::load(None)?;
     let daemon = Daemon::new(cfg, discovery, counters, writer, originals, Arc::new(Metrics::new()))?;

@@ -5,11 +5,11 @@
 //!   (`DockerDiscovery` by events, `DockerCounters` behind the parent gate, `DockerWriter` in the `auto` actuator
 //!   mode). The daemon finds the bench's containers itself, as it would any container.
 //! - CRI runtime: the backends `qos_agent::app::cri_backends` assembles for the agent binary with
-//!   `runtime = "cri"` (`CriDiscovery` over the CRI socket, `CgroupDirCounters` and `CgroupDirWriter` on the pod
+//!   `runtime = "cri"` (`CriDiscovery` over the CRI socket, `FileCounters` and `FileWriter` on the pod
 //!   cgroups). The daemon finds the bench's pods itself, as it would on a Kubernetes node.
 //! - cgroup runtime: a [`ChannelDiscovery`] (the bench announces `Started`/`Stopped` of its reader cgroups, which
 //!   sit directly under the blkio root where no discovery of the agent's could tell them from the host's other
-//!   cgroups) with `CgroupDirCounters::with_root` and `CgroupDirWriter`.
+//!   cgroups) with `FileCounters::with_root` and `FileWriter`.
 //!
 //! The daemon runs for a whole BFQ mode, sampling and deciding all the time, so its timers (the starvation boost
 //! of the background every `boost_after`) follow the wall clock as in a long deployment. Alone and Original blocks
@@ -31,9 +31,9 @@ use qos_agent::blockdev::{DevNum, DeviceTable};
 use qos_agent::cgroup::{CgroupDir, CgroupRoot, CgroupVersion, WeightFile, WeightFileKind};
 use qos_agent::config::{ActuatorMode, RuntimeKind};
 use qos_agent::daemon::{Command, Daemon, Summary};
+use qos_agent::files::FileCounters;
 use qos_agent::files::V2Plan;
 use qos_agent::metrics::{Metrics, ReasonLabels};
-use qos_agent::runtime::cgroup_dir::CgroupDirCounters;
 use qos_agent::runtime::cri::CriClient;
 use qos_agent::state::OriginalWeights;
 use qos_agent::AgentConfig;
@@ -87,11 +87,11 @@ impl Backends {
             }
             Backends::Cri { .. } => {
                 "qos_agent::app::cri_backends: CriDiscovery (CRI re-list + inotify on kubepods), \
-                 CgroupDirCounters::with_root and CgroupDirWriter on the pod cgroups"
+                 FileCounters::with_root and FileWriter on the pod cgroups"
             }
             Backends::CgroupDir => {
-                "bench ChannelDiscovery (Started/Stopped announced by the bench), CgroupDirCounters::with_root, \
-                 CgroupDirWriter"
+                "bench ChannelDiscovery (Started/Stopped announced by the bench), FileCounters::with_root, \
+                 FileWriter"
             }
         }
     }
@@ -351,7 +351,7 @@ impl Agent {
                         }
                         Some(d) => {
                             let writer = qos_agent::app::file_writer(&root, c.devices.check.clone(), &m);
-                            let counters = CgroupDirCounters::with_root(root);
+                            let counters = FileCounters::with_root(root);
                             Ok(Daemon::new(c, d, counters, writer, originals, m)?.run(rx).await?)
                         }
                     }

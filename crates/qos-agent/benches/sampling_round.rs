@@ -8,7 +8,7 @@
 //!   cgroup v1 host (`testbed::require`: elsewhere `SKIPPED`, a failure under `CI=true` or
 //!   `DDISKQOS_REQUIRE_REAL=1`); removed afterwards.
 //!
-//! - `gated_idle_real_v1` (N = 1,024 only): the agent's own sampler (`CgroupDirCounters` with the parent gate) over
+//! - `gated_idle_real_v1` (N = 1,024 only): the agent's own sampler (`FileCounters` with the parent gate) over
 //!   the same real cgroups when none does I/O: a round is one read of the parent's recursive counters, which the
 //!   kernel sums over every child (so it still grows with N), plus every 8th round a read of every child.
 //!
@@ -28,7 +28,7 @@ use testbed::{require, Need};
 
 use qos_agent::backend::ContainerInfo;
 use qos_agent::cgroup::{CgroupRoot, CgroupVersion, CounterFileKind, CounterReader};
-use qos_agent::runtime::cgroup_dir::CgroupDirCounters;
+use qos_agent::files::FileCounters;
 use qos_core::ContainerId;
 
 const SIZES: [usize; 3] = [64, 256, 1024];
@@ -129,9 +129,9 @@ fn sampling_round(c: &mut Criterion) {
 }
 
 /// The agent's sampler over `parent_rel/c0..cN`, with the parent gate.
-fn gated_sampler(root: &CgroupRoot, parent_rel: &str, n: usize) -> CgroupDirCounters {
+fn gated_sampler(root: &CgroupRoot, parent_rel: &str, n: usize) -> FileCounters {
     let root = Arc::new(root.clone());
-    let mut c = CgroupDirCounters::with_root(root.clone());
+    let mut c = FileCounters::with_root(root.clone());
     for i in 0..n {
         let info = ContainerInfo {
             id: ContainerId::new(format!("c{i}")),

@@ -14,8 +14,9 @@ use crate::backend::{CounterSource, Discovery, WeightWriter};
 use crate::cgroup::CgroupRoot;
 use crate::config::{ActuatorMode, AgentConfig, RuntimeKind};
 use crate::daemon::{Command, Daemon, Summary};
+use crate::files::{FileCounters, FileWriter};
 use crate::metrics::Metrics;
-use crate::runtime::cgroup_dir::{CgroupDirCounters, CgroupDirDiscovery, CgroupDirWriter};
+use crate::runtime::cgroup_dir::CgroupDirDiscovery;
 use crate::runtime::cri::{CriClient, CriDiscovery};
 use crate::runtime::docker::{self, DockerCounters, DockerDiscovery, DockerWriter};
 use crate::state::OriginalWeights;
@@ -103,7 +104,7 @@ pub async fn docker_backends(
     docker: bollard::Docker,
     root: Arc<CgroupRoot>,
     actuator: ActuatorMode,
-    files: CgroupDirWriter,
+    files: FileWriter,
 ) -> Result<(DockerDiscovery, DockerCounters, DockerWriter)> {
     let discovery = DockerDiscovery::new(docker.clone(), root.clone()).await?;
     let counters = DockerCounters::with_root(docker.clone(), root);
@@ -119,7 +120,7 @@ pub fn cri_backends(
     client: CriClient,
     root: Arc<CgroupRoot>,
     metrics: &Metrics,
-) -> (CriDiscovery, CgroupDirCounters, CgroupDirWriter) {
+) -> (CriDiscovery, FileCounters, FileWriter) {
     let discovery = CriDiscovery::new(client, root.clone(), cfg.cri.relist_interval);
     let (counters, writer) = cgroup_file_backends(cfg, &root, metrics);
     (discovery, counters, writer)
@@ -127,12 +128,8 @@ pub fn cri_backends(
 
 /// The counters and writer of every runtime whose containers are plain cgroup directories (cgroup-dir runtime,
 /// CRI pod cgroups): the gated counters and the file writer, as every runtime without an API actuator uses them.
-fn cgroup_file_backends(
-    cfg: &AgentConfig,
-    root: &Arc<CgroupRoot>,
-    metrics: &Metrics,
-) -> (CgroupDirCounters, CgroupDirWriter) {
-    (CgroupDirCounters::with_root(root.clone()), file_writer(root, cfg.devices.check.clone(), metrics))
+fn cgroup_file_backends(cfg: &AgentConfig, root: &Arc<CgroupRoot>, metrics: &Metrics) -> (FileCounters, FileWriter) {
+    (FileCounters::with_root(root.clone()), file_writer(root, cfg.devices.check.clone(), metrics))
 }
 
 /// A daemon over `discovery` whose containers are plain cgroup directories, on [`cgroup_file_backends`].
@@ -142,7 +139,7 @@ fn daemon_on_cgroup_files<D: Discovery>(
     root: &Arc<CgroupRoot>,
     originals: OriginalWeights,
     metrics: &Arc<Metrics>,
-) -> Result<Daemon<D, CgroupDirCounters, CgroupDirWriter>> {
+) -> Result<Daemon<D, FileCounters, FileWriter>> {
     let (counters, writer) = cgroup_file_backends(cfg, root, metrics);
     Ok(Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?)
 }
@@ -150,9 +147,9 @@ fn daemon_on_cgroup_files<D: Discovery>(
 /// The cgroup-file writer: on v2 it checks the devices of `[devices] check` (or Docker's data disk) besides each
 /// container's own, and exports which weight acts on each device. On v2 it looks at those devices at once, so
 /// one where no weight acts is warned about (once: the start-up check leaves v2 devices to it) before any write.
-pub fn file_writer(root: &CgroupRoot, devices: Vec<String>, metrics: &Metrics) -> CgroupDirWriter {
+pub fn file_writer(root: &CgroupRoot, devices: Vec<String>, metrics: &Metrics) -> FileWriter {
     let mut writer =
-        CgroupDirWriter::new(root.path()).with_devices(devices).with_metric(metrics.device_weight_effective.clone());
+        FileWriter::new(root.path()).with_devices(devices).with_metric(metrics.device_weight_effective.clone());
     if root.version() == crate::cgroup::CgroupVersion::V2 {
         writer.check_configured();
     }

@@ -10,11 +10,12 @@
 //!   what [`reconcile`] (a synchronous state machine in the engine's handle/poll shape: desired, applied and
 //!   original weights, retries, the log-once rules) asks for; [`pacing`]: when the next round starts (the
 //!   interval, stretched to a CPU budget); [`preflight`]: the checks `run` and `check-config` share.
-//! - [`runtime`]: one folder per container runtime, each with its discovery, counters, writer and cgroup naming:
-//!   [`runtime::docker`] (through `bollard`) and [`runtime::cgroup_dir`] (the children of one cgroup; its
-//!   counters and writer work on any container with a cgroup directory and the other runtimes reuse them).
-//! - [`files`]: the cgroup-file layer every runtime's writer uses: [`files::V2Plan`], the pure cgroup-v2 rule of
-//!   which weight file acts on which device and what to write, check and restore.
+//! - [`runtime`]: one folder per container runtime, each with its discovery and cgroup naming (and, for Docker,
+//!   its API paths): [`runtime::docker`] (through `bollard`), [`runtime::cri`] (Kubernetes pods) and
+//!   [`runtime::cgroup_dir`] (the children of one cgroup). No runtime imports another's internals.
+//! - [`files`]: the cgroup-file layer every runtime uses: [`files::FileCounters`] (counters read behind a parent
+//!   gate), [`files::FileWriter`] (weights written, read back, restored) and [`files::V2Plan`], the pure
+//!   cgroup-v2 rule of which weight file acts on which device and what to write, check and restore.
 //! - [`cgroup`]: runtime-agnostic cgroup v1/v2 file primitives: mount detection (once), confined directories,
 //!   counter-file parsers and reader, weight files with verified writes, errors naming files.
 //! - [`blockdev`]: block-device facts (scheduler, io.cost, the disk of a path or device number) and the guarded
@@ -26,8 +27,8 @@
 //! ## Embedding
 //! Another runtime implements [`backend::Discovery`] (and, if its containers are not plain cgroups, the other two
 //! traits), then runs
-//! `Daemon::new(cfg, discovery, CgroupDirCounters::new(), CgroupDirWriter::default(), ..).run(commands)` with the
-//! cgroup-dir runtime's counters and writer (`qos_agent::runtime::cgroup_dir`).
+//! `Daemon::new(cfg, discovery, FileCounters::new(), FileWriter::default(), ..).run(commands)` with the files
+//! layer's counters and writer (`qos_agent::files`).
 //! See `examples/slice_runtime.rs`.
 
 pub mod app;

@@ -254,7 +254,7 @@ fn state_cmd(cli: &Cli, action: &StateCmd) -> anyhow::Result<ExitCode> {
         }
         StateCmd::Reset { to, cgroups, children_of, forget_all, state_file } => {
             use qos_agent::backend::ContainerInfo;
-            use qos_agent::runtime::cgroup_dir::CgroupDirWriter;
+            use qos_agent::files::FileWriter;
             let weight = qos_core::Weight::new(*to).map_err(|e| anyhow::anyhow!("--to {to}: {e}"))?;
             let path = state_file.clone().unwrap_or_else(|| cfg.state_file.clone());
             let found = state::inspect(&path)?;
@@ -293,7 +293,7 @@ fn state_cmd(cli: &Cli, action: &StateCmd) -> anyhow::Result<ExitCode> {
                 None => println!("{}: written with {kept} entr(y/ies)", path.display()),
             }
             let mut failed = 0;
-            let mut writer = CgroupDirWriter::new(root.path());
+            let mut writer = FileWriter::new(root.path());
             for (rel, dir) in targets {
                 let info = ContainerInfo {
                     id: qos_core::ContainerId::new(&rel),

@@ -1,6 +1,6 @@
 //! [`V2Plan`]: on cgroup v2, which weight file acts on which device and what to write to set or restore a weight.
 //! Pure: device facts and file contents in; lines to write, values expected and mismatches out. No I/O, so the
-//! writer (`runtime::cgroup_dir::CgroupDirWriter`) and the bench's weight probe share one rule.
+//! writer ([`super::FileWriter`]) and the bench's weight probe share one rule.
 //!
 //! The kernel's rule (Linux 6.x): `io.bfq.weight` acts on a device whose scheduler is BFQ, `io.weight` on a device
 //! with io.cost enabled (both may hold); on a device with neither no weight acts. In each file a `MAJ:MIN N` line

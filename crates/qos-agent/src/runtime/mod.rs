@@ -3,8 +3,10 @@
 //!
 //! - [`docker`]: Docker through its API socket (`runtime = "docker"`, the default);
 //! - [`cri`]: the pods of a Kubernetes node through the CRI socket (`runtime = "cri"`), one entry per pod cgroup;
-//! - [`cgroup_dir`]: every child directory of one cgroup is a container (`runtime = "cgroup-dir"`). Its counters
-//!   and writer work on any container with a cgroup directory, and the other runtimes build on them.
+//! - [`cgroup_dir`]: every child directory of one cgroup is a container (`runtime = "cgroup-dir"`).
+//!
+//! Counters and weights go through the files layer ([`crate::files`]), which every runtime shares; no runtime
+//! imports another's internals.
 
 pub mod cgroup_dir;
 pub mod cri;

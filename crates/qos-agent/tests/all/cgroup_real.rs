@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use qos_agent::backend::ContainerInfo;
 use qos_agent::blockdev;
 use qos_agent::cgroup::{CgroupRoot, CgroupVersion, CounterFileKind, CounterReader, WeightFile, WeightFileKind};
-use qos_agent::runtime::cgroup_dir::{CgroupDirCounters, FULL_READ_EVERY};
+use qos_agent::files::{FileCounters, FULL_READ_EVERY};
 use qos_core::{ContainerId, IoCounters, Weight};
 use testbed::blkio::{run_in_cgroup, CgroupGuard, BLKIO};
 use testbed::loopdev::LoopDevice;
@@ -159,7 +159,7 @@ fn weights_are_written_and_read_back() {
     assert_eq!(fs::read_to_string(dir.path().join("blkio.bfq.weight_device")).unwrap(), "default 500\n");
 }
 
-/// The parent gate of `CgroupDirCounters` on the kernel's own aggregation: with one child reading all the time
+/// The parent gate of `FileCounters` on the kernel's own aggregation: with one child reading all the time
 /// and the others idle, a round reads only the busy child (besides the periodic full read), and an idle child's
 /// I/O is seen in the very next round, with its exact bytes.
 #[test]
@@ -174,7 +174,7 @@ fn parent_gate_reads_busy_children_and_finds_idle_ones_that_wake() {
     let dev = disk.dev.display().to_string();
     let cg = CgroupGuard::new("ddiskqos-gate");
     let root = Arc::new(CgroupRoot::detect().unwrap());
-    let mut counters = CgroupDirCounters::with_root(root.clone());
+    let mut counters = FileCounters::with_root(root.clone());
     for i in 0..N {
         let child = cg.child(&format!("c{i}"));
         run_in_cgroup(&child, &format!("dd if={dev} of=/dev/null bs=4k count=1 skip={i} iflag=direct status=none"));

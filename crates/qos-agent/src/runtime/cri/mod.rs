@@ -7,8 +7,8 @@
 //! - `discovery.rs`: [`CriDiscovery`], periodic re-list plus inotify on the kubepods tree, reconnect with backoff;
 //! - `naming.rs`: the kubelet's pod cgroup naming (cgroupfs and systemd drivers), checked before a path is used.
 //!
-//! Counters and writes reuse [`crate::runtime::cgroup_dir::CgroupDirCounters`] and
-//! [`crate::runtime::cgroup_dir::CgroupDirWriter`] on the pod cgroup.
+//! Counters and writes reuse [`crate::files::FileCounters`] and
+//! [`crate::files::FileWriter`] on the pod cgroup.
 
 mod client;
 mod discovery;

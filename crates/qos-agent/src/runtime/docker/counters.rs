@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use crate::backend::{BackendError, ContainerInfo, CounterSource};
 use crate::cgroup::{CgroupRoot, CgroupVersion};
-use crate::runtime::cgroup_dir::CgroupDirCounters;
+use crate::files::FileCounters;
 
 /// How often (in rounds) a container on the stats API tries its cgroup files again: a failure to open them may be
 /// passing (descriptors exhausted for a moment), and the stats API may report nothing on this kernel.
@@ -22,7 +22,7 @@ pub const REATTACH_EVERY: u64 = 16;
 /// [`REATTACH_EVERY`] rounds).
 pub struct DockerCounters {
     docker: Docker,
-    files: CgroupDirCounters,
+    files: FileCounters,
     /// Containers sampled through the stats API, with what it takes to try their files again.
     via_stats: HashMap<ContainerId, ContainerInfo>,
     rounds: u64,
@@ -42,13 +42,13 @@ impl std::fmt::Debug for DockerCounters {
 impl DockerCounters {
     /// Counters for containers of `docker`.
     pub fn new(docker: Docker) -> Self {
-        Self { docker, files: CgroupDirCounters::new(), via_stats: HashMap::new(), rounds: 0, nested_check: None }
+        Self { docker, files: FileCounters::new(), via_stats: HashMap::new(), rounds: 0, nested_check: None }
     }
 
-    /// Like [`DockerCounters::new`], with the parent-cgroup gate of [`CgroupDirCounters::with_root`].
+    /// Like [`DockerCounters::new`], with the parent-cgroup gate of [`FileCounters::with_root`].
     pub fn with_root(docker: Docker, root: Arc<CgroupRoot>) -> Self {
         let nested_check = Some(root.clone());
-        let files = CgroupDirCounters::with_root(root);
+        let files = FileCounters::with_root(root);
         Self { docker, files, via_stats: HashMap::new(), rounds: 0, nested_check }
     }
 

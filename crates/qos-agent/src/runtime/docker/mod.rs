@@ -4,7 +4,7 @@
 //!
 //! - `discovery.rs`: [`DockerDiscovery`]; `naming.rs`: where Docker puts a container's cgroup
 //!   ([`container_cgroup`], [`CgroupDriver`]);
-//! - `counters.rs`: [`DockerCounters`] (the cgroup-dir runtime's counters plus the stats fallback);
+//! - `counters.rs`: [`DockerCounters`] (the files layer's counters plus the stats fallback);
 //! - `writer.rs`: [`DockerWriter`] (per [`ActuatorMode`](crate::config::ActuatorMode)).
 
 mod counters;

@@ -15,7 +15,7 @@ use crate::backend::{AppliedVia, BackendError, ContainerInfo, DeviceWeight, Weig
 use crate::blockdev::DeviceFacts;
 use crate::cgroup::{CgroupError, V2_IO_WEIGHT};
 use crate::config::ActuatorMode;
-use crate::runtime::cgroup_dir::CgroupDirWriter;
+use crate::files::FileWriter;
 
 /// Applies weights through `docker update --blkio-weight` and/or the cgroup file, per [`ActuatorMode`]; every
 /// write is verified by reading the cgroup file back.
@@ -27,7 +27,7 @@ pub struct DockerWriter {
     /// Why the last Docker write was not in force, for the one fallback message.
     missed: Missed,
     /// Writes and verifies the cgroup files (and holds the device table and the restore snapshots).
-    files: CgroupDirWriter,
+    files: FileWriter,
 }
 
 impl std::fmt::Debug for DockerWriter {
@@ -40,13 +40,13 @@ impl std::fmt::Debug for DockerWriter {
 }
 
 impl DockerWriter {
-    /// A writer in the given mode, with a default [`CgroupDirWriter`] for the files.
+    /// A writer in the given mode, with a default [`FileWriter`] for the files.
     pub fn new(docker: Docker, mode: ActuatorMode) -> Self {
-        Self::with_files(docker, mode, CgroupDirWriter::default())
+        Self::with_files(docker, mode, FileWriter::default())
     }
 
     /// A writer in the given mode whose file writes and checks go through `files`.
-    pub fn with_files(docker: Docker, mode: ActuatorMode, files: CgroupDirWriter) -> Self {
+    pub fn with_files(docker: Docker, mode: ActuatorMode, files: FileWriter) -> Self {
         Self { docker, mode, docker_delivers: None, missed: Missed::Other, files }
     }
 
@@ -124,7 +124,7 @@ impl DockerWriter {
     /// A write (`restore`: of the original) per the mode; where the files are written directly, a restore puts
     /// them back as first read.
     async fn apply(&mut self, info: &ContainerInfo, weight: Weight, restore: bool) -> Result<AppliedVia, BackendError> {
-        let direct = |files: &mut CgroupDirWriter| {
+        let direct = |files: &mut FileWriter| {
             if restore {
                 files.restore_weight(info, weight)
             } else {

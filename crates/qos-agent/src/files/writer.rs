@@ -1,4 +1,4 @@
-//! [`CgroupDirWriter`]: writes a container's cgroup weight file(s) and reads them back.
+//! [`FileWriter`]: writes a container's cgroup weight file(s) and reads them back.
 //!
 //! On cgroup v1 one file acts (`blkio.bfq.weight`, or the CFQ `blkio.weight` on old kernels) and is written as a
 //! plain number.
@@ -15,8 +15,8 @@
 //!    any other value fails the write, naming file, device and values. A disagreement first re-reads the
 //!    disagreeing devices' facts and, if their governor changed, plans the write once more.
 //!
-//! [`CgroupDirWriter::read_weight`] (the daemon's `read`, taken before the first change) keeps a snapshot of both
-//! v2 files, overrides included; [`CgroupDirWriter::restore_weight`] (the daemon's `restore`, its own operation)
+//! [`FileWriter::read_weight`] (the daemon's `read`, taken before the first change) keeps a snapshot of both
+//! v2 files, overrides included; [`FileWriter::restore_weight`] (the daemon's `restore`, its own operation)
 //! puts the files back exactly as snapshotted: default values, overrides, and the removal of overrides the agent
 //! added (by writing `MAJ:MIN default`, which removes an override in both files, checked on Linux 6.18). A write
 //! is always a write, even of the weight `read` returned: a pinned weight equal to the original must be in force
@@ -41,7 +41,7 @@ const DEFAULT_V2_ROOT: &str = "/sys/fs/cgroup";
 
 /// Writes the cgroup weight file(s) that act on the container's devices and reads them back.
 #[derive(Debug)]
-pub struct CgroupDirWriter {
+pub struct FileWriter {
     table: DeviceTable,
     /// `[devices] check` (or the runtime's data disk): always part of a v2 write.
     configured: Vec<String>,
@@ -72,13 +72,13 @@ struct Snapshot {
     files: Vec<(WeightFileKind, WeightLines)>,
 }
 
-impl Default for CgroupDirWriter {
+impl Default for FileWriter {
     fn default() -> Self {
         Self::new(Path::new(DEFAULT_V2_ROOT))
     }
 }
 
-impl CgroupDirWriter {
+impl FileWriter {
     /// A writer whose v2 device facts come from `/sys` and `v2_root/io.cost.qos` (`v2_root`: the cgroup root,
     /// unused on v1).
     pub fn new(v2_root: &Path) -> Self {
@@ -506,7 +506,7 @@ fn restore(dir: &CgroupDir, snapshot: &Snapshot) -> Result<Vec<(WeightFileKind, 
     Ok(read_back)
 }
 
-impl WeightWriter for CgroupDirWriter {
+impl WeightWriter for FileWriter {
     async fn read(&mut self, info: &ContainerInfo) -> Result<Weight, BackendError> {
         self.read_weight(info)
     }
@@ -520,7 +520,7 @@ impl WeightWriter for CgroupDirWriter {
     }
 
     fn device_table(&self) -> Vec<DeviceFacts> {
-        CgroupDirWriter::device_table(self)
+        FileWriter::device_table(self)
     }
 
     fn watch_devices(&mut self) {
@@ -528,7 +528,7 @@ impl WeightWriter for CgroupDirWriter {
     }
 
     fn container_devices(&self, id: &ContainerId) -> Vec<DeviceWeight> {
-        CgroupDirWriter::container_devices(self, id)
+        FileWriter::container_devices(self, id)
     }
 }
 
@@ -545,7 +545,7 @@ mod tests {
     struct Fixture {
         tmp: tempfile::TempDir,
         metric: DeviceWeightEffective,
-        writer: CgroupDirWriter,
+        writer: FileWriter,
         info: ContainerInfo,
     }
 
@@ -587,7 +587,7 @@ mod tests {
         };
         let metric = DeviceWeightEffective::default();
         // loop4 is not in io.stat: it comes from [devices] check, as in the real test.
-        let writer = CgroupDirWriter::with_table(DeviceTable::with_sys(&sys, &cg))
+        let writer = FileWriter::with_table(DeviceTable::with_sys(&sys, &cg))
             .with_devices(vec!["loop4".into()])
             .with_metric(metric.clone());
         Fixture { tmp, metric, writer, info }
@@ -822,7 +822,7 @@ mod tests {
             labels: Default::default(),
             cgroup: Some(root.resolve_relative("c").unwrap()),
         };
-        let mut writer = CgroupDirWriter::default();
+        let mut writer = FileWriter::default();
         assert_eq!(writer.read_weight(&info).unwrap(), w(100));
         writer.write_weight(&info, w(40)).unwrap();
         assert_eq!(fs::read_to_string(tmp.path().join("c/blkio.bfq.weight")).unwrap(), "40\n");

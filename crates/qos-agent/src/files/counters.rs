@@ -1,4 +1,4 @@
-//! [`CgroupDirCounters`]: each container's cumulative I/O counters, read from its cgroup stat file, with the
+//! [`FileCounters`]: each container's cumulative I/O counters, read from its cgroup stat file, with the
 //! parent gate that keeps a round's cost proportional to the containers that did I/O rather than to all of them.
 
 use std::collections::HashMap;
@@ -22,7 +22,7 @@ pub const ACTIVE_ROUNDS: u64 = 4;
 ///
 /// Reading a cgroup stat file costs the kernel a few microseconds (measured on kernel 6.18: 4.3 µs per file when
 /// the round's 1,024 files are cache-cold), so at a thousand containers reading every file every round is
-/// most of the agent's cost. With a cgroup root ([`CgroupDirCounters::with_root`]) each round uses the
+/// most of the agent's cost. With a cgroup root ([`FileCounters::with_root`]) each round uses the
 /// *parent* cgroups' recursive counters (e.g. `docker/`, the sum over all Docker containers):
 ///
 /// 1. each parent's counters are read first; a parent that did not move since the previous round means none of
@@ -42,7 +42,7 @@ pub const ACTIVE_ROUNDS: u64 = 4;
 /// active children did between the two reads of a full round. No I/O is lost either way: counters are
 /// cumulative, so a child read late reports everything since its previous read.
 #[derive(Debug, Default)]
-pub struct CgroupDirCounters {
+pub struct FileCounters {
     root: Option<Arc<CgroupRoot>>,
     readers: HashMap<ContainerId, Member>,
     /// Parent gates by slot; a member holds its slot index (hashing a path per member per round cost more than
@@ -124,13 +124,13 @@ fn total(c: &IoCounters) -> u64 {
 
 type Sample = (ContainerId, Result<IoCounters, BackendError>);
 
-impl CgroupDirCounters {
+impl FileCounters {
     /// No container attached yet; every container is read every round.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Like [`CgroupDirCounters::new`], with the parent gate: a container is read only when its parent cgroup
+    /// Like [`FileCounters::new`], with the parent gate: a container is read only when its parent cgroup
     /// (under `root`) shows I/O that may be its own.
     pub fn with_root(root: Arc<CgroupRoot>) -> Self {
         Self { root: Some(root), ..Self::default() }
@@ -287,7 +287,7 @@ impl CgroupDirCounters {
     }
 }
 
-impl CounterSource for CgroupDirCounters {
+impl CounterSource for FileCounters {
     async fn attach(&mut self, info: &ContainerInfo) -> Result<(), BackendError> {
         self.attach_now(info)
     }
@@ -330,7 +330,7 @@ mod tests {
     struct Tree {
         _tmp: tempfile::TempDir,
         parent: PathBuf,
-        counters: CgroupDirCounters,
+        counters: FileCounters,
         /// Each child's bytes, and the parent's own (processes in the parent, removed children).
         bytes: BTreeMap<String, u64>,
         own: u64,
@@ -347,13 +347,8 @@ mod tests {
             fs::create_dir(&parent).unwrap();
             write_stat(&parent, 0);
             let root = Arc::new(CgroupRoot::from_dir(version, tmp.path()).unwrap());
-            let mut t = Self {
-                counters: CgroupDirCounters::with_root(root),
-                parent,
-                _tmp: tmp,
-                bytes: BTreeMap::new(),
-                own: 0,
-            };
+            let mut t =
+                Self { counters: FileCounters::with_root(root), parent, _tmp: tmp, bytes: BTreeMap::new(), own: 0 };
             for n in names {
                 t.add(n);
             }
@@ -539,7 +534,7 @@ mod tests {
         let root = CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap();
         fs::create_dir(tmp.path().join("x")).unwrap();
         write_stat(&tmp.path().join("x"), 1);
-        let mut c = CgroupDirCounters::new();
+        let mut c = FileCounters::new();
         let info = ContainerInfo {
             id: ContainerId::new("x"),
             name: "x".into(),
