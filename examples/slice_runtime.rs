@@ -223,11 +223,14 @@ async fn run(cfg: AgentConfig, root: Arc<CgroupRoot>, parent: &str, duration: Du
     cfg.validate()?;
     let started = Instant::now();
     let discovery = PollingDiscovery::new(root, parent, Duration::from_millis(100), started);
-    let writer = PrintingWriter { inner: FileWriter::default(), started };
+    let files = FileWriter::default();
+    let devices = files.devices();
+    let writer = PrintingWriter { inner: files, started };
     let counters = FileCounters::new();
     // No state file: this example restores everything it changed before it exits.
     let originals = OriginalWeights::load(None)?;
-    let daemon = Daemon::new(cfg, discovery, counters, writer, originals, Arc::new(Metrics::new()))?;
+    let daemon = Daemon::new(cfg, discovery, counters, writer, originals, Arc::new(Metrics::new()))?
+        .with_device_monitor(devices);
     let (tx, rx) = mpsc::channel(4);
     let handle = tokio::spawn(daemon.run(rx));
 

@@ -340,19 +340,25 @@ impl Agent {
                                 format!("CRI runtime on {} (is it running?)", c.cri.socket.display())
                             })?;
                             let (d, counters, writer) = qos_agent::app::cri_backends(&c, client, root, &m);
-                            Ok(Daemon::new(c, d, counters, writer, originals, m)?.run(rx).await?)
+                            let devices = writer.devices();
+                            let daemon = Daemon::new(c, d, counters, writer, originals, m)?;
+                            Ok(daemon.with_device_monitor(devices).run(rx).await?)
                         }
                         None => {
                             let docker = qos_agent::runtime::docker::connect(&c.docker.socket).await?;
                             let files = qos_agent::app::file_writer(&root, c.devices.check.clone(), &m);
+                            let devices = files.devices();
                             let (d, counters, writer) =
                                 qos_agent::app::docker_backends(docker, root, c.actuator, files).await?;
-                            Ok(Daemon::new(c, d, counters, writer, originals, m)?.run(rx).await?)
+                            let daemon = Daemon::new(c, d, counters, writer, originals, m)?;
+                            Ok(daemon.with_device_monitor(devices).run(rx).await?)
                         }
                         Some(d) => {
                             let writer = qos_agent::app::file_writer(&root, c.devices.check.clone(), &m);
+                            let devices = writer.devices();
                             let counters = FileCounters::with_root(root);
-                            Ok(Daemon::new(c, d, counters, writer, originals, m)?.run(rx).await?)
+                            let daemon = Daemon::new(c, d, counters, writer, originals, m)?;
+                            Ok(daemon.with_device_monitor(devices).run(rx).await?)
                         }
                     }
                 })

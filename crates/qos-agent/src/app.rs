@@ -62,9 +62,11 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             };
             let mut tuned = blockdev::check::check_at_start(&cfg, &root, data_disk)?;
             let files = file_writer(&root, devices, &metrics);
+            let devices = files.devices();
             let (discovery, counters, writer) = docker_backends(docker, root.clone(), cfg.actuator, files).await?;
             info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
-            let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?;
+            let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?
+                .with_device_monitor(devices);
             let summary = serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?;
             tuned.restore();
             summary
@@ -87,7 +89,9 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             let mut tuned = blockdev::check::check_at_start(&cfg, &root, None)?;
             let (discovery, counters, writer) = cri_backends(&cfg, client, root.clone(), &metrics);
             info!(dry_run = cfg.dry_run, "managing Kubernetes pods (one weight per pod cgroup)");
-            let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?;
+            let devices = writer.devices();
+            let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?
+                .with_device_monitor(devices);
             let summary = serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?;
             tuned.restore();
             summary
@@ -141,7 +145,8 @@ fn daemon_on_cgroup_files<D: Discovery>(
     metrics: &Arc<Metrics>,
 ) -> Result<Daemon<D, FileCounters, FileWriter>> {
     let (counters, writer) = cgroup_file_backends(cfg, root, metrics);
-    Ok(Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?)
+    let devices = writer.devices();
+    Ok(Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?.with_device_monitor(devices))
 }
 
 /// The cgroup-file writer: on v2 it checks the devices of `[devices] check` (or Docker's data disk) besides each

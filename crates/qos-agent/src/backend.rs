@@ -1,7 +1,8 @@
 //! The three small traits a runtime implements to be driven by the daemon, and the types they exchange.
 //!
 //! Data flows one way: [`Discovery`] says which containers exist → [`CounterSource`] samples their counters →
-//! the engine decides → [`WeightWriter`] applies and verifies.
+//! the engine decides → [`WeightWriter`] applies and verifies. Beside them, a [`DeviceMonitor`] tells the daemon
+//! about the block devices the weights act on.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -151,20 +152,21 @@ pub trait WeightWriter: Send {
         info: &ContainerInfo,
         original: Weight,
     ) -> impl Future<Output = Result<AppliedVia, BackendError>> + Send;
-    /// The block devices the writer has looked at and what governs each (cgroup v2: BFQ, io.cost or nothing), for
-    /// status. Writers that do not track devices return nothing.
-    fn device_table(&self) -> Vec<crate::blockdev::DeviceFacts> {
-        Vec::new()
-    }
+}
+
+/// The block devices as the weights see them, for the daemon: what governs each (cgroup v2: BFQ, io.cost or
+/// nothing), each container's devices and the weight in force on them, and a health watch. The daemon ticks it
+/// once a sampling round with its own clock and shows it in status; a daemon without one shows no devices (cgroup
+/// v1, or a runtime that does not track them). [`crate::files::FileDevices`] is the files layer's.
+pub trait DeviceMonitor: Send + std::fmt::Debug {
+    /// Every device looked at so far and what governs it.
+    fn device_table(&self) -> Vec<crate::blockdev::DeviceFacts>;
     /// The devices of a container's last weight read or write, what governed each and the effective weight read
-    /// back from the file(s) that act on it (cgroup v2), for status. Writers that do not track devices return
-    /// nothing.
-    fn container_devices(&self, _id: &ContainerId) -> Vec<DeviceWeight> {
-        Vec::new()
-    }
-    /// Called once per sampling round: a writer that watches its devices' health (cgroup v2: io.cost pinned at its
-    /// minimum rate, see [`crate::blockdev::vrate`]) looks when its own period is up. The default does nothing.
-    fn watch_devices(&mut self) {}
+    /// back from the file(s) that act on it.
+    fn container_devices(&self, id: &ContainerId) -> Vec<DeviceWeight>;
+    /// A sampling round at `now` (the daemon's clock): periodic checks (cgroup v2: io.cost pinned at its minimum
+    /// rate, see [`crate::blockdev::vrate`]) run when their period is up.
+    fn tick(&mut self, now: std::time::Instant);
 }
 
 /// One device of a container's cgroup (cgroup v2): what governs it and the weight in force on it, as the last

@@ -24,7 +24,9 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
 use crate::backend::BackendError;
-use crate::backend::{ContainerInfo, CounterSource, Discovery, DiscoveryError, DiscoveryEvent, WeightWriter};
+use crate::backend::{
+    ContainerInfo, CounterSource, DeviceMonitor, Discovery, DiscoveryError, DiscoveryEvent, WeightWriter,
+};
 use crate::config::AgentConfig;
 use crate::labels::policy_from_labels;
 use crate::metrics::{ContainerLabels, Metrics, ReasonLabels};
@@ -78,6 +80,8 @@ pub struct Daemon<D, C, W> {
     discovery: Option<D>,
     counters: C,
     writer: W,
+    /// The devices the weights act on, ticked every round and shown in status (none: no device rows).
+    devices: Option<Box<dyn DeviceMonitor>>,
     engine: Engine,
     reconciler: Reconciler,
     tracked: HashMap<ContainerId, Tracked>,
@@ -127,6 +131,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             discovery: Some(discovery),
             counters,
             writer,
+            devices: None,
             engine,
             tracked: HashMap::new(),
             originals,
@@ -142,6 +147,13 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     /// Charges rounds with CPU time from `clock` (default [`CpuClock::thread`]).
     pub fn with_cpu_clock(mut self, clock: CpuClock) -> Self {
         self.cpu_clock = clock;
+        self
+    }
+
+    /// Ticks `devices` every round on the daemon's clock and shows them in status (e.g. the writer's
+    /// [`crate::files::FileWriter::devices`]).
+    pub fn with_device_monitor(mut self, devices: impl DeviceMonitor + 'static) -> Self {
+        self.devices = Some(Box::new(devices));
         self
     }
 
@@ -414,7 +426,9 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         self.feed_decisions();
         self.reconciler.handle_round();
         self.drive().await;
-        self.writer.watch_devices();
+        if let Some(devices) = &mut self.devices {
+            devices.tick(now());
+        }
         self.metrics.round_seconds.observe(started.elapsed().as_secs_f64());
         self.sd_notify(&[sd_notify::NotifyState::Watchdog]);
     }

@@ -169,7 +169,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     /// The table, sorted by name.
     pub(super) fn status(&self) -> Status {
         let t = now();
-        let table = self.writer.device_table();
+        let table = self.devices.as_ref().map(|d| d.device_table()).unwrap_or_default();
         let disk_of = |dev| table.iter().find(|f| f.dev == dev).and_then(|f| f.disk.clone());
         let mut rows: Vec<StatusRow> = self
             .tracked
@@ -190,8 +190,10 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                     bytes_at_level: v.as_ref().map_or(0, |v| v.bytes_at_level),
                     seconds_at_level: v.as_ref().map_or(0.0, |v| v.time_at_level.as_secs_f64()),
                     devices: self
-                        .writer
-                        .container_devices(id)
+                        .devices
+                        .as_ref()
+                        .map(|d| d.container_devices(id))
+                        .unwrap_or_default()
                         .into_iter()
                         .map(|d| DeviceRow {
                             device: d.dev.to_string(),

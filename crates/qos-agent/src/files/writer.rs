@@ -24,16 +24,13 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use qos_core::{ContainerId, Weight};
-use tracing::{debug, info, warn};
 
-use crate::backend::{AppliedVia, BackendError, ContainerInfo, DeviceWeight, WeightWriter};
-use crate::blockdev::vrate::{self, VrateNews, VrateWatch};
-use crate::blockdev::{DevNum, DeviceFacts, DeviceTable, Governor};
+use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
+use crate::blockdev::{DevNum, DeviceTable};
 use crate::cgroup::{CgroupDir, CgroupError, CgroupVersion, WeightFile, WeightFileKind, WeightLines, V2_IO_STAT};
-use crate::files::{check_restored, restore_lines, Line, Mismatch, V2Plan};
+use crate::files::{check_restored, restore_lines, FileDevices, Line, Mismatch, V2Plan};
 use crate::metrics::DeviceWeightEffective;
 
 /// Where the v2 hierarchy is mounted unless told otherwise (its root holds `io.cost.qos`).
@@ -42,24 +39,12 @@ const DEFAULT_V2_ROOT: &str = "/sys/fs/cgroup";
 /// Writes the cgroup weight file(s) that act on the container's devices and reads them back.
 #[derive(Debug)]
 pub struct FileWriter {
-    table: DeviceTable,
-    /// `[devices] check` (or the runtime's data disk): always part of a v2 write.
-    configured: Vec<String>,
-    /// Configured names already reported as unusable (logged once).
-    bad_names: BTreeSet<String>,
+    /// The devices, shared with the daemon (its [`crate::backend::DeviceMonitor`]).
+    devices: FileDevices,
     /// v2 files as the first `read` found them, per container: what a restore puts back.
     snapshots: HashMap<ContainerId, Snapshot>,
-    /// The devices of each container's last read or write, what governed them and the effective weights read
-    /// back (for status).
-    devices_of: HashMap<ContainerId, (PathBuf, Vec<DeviceWeight>)>,
-    /// Map size at which entries of vanished cgroups are dropped next.
+    /// Map size at which snapshots of vanished cgroups are dropped next.
     prune_at: usize,
-    /// Devices no weight acts on that were already warned about.
-    warned: BTreeSet<DevNum>,
-    metric: Option<DeviceWeightEffective>,
-    /// io.cost's rate per device under io.cost, and when it was last read.
-    vrate: VrateWatch,
-    vrate_read: Option<Instant>,
 }
 
 /// A container's v2 weight files before the agent changed them.
@@ -87,122 +72,36 @@ impl FileWriter {
 
     /// A writer over a given device table (fixtures).
     pub fn with_table(table: DeviceTable) -> Self {
-        Self {
-            table,
-            configured: Vec::new(),
-            bad_names: BTreeSet::new(),
-            snapshots: HashMap::new(),
-            devices_of: HashMap::new(),
-            prune_at: 64,
-            warned: BTreeSet::new(),
-            metric: None,
-            vrate: VrateWatch::default(),
-            vrate_read: None,
-        }
+        Self { devices: FileDevices::new(table), snapshots: HashMap::new(), prune_at: 64 }
     }
 
     /// Devices (names in /sys/block) written and checked on v2 whatever the container's `io.stat` says:
     /// `[devices] check`.
-    pub fn with_devices(mut self, names: Vec<String>) -> Self {
-        self.configured = names;
+    pub fn with_devices(self, names: Vec<String>) -> Self {
+        self.devices.set_configured(names);
         self
     }
 
     /// Exports `ddiskqos_device_weight_effective` per device.
-    pub fn with_metric(mut self, metric: DeviceWeightEffective) -> Self {
-        self.metric = Some(metric);
+    pub fn with_metric(self, metric: DeviceWeightEffective) -> Self {
+        self.devices.set_metric(metric);
         self
     }
 
-    /// Every device looked at so far and what governs it (for status).
-    pub fn device_table(&self) -> Vec<DeviceFacts> {
-        self.table.snapshot()
+    /// The devices this writer plans with: give the daemon this handle
+    /// ([`crate::daemon::Daemon::with_device_monitor`]) so it ticks them and shows them in status.
+    pub fn devices(&self) -> FileDevices {
+        self.devices.clone()
     }
 
-    /// The devices of a container's last weight read or write on v2 (its `io.stat` devices and the configured
-    /// ones), what governed each then, and the effective value read back from each file that acts on it; empty
-    /// on v1 or before the first read (for status, per container).
-    pub fn container_devices(&self, id: &ContainerId) -> Vec<DeviceWeight> {
-        self.devices_of.get(id).map(|(_, d)| d.clone()).unwrap_or_default()
-    }
-
-    /// Every [`vrate::CHECK_EVERY`]: reads io.cost's rate (`cost.vrate` in the v2 root's `io.stat`) of each device
-    /// in the table that io.cost governs and warns, once per stay, about one pinned at its minimum (`min=` of
-    /// `io.cost.qos`) for [`vrate::HOLD`]: its model overstates the device and weights act weakly there.
-    pub fn watch_io_cost(&mut self) {
-        let now = Instant::now();
-        if self.vrate_read.is_some_and(|t| now.saturating_duration_since(t) < vrate::CHECK_EVERY) {
-            return;
-        }
-        self.vrate_read = Some(now);
-        let devices: Vec<DeviceFacts> = self.table.snapshot().into_iter().filter(|f| f.governor.io_cost).collect();
-        let gone: Vec<DevNum> = self.vrate.devices().filter(|d| !devices.iter().any(|f| f.dev == *d)).collect();
-        for dev in gone {
-            self.vrate.forget(dev);
-        }
-        if devices.is_empty() {
-            return;
-        }
-        let root = self.table.v2_root();
-        let (stat_path, qos_path) = (root.join("io.stat"), root.join("io.cost.qos"));
-        let (stat, qos) = match (std::fs::read_to_string(&stat_path), std::fs::read_to_string(&qos_path)) {
-            (Ok(stat), Ok(qos)) => (stat, qos),
-            (Err(e), _) | (_, Err(e)) => {
-                debug!(error = %e, stat = %stat_path.display(), qos = %qos_path.display(), "cannot read io.cost's rate");
-                return;
-            }
-        };
-        for f in devices {
-            let (Some(rate), Some(min)) = (vrate::vrate_of(&stat, f.dev), vrate::qos_min_of(&qos, f.dev)) else {
-                continue;
-            };
-            let disk = f.disk.as_deref().unwrap_or("DEV");
-            match self.vrate.observe(f.dev, rate, min, now) {
-                Some(VrateNews::AtFloor { dev, vrate, min, held }) => warn!(
-                    device = %dev,
-                    disk,
-                    vrate,
-                    min,
-                    held_s = held.as_secs(),
-                    "io.cost RUNS AT ITS MINIMUM RATE on device {dev} ({disk}): cost.vrate {vrate:.2} % = the min of \
-                     io.cost.qos for {} s, so the device is slower than io.cost.model says and cgroup weights act \
-                     weakly or not at all there. Measure the device again: `ddiskqos-agent iocost /dev/{disk} --apply`",
-                    held.as_secs()
-                ),
-                Some(VrateNews::LeftFloor { dev, vrate }) => {
-                    info!(device = %dev, disk, vrate, "io.cost is off its minimum rate on device {dev} again");
-                }
-                None => {}
-            }
-        }
-    }
-
-    /// Looks at the configured devices (`[devices] check`) now, so that each one no weight acts on is warned
-    /// about (once) and exported at start-up, before the first write; the agent calls it once on cgroup v2.
+    /// Looks at the configured devices now (see [`FileDevices::check_configured`]).
     pub fn check_configured(&mut self) {
-        let now = Instant::now();
-        for name in self.configured.clone() {
-            match self.table.dev_of_name(&name) {
-                Ok(dev) => {
-                    let (facts, changed) = self.table.get(dev, now);
-                    if let Some(before) = changed {
-                        let facts = facts.clone();
-                        self.report(&facts, before);
-                    }
-                }
-                Err(e) => {
-                    if self.bad_names.insert(name.clone()) {
-                        warn!(device = %name, error = %e, "[devices] check names a device this host does not have");
-                    }
-                }
-            }
-        }
+        self.devices.check_configured();
     }
 
     /// Fills in the effective values of the container's devices from the weight files as just read back.
     fn record_effective(&mut self, id: &ContainerId, files: &[(WeightFileKind, WeightLines)]) {
-        let Some((_, devices)) = self.devices_of.get_mut(id) else { return };
-        *devices = V2Plan::new(devices.iter().map(|d| (d.dev, d.governor))).device_weights(files);
+        self.devices.record_effective(id, files);
     }
 
     /// The container's weight now: v1 the file's value; v2 the effective weight on the devices that have a
@@ -310,95 +209,25 @@ impl FileWriter {
         Ok(())
     }
 
-    /// The governed devices of `dir` now: its `io.stat` devices and the configured ones, each looked up in the
-    /// device table (re-read when stale), ineffective ones reported once.
+    /// The plan of a v2 write: the devices of `dir`'s `io.stat` and the configured ones, and what governs each.
     fn plan(&mut self, info: &ContainerInfo, dir: &CgroupDir) -> Result<V2Plan, CgroupError> {
-        let mut devices = io_stat_devices(dir)?;
-        for name in &self.configured {
-            match self.table.dev_of_name(name) {
-                Ok(dev) => {
-                    devices.insert(dev);
-                }
-                Err(e) => {
-                    if self.bad_names.insert(name.clone()) {
-                        warn!(device = %name, error = %e, "[devices] check names a device this host does not have");
-                    }
-                }
-            }
-        }
-        let now = Instant::now();
-        let mut all = Vec::new();
-        for dev in devices {
-            let (facts, changed) = self.table.get(dev, now);
-            let governor = facts.governor;
-            if let Some(before) = changed {
-                let facts = facts.clone();
-                self.report(&facts, before);
-            }
-            all.push((dev, governor));
-        }
-        let plan = V2Plan::new(all);
-        if !self.devices_of.contains_key(&info.id) {
-            self.prune();
-        }
-        // Effective values are filled in by the read-back that follows; a failed one leaves them unknown.
-        let devices = plan.devices().iter().map(|(dev, governor)| DeviceWeight {
-            dev: *dev,
-            governor: *governor,
-            effective: vec![],
-        });
-        self.devices_of.insert(info.id.clone(), (dir.path().to_owned(), devices.collect()));
-        Ok(plan)
+        let devices = io_stat_devices(dir)?;
+        Ok(self.devices.plan(&info.id, dir.path(), devices))
     }
 
-    /// Re-reads the facts of the devices a failed write names; true if any governor changed.
+    /// Re-reads the facts of the device a failed check names; true if its governor changed.
     fn recheck(&mut self, err: &CgroupError) -> bool {
-        let CgroupError::DeviceMismatch { device, .. } = err else { return false };
-        let Ok(dev) = device.parse::<DevNum>() else { return false };
-        let (facts, changed) = self.table.refresh(dev, Instant::now());
-        match changed {
-            Some(before) => {
-                let facts = facts.clone();
-                self.report(&facts, before);
-                true
-            }
-            None => false,
-        }
+        self.devices.recheck(err)
     }
 
-    /// Logs (once per device while it lasts) and exports a device's governor.
-    fn report(&mut self, facts: &DeviceFacts, before: Option<Governor>) {
-        let name = facts.disk.as_deref().unwrap_or("?");
-        let governor = facts.governor;
-        if let Some(metric) = &self.metric {
-            metric.set(&facts.dev.to_string(), governor.as_str(), governor.is_effective());
-        }
-        if governor.is_effective() {
-            self.warned.remove(&facts.dev);
-            let file = match (governor.bfq, governor.io_cost) {
-                (true, true) => "io.bfq.weight and io.weight act",
-                (true, false) => "io.bfq.weight acts",
-                _ => "io.weight acts",
-            };
-            info!(device = %facts.dev, disk = name, governor = %governor, previous = ?before.map(|g| g.as_str()),
-                  "cgroup v2: {file} on this device");
-        } else if self.warned.insert(facts.dev) {
-            warn!(device = %facts.dev, disk = name, scheduler = facts.scheduler.as_deref().unwrap_or("?"),
-                  error = facts.error.as_deref().unwrap_or(""),
-                  "BLOCK-I/O WEIGHTS HAVE NO EFFECT ON DEVICE {} ({name}): its scheduler is not bfq and io.cost is \
-                   off for it. Fix: {}", facts.dev, facts.fix());
-        }
-    }
-
-    /// Drops what is kept for containers whose cgroup is gone, once the maps have doubled since the last time
-    /// (so churn costs amortized O(1) per container).
+    /// Drops the snapshots of containers whose cgroup is gone, once the map has doubled since the last time (so
+    /// churn costs amortized O(1) per container).
     fn prune(&mut self) {
-        if self.snapshots.len().max(self.devices_of.len()) < self.prune_at {
+        if self.snapshots.len() < self.prune_at {
             return;
         }
         self.snapshots.retain(|_, s| s.dir.is_dir());
-        self.devices_of.retain(|_, (dir, _)| dir.is_dir());
-        self.prune_at = (self.snapshots.len().max(self.devices_of.len()) * 2).max(64);
+        self.prune_at = (self.snapshots.len() * 2).max(64);
     }
 }
 
@@ -518,18 +347,6 @@ impl WeightWriter for FileWriter {
     async fn restore(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
         self.restore_weight(info, original)
     }
-
-    fn device_table(&self) -> Vec<DeviceFacts> {
-        FileWriter::device_table(self)
-    }
-
-    fn watch_devices(&mut self) {
-        self.watch_io_cost();
-    }
-
-    fn container_devices(&self, id: &ContainerId) -> Vec<DeviceWeight> {
-        FileWriter::container_devices(self, id)
-    }
 }
 
 #[cfg(test)]
@@ -537,7 +354,11 @@ mod tests {
     use std::fs;
     use std::os::unix::fs::symlink;
 
+    use std::time::{Duration, Instant};
+
     use super::*;
+    use crate::backend::DeviceMonitor;
+    use crate::blockdev::vrate;
     use crate::cgroup::CgroupRoot;
 
     /// A fake /sys with loop3 (7:3, BFQ), loop4 (7:4, scheduler none, io.cost on) and vda (254:0, mq-deadline,
@@ -616,7 +437,7 @@ mod tests {
         assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(10));
 
         let table: Vec<(String, &str)> =
-            f.writer.device_table().iter().map(|d| (d.dev.to_string(), d.governor.as_str())).collect();
+            f.writer.devices().device_table().iter().map(|d| (d.dev.to_string(), d.governor.as_str())).collect();
         assert_eq!(table, [("7:3".into(), "bfq"), ("7:4".into(), "io-cost"), ("254:0".into(), "none")]);
         assert_eq!(f.metric.get("7:3"), Some(("bfq".into(), 1)));
         assert_eq!(f.metric.get("7:4"), Some(("io-cost".into(), 1)));
@@ -632,6 +453,7 @@ mod tests {
     /// `DEV=GOVERNOR FILE:EFFECTIVE...` for each device of the fixture's container, as status shows them.
     fn devices_of(f: &Fixture) -> Vec<String> {
         f.writer
+            .devices()
             .container_devices(&f.info.id)
             .iter()
             .map(|d| {
@@ -668,13 +490,13 @@ mod tests {
     #[test]
     fn a_device_no_weight_acts_on_is_warned_about_once_from_start_up_on() {
         let mut f = fixture("default 100\n", "default 100\n");
-        f.writer.configured = vec!["vda".into(), "loop4".into()];
+        f.writer.devices().set_configured(vec!["vda".into(), "loop4".into()]);
         let logs = logs_of(|| {
             f.writer.check_configured();
             // Known at start, before any container: the metric and the device table.
             assert_eq!(f.metric.get("254:0"), Some(("none".into(), 0)));
             assert_eq!(f.metric.get("7:4"), Some(("io-cost".into(), 1)));
-            assert_eq!(f.writer.device_table().len(), 2);
+            assert_eq!(f.writer.devices().device_table().len(), 2);
             // The container's writes see vda again (configured and in its io.stat), and loop3 for the first time.
             f.writer.read_weight(&f.info).unwrap();
             f.writer.write_weight(&f.info, w(10)).unwrap();
@@ -689,7 +511,7 @@ mod tests {
         // (a table whose facts are always stale) do not warn again about vda.
         fs::write(f.tmp.path().join("cg/io.cost.qos"), "7:4 enable=0\n").unwrap();
         let (sys, cg) = (f.tmp.path().join("sys"), f.tmp.path().join("cg"));
-        f.writer.table = DeviceTable::with_sys(&sys, &cg).with_max_age(std::time::Duration::ZERO);
+        f.writer.devices().set_table(DeviceTable::with_sys(&sys, &cg).with_max_age(std::time::Duration::ZERO));
         let logs = logs_of(|| {
             f.writer.write_weight(&f.info, w(200)).unwrap();
             f.writer.write_weight(&f.info, w(10)).unwrap();
@@ -697,6 +519,27 @@ mod tests {
         assert_eq!(logs.matches("NO EFFECT").count(), 1, "{logs}");
         assert!(logs.contains("HAVE NO EFFECT ON DEVICE 7:4 (loop4)"), "{logs}");
         assert_eq!(devices_of(&f), ["7:3=bfq io.bfq.weight:10", "7:4=none", "254:0=none"]);
+    }
+
+    #[test]
+    fn the_io_cost_watch_runs_on_the_clock_it_is_ticked_with() {
+        let mut f = fixture("default 100\n", "default 100\n");
+        let cg = f.tmp.path().join("cg");
+        fs::write(cg.join("io.cost.qos"), "7:4 enable=1 ctrl=user rpct=95.00 rlat=5000 min=10.00 max=100.00\n")
+            .unwrap();
+        fs::write(cg.join("io.stat"), "7:4 rbytes=0 wbytes=0 rios=0 wios=0 cost.vrate=10.00 cost.usage=0\n").unwrap();
+        // loop4 (under io.cost, at its minimum rate) enters the table with the first write.
+        f.writer.write_weight(&f.info, w(10)).unwrap();
+        let mut devices = f.writer.devices();
+        let t0 = Instant::now();
+        let before_hold = logs_of(|| {
+            devices.tick(t0);
+            devices.tick(t0 + vrate::HOLD - Duration::from_secs(1));
+        });
+        assert!(!before_hold.contains("MINIMUM RATE"), "not held long enough yet: {before_hold}");
+        // Only the ticks' time counts: no real time passes here.
+        let held = logs_of(|| devices.tick(t0 + vrate::HOLD + vrate::CHECK_EVERY));
+        assert_eq!(held.matches("io.cost RUNS AT ITS MINIMUM RATE on device 7:4").count(), 1, "{held}");
     }
 
     #[test]
@@ -790,7 +633,7 @@ mod tests {
     #[test]
     fn nothing_governed_writes_both_defaults() {
         let mut f = fixture("default 100\n", "default 100\n");
-        f.writer.configured.clear();
+        f.writer.devices().set_configured(vec![]);
         f.put("io.stat", "254:0 rbytes=1 wbytes=0 rios=1 wios=0 dbytes=0 dios=0\n");
         f.writer.write_weight(&f.info, w(200)).unwrap();
         assert_eq!((f.file("io.bfq.weight"), f.file("io.weight")), ("default 200\n".into(), "default 200\n".into()));
@@ -826,6 +669,6 @@ mod tests {
         assert_eq!(writer.read_weight(&info).unwrap(), w(100));
         writer.write_weight(&info, w(40)).unwrap();
         assert_eq!(fs::read_to_string(tmp.path().join("c/blkio.bfq.weight")).unwrap(), "40\n");
-        assert!(writer.device_table().is_empty(), "v1 never looks at devices");
+        assert!(writer.devices().device_table().is_empty(), "v1 never looks at devices");
     }
 }

@@ -16,7 +16,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use qos_agent::backend::DeviceWeight;
 use qos_agent::backend::{
-    AppliedVia, BackendError, ContainerInfo, CounterSource, Discovery, DiscoveryError, DiscoveryEvent, WeightWriter,
+    AppliedVia, BackendError, ContainerInfo, CounterSource, DeviceMonitor, Discovery, DiscoveryError, DiscoveryEvent,
+    WeightWriter,
 };
 use qos_agent::blockdev::{DevNum, DeviceFacts, Governor};
 use qos_agent::cgroup::{CgroupError, WeightFileKind};
@@ -69,8 +70,10 @@ struct Inner {
     attach_broken: HashSet<String>,
     /// cgroup v2 as the writer would see it: each container's devices and what governs each.
     devices: HashMap<String, Vec<(DevNum, Governor)>>,
-    /// The writer's device table.
+    /// The device monitor's table.
     device_table: Vec<DeviceFacts>,
+    /// When the daemon ticked the device monitor (its clock).
+    ticks: Vec<std::time::Instant>,
 }
 
 /// The shared state behind the three fake backends.
@@ -255,12 +258,22 @@ impl WeightWriter for FakeWriter {
     async fn restore(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
         self.put(info, original, true)
     }
+}
 
+/// The devices of the fake world, as the files layer's monitor shows them; counts the daemon's ticks.
+#[derive(Debug)]
+struct FakeDevices(World);
+
+impl DeviceMonitor for FakeDevices {
     fn device_table(&self) -> Vec<DeviceFacts> {
         self.0.with(|w| w.device_table.clone())
     }
 
-    /// Like the cgroup writer: each file that governs a device reads back the container's weight on it.
+    fn tick(&mut self, now: std::time::Instant) {
+        self.0.with(|w| w.ticks.push(now));
+    }
+
+    /// Like the files layer: each file that governs a device reads back the container's weight on it.
     fn container_devices(&self, id: &ContainerId) -> Vec<DeviceWeight> {
         self.0.with(|w| {
             let weight = w.weights.get(id.as_str()).copied().unwrap_or(KERNEL_DEFAULT);
@@ -342,7 +355,8 @@ impl Harness {
             metrics.clone(),
         )
         .expect("valid config")
-        .with_cpu_clock(clock);
+        .with_cpu_clock(clock)
+        .with_device_monitor(FakeDevices(world.clone()));
         Self { world: world.clone(), events: events_tx, commands, metrics, daemon: tokio::spawn(daemon.run(rx)) }
     }
 
@@ -1176,6 +1190,20 @@ async fn status_table_shows_level_weight_and_bytes_at_level() {
     assert!((0.45..=0.55).contains(&a.seconds_at_level), "{}", a.seconds_at_level);
     let text = qos_agent::control::render(&st);
     assert!(text.contains("a-name") && text.contains("524288"), "{text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_device_monitor_is_ticked_every_round_on_the_daemons_clock() {
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
+    let h = Harness::start(cfg(), &world, vec![info("a", &[])]);
+    h.settle().await;
+    h.rounds(3).await;
+    let ticks = world.with(|w| w.ticks.clone());
+    assert_eq!(ticks.len(), 4, "the first round at start, then one per interval");
+    // Exactly the interval apart: the daemon's (paused) clock, not the wall clock.
+    for pair in ticks.windows(2) {
+        assert_eq!(pair[1] - pair[0], TICK);
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -8,14 +8,13 @@
 
 use bollard::models::ContainerUpdateBody;
 use bollard::Docker;
-use qos_core::{ContainerId, Weight};
+use qos_core::Weight;
 use tracing::warn;
 
-use crate::backend::{AppliedVia, BackendError, ContainerInfo, DeviceWeight, WeightWriter};
-use crate::blockdev::DeviceFacts;
+use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
 use crate::cgroup::{CgroupError, V2_IO_WEIGHT};
 use crate::config::ActuatorMode;
-use crate::files::FileWriter;
+use crate::files::{FileDevices, FileWriter};
 
 /// Applies weights through `docker update --blkio-weight` and/or the cgroup file, per [`ActuatorMode`]; every
 /// write is verified by reading the cgroup file back.
@@ -50,9 +49,9 @@ impl DockerWriter {
         Self { docker, mode, docker_delivers: None, missed: Missed::Other, files }
     }
 
-    /// Every device looked at so far and what governs it (for status).
-    pub fn device_table(&self) -> Vec<DeviceFacts> {
-        self.files.device_table()
+    /// The devices its file writer plans with, for the daemon (see [`FileWriter::devices`]).
+    pub fn devices(&self) -> FileDevices {
+        self.files.devices()
     }
 
     async fn via_docker(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
@@ -105,18 +104,6 @@ impl WeightWriter for DockerWriter {
 
     async fn restore(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
         self.apply(info, original, true).await
-    }
-
-    fn device_table(&self) -> Vec<DeviceFacts> {
-        DockerWriter::device_table(self)
-    }
-
-    fn watch_devices(&mut self) {
-        self.files.watch_io_cost();
-    }
-
-    fn container_devices(&self, id: &ContainerId) -> Vec<DeviceWeight> {
-        self.files.container_devices(id)
     }
 }
 
