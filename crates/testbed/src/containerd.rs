@@ -17,11 +17,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 use crate::docker::DOCKER_CLI;
 use crate::process::wait_for;
@@ -426,20 +425,14 @@ impl Cri {
     /// Connects to `socket`; `None` if nothing listens there.
     pub fn connect(socket: &Path) -> Option<Self> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let path = socket.to_path_buf();
-        let channel =
-            rt
-                .block_on(
-                    Endpoint::from_static("http://cri.invalid")
-                        .timeout(Duration::from_secs(60))
-                        .connect_with_connector(tower::service_fn(move |_: Uri| {
-                            let path = path.clone();
-                            async move {
-                                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
-                            }
-                        })),
-                )
-                .ok()?;
+        // Connected now: `None` when nothing listens. Connecting is not bounded but by the socket (as before).
+        let channel = rt
+            .block_on(qos_agent::runtime::cri::unix_channel_connected(
+                socket,
+                Duration::from_secs(60),
+                Some(Duration::from_secs(60)),
+            ))
+            .ok()?;
         Some(Self {
             rt,
             runtime: RuntimeServiceClient::new(channel.clone()),

@@ -41,12 +41,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use hyper_util::rt::TokioIo;
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use qos_agent::cgroup::{CgroupDir, CgroupRoot, CounterReader};
 use qos_core::ContainerId;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 use super::{fio_args, parse_report, procs, Background, BackgroundKind, ReadOutcome, ReaderHooks, Runtime};
 use crate::agent::container_info;
@@ -85,16 +84,9 @@ impl CriClient {
             .enable_all()
             .build()
             .context("cannot start the CRI client's runtime")?;
-        let path = socket.to_path_buf();
-        // The URI is required by the HTTP/2 layer and ignored: every connection goes to the socket.
+        // Inside the runtime: the lazy channel's connection task runs on it.
         let channel = rt.block_on(async {
-            Endpoint::from_static("http://cri.invalid")
-                .connect_timeout(Duration::from_secs(5))
-                .timeout(CALL_TIMEOUT)
-                .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
-                    let path = path.clone();
-                    async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
-                }))
+            qos_agent::runtime::cri::unix_channel(socket, Duration::from_secs(5), Some(CALL_TIMEOUT))
         });
         let this = Self { rt, svc: RuntimeServiceClient::new(channel), socket: socket.to_path_buf() };
         let v =

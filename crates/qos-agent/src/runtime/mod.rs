@@ -5,9 +5,11 @@
 //! - [`cri`]: the pods of a Kubernetes node through the CRI socket (`runtime = "cri"`), one entry per pod cgroup;
 //! - [`cgroup_dir`]: every child directory of one cgroup is a container (`runtime = "cgroup-dir"`).
 //!
-//! Counters and weights go through the files layer ([`crate::files`]), which every runtime shares; no runtime
-//! imports another's internals.
+//! Counters and weights go through the files layer ([`crate::files`]), which every runtime shares; what their
+//! discoveries share (the reconnect backoff, the inotify watch) is in [`support`]; no runtime imports another's
+//! internals.
 
 pub mod cgroup_dir;
 pub mod cri;
 pub mod docker;
+pub mod support;

@@ -4,13 +4,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use qos_core::ContainerId;
-use tokio::sync::mpsc;
 use tracing::debug;
 
 use crate::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
 use crate::cgroup::{CgroupDir, CgroupRoot};
+use crate::runtime::support::DirWatch;
 
 /// Discovers the child cgroups of `parent`.
 pub struct CgroupDirDiscovery {
@@ -19,9 +18,8 @@ pub struct CgroupDirDiscovery {
     parent_rel: String,
     known: BTreeSet<String>,
     queue: std::collections::VecDeque<DiscoveryEvent>,
-    /// Woken by a thread blocked on the inotify descriptor (tokio's `AsyncFd` registration is `unsafe`, and this
-    /// crate has none). The thread ends when this receiver is dropped and the next notification arrives.
-    changed: Option<mpsc::Receiver<()>>,
+    /// The inotify watch on the parent, from `start` on.
+    changed: Option<DirWatch>,
 }
 
 impl std::fmt::Debug for CgroupDirDiscovery {
@@ -93,33 +91,12 @@ impl CgroupDirDiscovery {
 impl Discovery for CgroupDirDiscovery {
     async fn start(&mut self) -> Result<Vec<ContainerInfo>, DiscoveryError> {
         // Watch first, then list: a cgroup created in between shows up as an event.
-        let ino = Inotify::init(InitFlags::IN_CLOEXEC)
-            .map_err(|e| DiscoveryError::Runtime { what: "inotify_init".into(), detail: e.to_string() })?;
-        ino.add_watch(
-            self.parent.path(),
-            AddWatchFlags::IN_CREATE | AddWatchFlags::IN_DELETE | AddWatchFlags::IN_ONLYDIR,
-        )
-        .map_err(|e| DiscoveryError::Runtime {
+        let watch = DirWatch::start("ddiskqos-inotify")?;
+        watch.add(self.parent.path()).map_err(|e| DiscoveryError::Runtime {
             what: format!("watch {}", self.parent.path().display()),
             detail: e.to_string(),
         })?;
-        let (tx, rx) = mpsc::channel(1);
-        std::thread::Builder::new()
-            .name("ddiskqos-inotify".into())
-            .spawn(move || loop {
-                match ino.read_events() {
-                    Ok(_) => {
-                        // A full channel already holds a wake-up; the rescan will see this change too.
-                        if let Err(mpsc::error::TrySendError::Closed(())) = tx.try_send(()) {
-                            return;
-                        }
-                    }
-                    Err(nix::errno::Errno::EINTR) => {}
-                    Err(_) => return,
-                }
-            })
-            .map_err(|e| DiscoveryError::Runtime { what: "spawn inotify thread".into(), detail: e.to_string() })?;
-        self.changed = Some(rx);
+        self.changed = Some(watch);
         self.known = self.list_names()?;
         Ok(self.known.iter().filter_map(|n| self.info(n)).collect())
     }
@@ -129,8 +106,8 @@ impl Discovery for CgroupDirDiscovery {
             if let Some(ev) = self.queue.pop_front() {
                 return Ok(ev);
             }
-            let Some(rx) = self.changed.as_mut() else { return std::future::pending().await };
-            if rx.recv().await.is_none() {
+            let Some(watch) = self.changed.as_mut() else { return std::future::pending().await };
+            if watch.changed().await.is_none() {
                 return Err(DiscoveryError::Runtime {
                     what: format!("watch {}", self.parent.path().display()),
                     detail: "inotify watcher stopped".into(),

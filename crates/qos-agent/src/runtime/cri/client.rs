@@ -81,26 +81,53 @@ pub struct CriClient {
     socket: PathBuf,
 }
 
-/// A lazily connecting channel to the unix socket `path`, with a per-call deadline if `timeout` is given.
-fn channel(path: &Path, timeout: Option<Duration>) -> Channel {
-    let path = path.to_path_buf();
+/// How long connecting to a CRI socket may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A gRPC channel to the unix socket `path` that connects on first use (so a runtime that is not up yet is not
+/// an error here), with a per-call deadline if `call_timeout` is given. Must be called inside a tokio runtime.
+/// The one way the agent, the bench and the test bed open a CRI socket.
+pub fn unix_channel(path: &Path, connect_timeout: Duration, call_timeout: Option<Duration>) -> Channel {
+    unix_endpoint(connect_timeout, call_timeout).connect_with_connector_lazy(unix_connector(path))
+}
+
+/// [`unix_channel`], connected now: an error when nothing answers on `path`.
+pub async fn unix_channel_connected(
+    path: &Path,
+    connect_timeout: Duration,
+    call_timeout: Option<Duration>,
+) -> Result<Channel, tonic::transport::Error> {
+    unix_endpoint(connect_timeout, call_timeout).connect_with_connector(unix_connector(path)).await
+}
+
+fn unix_endpoint(connect_timeout: Duration, call_timeout: Option<Duration>) -> Endpoint {
     // The URI is required by the HTTP/2 layer and ignored: every connection goes to the socket.
-    let mut endpoint = Endpoint::from_static("http://cri.invalid").connect_timeout(Duration::from_secs(2));
-    if let Some(t) = timeout {
-        endpoint = endpoint.timeout(t);
+    let endpoint = Endpoint::from_static("http://cri.invalid").connect_timeout(connect_timeout);
+    match call_timeout {
+        Some(t) => endpoint.timeout(t),
+        None => endpoint,
     }
-    endpoint.connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+}
+
+fn unix_connector(
+    path: &Path,
+) -> impl tower::Service<Uri, Response = TokioIo<tokio::net::UnixStream>, Error = std::io::Error, Future: Send + 'static>
+       + Clone
+       + Send
+       + 'static {
+    let path = path.to_path_buf();
+    tower::service_fn(move |_: Uri| {
         let path = path.clone();
         async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
-    }))
+    })
 }
 
 impl CriClient {
     /// A client of the runtime listening on `socket` (nothing is connected yet).
     pub fn new(socket: &Path) -> Result<Self, DiscoveryError> {
         Ok(Self {
-            rt: RuntimeServiceClient::new(channel(socket, Some(CALL_TIMEOUT))),
-            events: RuntimeServiceClient::new(channel(socket, None)),
+            rt: RuntimeServiceClient::new(unix_channel(socket, CONNECT_TIMEOUT, Some(CALL_TIMEOUT))),
+            events: RuntimeServiceClient::new(unix_channel(socket, CONNECT_TIMEOUT, None)),
             socket: socket.to_path_buf(),
         })
     }

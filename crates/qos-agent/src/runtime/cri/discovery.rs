@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_cri::v1::PodSandbox;
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use qos_core::ContainerId;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -30,6 +29,7 @@ use super::client::{CriClient, EventWake, SandboxSource};
 use super::naming::{cgroup_parent_from_info, pod_cgroup};
 use crate::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
 use crate::cgroup::CgroupRoot;
+use crate::runtime::support::{Backoff, DirWatch};
 
 /// Annotations copied into an entry's labels: the policy keys and anything else of ours.
 pub const ANNOTATION_PREFIX: &str = "ddiskqos.io/";
@@ -38,8 +38,6 @@ pub const ANNOTATION_PREFIX: &str = "ddiskqos.io/";
 const BURST_INTERVAL: Duration = Duration::from_millis(200);
 /// ... for this long.
 const BURST_FOR: Duration = Duration::from_secs(2);
-const BACKOFF_MIN: Duration = Duration::from_millis(200);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// The cgroups whose children are pod cgroups (both drivers), and the root (where kubepods itself appears).
 const WATCHED: [&str; 7] = [
@@ -63,10 +61,9 @@ pub struct CriDiscovery<S = CriClient> {
     refused: HashSet<String>,
     queue: VecDeque<DiscoveryEvent>,
     lost: bool,
-    backoff: Duration,
+    backoff: Backoff,
     burst_until: Option<Instant>,
-    inotify: Option<Arc<Inotify>>,
-    changed: Option<mpsc::Receiver<()>>,
+    watch: Option<DirWatch>,
     /// The runtime's container events, while subscribed.
     events: Option<mpsc::Receiver<EventWake>>,
     /// The event stream ended: subscribe again after the next successful list.
@@ -102,10 +99,9 @@ impl<S: SandboxSource> CriDiscovery<S> {
             refused: HashSet::new(),
             queue: VecDeque::new(),
             lost: false,
-            backoff: BACKOFF_MIN,
+            backoff: Backoff::new(),
             burst_until: None,
-            inotify: None,
-            changed: None,
+            watch: None,
             events: None,
             resubscribe: false,
             last_list: None,
@@ -121,12 +117,11 @@ impl<S: SandboxSource> CriDiscovery<S> {
     /// Watches whichever kubepods cgroups exist now (called at every re-list: the kubelet, or the first pod,
     /// may create them later). Re-adding an existing watch only refreshes it.
     fn watch_tree(&self) {
-        let Some(ino) = self.inotify.as_ref() else { return };
+        let Some(watch) = self.watch.as_ref() else { return };
         for rel in WATCHED {
             let path: PathBuf = self.root.path().join(rel);
             if path.is_dir() {
-                let flags = AddWatchFlags::IN_CREATE | AddWatchFlags::IN_DELETE | AddWatchFlags::IN_ONLYDIR;
-                if let Err(e) = ino.add_watch(&path, flags) {
+                if let Err(e) = watch.add(&path) {
                     debug!(path = %path.display(), error = %e, "cannot watch kubepods cgroup");
                 }
             }
@@ -179,11 +174,10 @@ impl<S: SandboxSource> CriDiscovery<S> {
     /// Waits until the runtime answers again (backoff 0.2 s doubling to 5 s), then lists everything.
     async fn reconnect(&mut self) -> DiscoveryEvent {
         loop {
-            tokio::time::sleep(self.backoff).await;
-            self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+            self.backoff.wait().await;
             match self.list().await {
                 Ok(now) => {
-                    self.backoff = BACKOFF_MIN;
+                    self.backoff.reset();
                     self.lost = false;
                     self.queue.clear();
                     let list = now.values().map(|(_, info)| info.clone()).collect();
@@ -193,7 +187,7 @@ impl<S: SandboxSource> CriDiscovery<S> {
                     self.subscribe();
                     return DiscoveryEvent::Resync(list);
                 }
-                Err(e) => debug!(error = %e, retry_in = ?self.backoff, "CRI runtime still unreachable"),
+                Err(e) => debug!(error = %e, retry_in = ?self.backoff.next(), "CRI runtime still unreachable"),
             }
         }
     }
@@ -262,29 +256,7 @@ fn policy_annotations(sb: &PodSandbox) -> BTreeMap<String, String> {
 impl<S: SandboxSource> Discovery for CriDiscovery<S> {
     async fn start(&mut self) -> Result<Vec<ContainerInfo>, DiscoveryError> {
         // Watch first, then list: a pod cgroup made in between wakes the first re-list.
-        let ino = Inotify::init(InitFlags::IN_CLOEXEC)
-            .map_err(|e| DiscoveryError::Runtime { what: "inotify_init".into(), detail: e.to_string() })?;
-        let ino = Arc::new(ino);
-        let (tx, rx) = mpsc::channel(1);
-        let reader = ino.clone();
-        // A thread blocked on the descriptor (tokio's `AsyncFd` registration is `unsafe`, and this crate has none);
-        // it ends when the receiver is dropped and the next notification arrives.
-        std::thread::Builder::new()
-            .name("ddiskqos-cri-watch".into())
-            .spawn(move || loop {
-                match reader.read_events() {
-                    Ok(_) => {
-                        if let Err(mpsc::error::TrySendError::Closed(())) = tx.try_send(()) {
-                            return;
-                        }
-                    }
-                    Err(nix::errno::Errno::EINTR) => {}
-                    Err(_) => return,
-                }
-            })
-            .map_err(|e| DiscoveryError::Runtime { what: "spawn CRI watch thread".into(), detail: e.to_string() })?;
-        self.inotify = Some(ino);
-        self.changed = Some(rx);
+        self.watch = Some(DirWatch::start("ddiskqos-cri-watch")?);
         let now = self.list().await?;
         self.last_list = Some(Instant::now());
         let list = now.values().map(|(_, info)| info.clone()).collect();
@@ -303,11 +275,11 @@ impl<S: SandboxSource> Discovery for CriDiscovery<S> {
             }
             let last = self.last_list.unwrap_or_else(Instant::now);
             let due = self.next_relist(last);
-            let changed = self.changed.as_mut();
+            let changed = self.watch.as_mut();
             let events = self.events.as_mut();
             let woke = tokio::select! {
                 _ = tokio::time::sleep_until(due) => Woke::Timer,
-                w = async { match changed { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
+                w = async { match changed { Some(w) => w.changed().await, None => std::future::pending().await } } => {
                     Woke::Tree(w)
                 }
                 w = async { match events { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {

@@ -14,5 +14,5 @@ mod client;
 mod discovery;
 pub mod naming;
 
-pub use client::{CriClient, EventWake, SandboxSource};
+pub use client::{unix_channel, unix_channel_connected, CriClient, EventWake, SandboxSource};
 pub use discovery::{CriDiscovery, ANNOTATION_PREFIX};

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use bollard::models::{ContainerInspectResponse, EventMessage};
 use bollard::query_parameters::{EventsOptions, ListContainersOptions};
@@ -15,6 +15,7 @@ use tracing::{debug, info, warn};
 use super::naming::{container_cgroup, CgroupDriver};
 use crate::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
 use crate::cgroup::{CgroupDir, CgroupError, CgroupRoot};
+use crate::runtime::support::Backoff;
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<EventMessage, bollard::errors::Error>> + Send>>;
 
@@ -22,7 +23,7 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<EventMessage, bollard::error
 pub struct DockerDiscovery {
     api: Inspector,
     events: Option<EventStream>,
-    backoff: Duration,
+    backoff: Backoff,
     /// The containers of the last listing and when it was asked for (Unix ns): `since` replays events from
     /// before the listing, and those of listed containers are already reflected in it.
     listed: HashSet<ContainerId>,
@@ -47,9 +48,6 @@ impl std::fmt::Debug for DockerDiscovery {
     }
 }
 
-const BACKOFF_MIN: Duration = Duration::from_millis(200);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
-
 impl DockerDiscovery {
     /// Uses `docker` (already connected) and the cgroup root found at start-up.
     pub async fn new(docker: Docker, root: Arc<CgroupRoot>) -> Result<Self, DiscoveryError> {
@@ -65,7 +63,7 @@ impl DockerDiscovery {
         Ok(Self {
             api: Inspector { docker, root, driver },
             events: None,
-            backoff: BACKOFF_MIN,
+            backoff: Backoff::new(),
             listed: HashSet::new(),
             listed_at_ns: 0,
         })
@@ -85,16 +83,15 @@ impl DockerDiscovery {
 
     async fn reconnect(&mut self) -> DiscoveryEvent {
         loop {
-            tokio::time::sleep(self.backoff).await;
-            self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+            self.backoff.wait().await;
             if let Err(e) = self.api.docker.ping().await {
-                debug!(error = %e, retry_in = ?self.backoff, "docker still unreachable");
+                debug!(error = %e, retry_in = ?self.backoff.next(), "docker still unreachable");
                 continue;
             }
             self.subscribe();
             match self.list().await {
                 Ok(list) => {
-                    self.backoff = BACKOFF_MIN;
+                    self.backoff.reset();
                     return DiscoveryEvent::Resync(list);
                 }
                 Err(e) => {
