@@ -1,15 +1,16 @@
 //! The shipped agent, run by the bench: `qos_agent::daemon::Daemon` on its own thread with a current-thread tokio
 //! runtime (as `ddiskqos-agent` runs it), with the agent's own counters and weight writers.
 //!
-//! - Docker runtime: the backends `qos_agent::app::docker_backends` assembles for the agent binary
+//! - Docker runtime: the backends `qos_agent::runtime::docker::backends` assembles for the agent binary
 //!   (`DockerDiscovery` by events, `DockerCounters` behind the parent gate, `DockerWriter` in the `auto` actuator
 //!   mode). The daemon finds the bench's containers itself, as it would any container.
-//! - CRI runtime: the backends `qos_agent::app::cri_backends` assembles for the agent binary with
+//! - CRI runtime: the backends `qos_agent::runtime::cri::backends` assembles for the agent binary with
 //!   `runtime = "cri"` (`CriDiscovery` over the CRI socket, `FileCounters` and `FileWriter` on the pod
 //!   cgroups). The daemon finds the bench's pods itself, as it would on a Kubernetes node.
 //! - cgroup runtime: a [`ChannelDiscovery`] (the bench announces `Started`/`Stopped` of its reader cgroups, which
 //!   sit directly under the blkio root where no discovery of the agent's could tell them from the host's other
-//!   cgroups) with `FileCounters::with_root` and `FileWriter`.
+//!   cgroups) on the files layer (`qos_agent::files::backends_on_files`: `FileCounters::with_root` and the
+//!   agent's `FileWriter`).
 //!
 //! The daemon runs for a whole BFQ mode, sampling and deciding all the time, so its timers (the starvation boost
 //! of the background every `boost_after`) follow the wall clock as in a long deployment. Alone and Original blocks
@@ -30,8 +31,7 @@ use qos_agent::blockdev::tune::TunedDevices;
 use qos_agent::blockdev::{DevNum, DeviceTable};
 use qos_agent::cgroup::{CgroupDir, CgroupRoot, CgroupVersion, WeightFile, WeightFileKind};
 use qos_agent::config::{ActuatorMode, RuntimeKind};
-use qos_agent::daemon::{Command, Daemon, Summary};
-use qos_agent::files::FileCounters;
+use qos_agent::daemon::{Command, Summary};
 use qos_agent::files::V2Plan;
 use qos_agent::metrics::{Metrics, ReasonLabels};
 use qos_agent::runtime::cri::CriClient;
@@ -82,16 +82,16 @@ impl Backends {
     pub fn describe(&self) -> &'static str {
         match self {
             Backends::Docker => {
-                "qos_agent::app::docker_backends: DockerDiscovery (events), DockerCounters::with_root, \
+                "qos_agent::runtime::docker::backends: DockerDiscovery (events), DockerCounters::with_root, \
                  DockerWriter (actuator auto)"
             }
             Backends::Cri { .. } => {
-                "qos_agent::app::cri_backends: CriDiscovery (CRI re-list + inotify on kubepods), \
+                "qos_agent::runtime::cri::backends: CriDiscovery (CRI re-list + inotify on kubepods), \
                  FileCounters::with_root and FileWriter on the pod cgroups"
             }
             Backends::CgroupDir => {
-                "bench ChannelDiscovery (Started/Stopped announced by the bench), FileCounters::with_root, \
-                 FileWriter"
+                "bench ChannelDiscovery (Started/Stopped announced by the bench) on qos_agent::files::backends_on_files: \
+                 FileCounters::with_root, FileWriter"
             }
         }
     }
@@ -339,26 +339,18 @@ impl Agent {
                             client.version().await.with_context(|| {
                                 format!("CRI runtime on {} (is it running?)", c.cri.socket.display())
                             })?;
-                            let (d, counters, writer) = qos_agent::app::cri_backends(&c, client, root, &m);
-                            let devices = writer.devices();
-                            let daemon = Daemon::new(c, d, counters, writer, originals, m)?;
-                            Ok(daemon.with_device_monitor(devices).run(rx).await?)
+                            let backends = qos_agent::runtime::cri::backends(&c, client, root, &m);
+                            Ok(backends.into_daemon(c, originals, m)?.run(rx).await?)
                         }
                         None => {
                             let docker = qos_agent::runtime::docker::connect(&c.docker.socket).await?;
-                            let files = qos_agent::app::file_writer(&root, c.devices.check.clone(), &m);
-                            let devices = files.devices();
-                            let (d, counters, writer) =
-                                qos_agent::app::docker_backends(docker, root, c.actuator, files).await?;
-                            let daemon = Daemon::new(c, d, counters, writer, originals, m)?;
-                            Ok(daemon.with_device_monitor(devices).run(rx).await?)
+                            let check = c.devices.check.clone();
+                            let backends = qos_agent::runtime::docker::backends(docker, root, c.actuator, check, &m);
+                            Ok(backends.await?.into_daemon(c, originals, m)?.run(rx).await?)
                         }
                         Some(d) => {
-                            let writer = qos_agent::app::file_writer(&root, c.devices.check.clone(), &m);
-                            let devices = writer.devices();
-                            let counters = FileCounters::with_root(root);
-                            let daemon = Daemon::new(c, d, counters, writer, originals, m)?;
-                            Ok(daemon.with_device_monitor(devices).run(rx).await?)
+                            let backends = qos_agent::files::backends_on_files(d, &c, &root, &m);
+                            Ok(backends.into_daemon(c, originals, m)?.run(rx).await?)
                         }
                     }
                 })

@@ -11,14 +11,12 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use crate::backend::{CounterSource, Discovery, WeightWriter};
-use crate::cgroup::CgroupRoot;
-use crate::config::{ActuatorMode, AgentConfig, RuntimeKind};
-use crate::daemon::{Command, Daemon, Summary};
-use crate::files::{FileCounters, FileWriter};
+use crate::blockdev::tune::TunedDevices;
+use crate::config::{AgentConfig, RuntimeKind};
+use crate::daemon::{Command, Daemon, RuntimeBackends, Summary};
 use crate::metrics::Metrics;
-use crate::runtime::cgroup_dir::CgroupDirDiscovery;
-use crate::runtime::cri::{CriClient, CriDiscovery};
-use crate::runtime::docker::{self, DockerCounters, DockerDiscovery, DockerWriter};
+use crate::runtime::cri::CriClient;
+use crate::runtime::{cgroup_dir, cri, docker};
 use crate::state::OriginalWeights;
 use crate::{blockdev, control, metrics};
 
@@ -60,105 +58,48 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             } else {
                 cfg.devices.check.clone()
             };
-            let mut tuned = blockdev::check::check_at_start(&cfg, &root, data_disk)?;
-            let files = file_writer(&root, devices, &metrics);
-            let devices = files.devices();
-            let (discovery, counters, writer) = docker_backends(docker, root.clone(), cfg.actuator, files).await?;
+            let tuned = blockdev::check::check_at_start(&cfg, &root, data_disk)?;
+            let backends = docker::backends(docker, root.clone(), cfg.actuator, devices, &metrics).await?;
             info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
-            let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?
-                .with_device_monitor(devices);
-            let summary = serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?;
-            tuned.restore();
-            summary
+            run_daemon(&cfg, backends, originals, metrics, systemd, config_path, tuned).await?
         }
         RuntimeKind::CgroupDir => {
-            let mut tuned = blockdev::check::check_at_start(&cfg, &root, None)?;
-            let discovery = CgroupDirDiscovery::new(root.clone(), &cfg.cgroup.parent).with_context(|| {
+            let tuned = blockdev::check::check_at_start(&cfg, &root, None)?;
+            let backends = cgroup_dir::backends(&cfg, root.clone(), &metrics).with_context(|| {
                 format!("cgroup.parent = {:?}: no such cgroup under {}", cfg.cgroup.parent, root.path().display())
             })?;
             info!(parent = %cfg.cgroup.parent, dry_run = cfg.dry_run, "managing child cgroups");
-            let daemon = daemon_on_cgroup_files(&cfg, discovery, &root, originals, &metrics)?;
-            let summary = serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?;
-            tuned.restore();
-            summary
+            run_daemon(&cfg, backends, originals, metrics, systemd, config_path, tuned).await?
         }
         RuntimeKind::Cri => {
             let mut client = CriClient::new(&cfg.cri.socket)?;
             let (name, version) = client.version().await.context("is the container runtime running?")?;
             info!(socket = %cfg.cri.socket.display(), runtime = %name, version = %version, "connected to the CRI runtime");
-            let mut tuned = blockdev::check::check_at_start(&cfg, &root, None)?;
-            let (discovery, counters, writer) = cri_backends(&cfg, client, root.clone(), &metrics);
+            let tuned = blockdev::check::check_at_start(&cfg, &root, None)?;
+            let backends = cri::backends(&cfg, client, root.clone(), &metrics);
             info!(dry_run = cfg.dry_run, "managing Kubernetes pods (one weight per pod cgroup)");
-            let devices = writer.devices();
-            let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?
-                .with_device_monitor(devices);
-            let summary = serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?;
-            tuned.restore();
-            summary
+            run_daemon(&cfg, backends, originals, metrics, systemd, config_path, tuned).await?
         }
     };
     info!(restored = summary.restored, failures = summary.restore_failures, "stopped");
     Ok(summary)
 }
 
-/// The Docker runtime's discovery, counters and writer, assembled as [`run`] assembles them (the bench runs the
-/// daemon on these too, so it measures the shipped wiring): discovery by events, counters from the cgroup files
-/// behind the parent gate, the writer in `actuator` mode over `files` (see [`file_writer`]).
-pub async fn docker_backends(
-    docker: bollard::Docker,
-    root: Arc<CgroupRoot>,
-    actuator: ActuatorMode,
-    files: FileWriter,
-) -> Result<(DockerDiscovery, DockerCounters, DockerWriter)> {
-    let discovery = DockerDiscovery::new(docker.clone(), root.clone()).await?;
-    let counters = DockerCounters::with_root(docker.clone(), root);
-    let writer = DockerWriter::with_files(docker, actuator, files);
-    Ok((discovery, counters, writer))
-}
-
-/// The CRI runtime's discovery, counters and writer, assembled as [`run`] assembles them for `runtime = "cri"`
-/// (the bench runs the daemon on these too): pods from `client` (connected and answering), counters from the pod
-/// cgroups behind the parent gate, the file writer on the pod cgroups.
-pub fn cri_backends(
+/// The daemon over `backends`, served (metrics, status socket, signals) until it stops; then the BFQ tunables
+/// set at start are put back.
+async fn run_daemon<D: Discovery, C: CounterSource, W: WeightWriter>(
     cfg: &AgentConfig,
-    client: CriClient,
-    root: Arc<CgroupRoot>,
-    metrics: &Metrics,
-) -> (CriDiscovery, FileCounters, FileWriter) {
-    let discovery = CriDiscovery::new(client, root.clone(), cfg.cri.relist_interval);
-    let (counters, writer) = cgroup_file_backends(cfg, &root, metrics);
-    (discovery, counters, writer)
-}
-
-/// The counters and writer of every runtime whose containers are plain cgroup directories (cgroup-dir runtime,
-/// CRI pod cgroups): the gated counters and the file writer, as every runtime without an API actuator uses them.
-fn cgroup_file_backends(cfg: &AgentConfig, root: &Arc<CgroupRoot>, metrics: &Metrics) -> (FileCounters, FileWriter) {
-    (FileCounters::with_root(root.clone()), file_writer(root, cfg.devices.check.clone(), metrics))
-}
-
-/// A daemon over `discovery` whose containers are plain cgroup directories, on [`cgroup_file_backends`].
-fn daemon_on_cgroup_files<D: Discovery>(
-    cfg: &AgentConfig,
-    discovery: D,
-    root: &Arc<CgroupRoot>,
+    backends: RuntimeBackends<D, C, W>,
     originals: OriginalWeights,
-    metrics: &Arc<Metrics>,
-) -> Result<Daemon<D, FileCounters, FileWriter>> {
-    let (counters, writer) = cgroup_file_backends(cfg, root, metrics);
-    let devices = writer.devices();
-    Ok(Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?.with_device_monitor(devices))
-}
-
-/// The cgroup-file writer: on v2 it checks the devices of `[devices] check` (or Docker's data disk) besides each
-/// container's own, and exports which weight acts on each device. On v2 it looks at those devices at once, so
-/// one where no weight acts is warned about (once: the start-up check leaves v2 devices to it) before any write.
-pub fn file_writer(root: &CgroupRoot, devices: Vec<String>, metrics: &Metrics) -> FileWriter {
-    let mut writer =
-        FileWriter::new(root.path()).with_devices(devices).with_metric(metrics.device_weight_effective.clone());
-    if root.version() == crate::cgroup::CgroupVersion::V2 {
-        writer.check_configured();
-    }
-    writer
+    metrics: Arc<Metrics>,
+    systemd: bool,
+    config_path: Option<PathBuf>,
+    mut tuned: TunedDevices,
+) -> Result<Summary> {
+    let daemon = backends.into_daemon(cfg.clone(), originals, metrics.clone())?;
+    let summary = serve_and_run(cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?;
+    tuned.restore();
+    Ok(summary)
 }
 
 /// Serves metrics and the status socket, installs the signal handlers, and runs the daemon; the control socket

@@ -102,6 +102,34 @@ pub struct Daemon<D, C, W> {
     rounds: u64,
 }
 
+/// A runtime's backends as the agent assembles them (`runtime::<name>::backends`, called by the binary and the
+/// bench alike), with the devices its writer plans with.
+#[derive(Debug)]
+pub struct RuntimeBackends<D, C, W> {
+    /// Finds the containers.
+    pub discovery: D,
+    /// Samples their counters.
+    pub counters: C,
+    /// Applies their weights.
+    pub writer: W,
+    /// The devices the writer plans with: ticked and shown by the daemon.
+    pub devices: crate::files::FileDevices,
+}
+
+impl<D: Discovery, C: CounterSource, W: WeightWriter> RuntimeBackends<D, C, W> {
+    /// The daemon over these backends (`originals`: weights a previous agent recorded), its device monitor
+    /// attached.
+    pub fn into_daemon(
+        self,
+        cfg: AgentConfig,
+        originals: OriginalWeights,
+        metrics: Arc<Metrics>,
+    ) -> Result<Daemon<D, C, W>, DaemonError> {
+        let daemon = Daemon::new(cfg, self.discovery, self.counters, self.writer, originals, metrics)?;
+        Ok(daemon.with_device_monitor(self.devices))
+    }
+}
+
 /// How often (in rounds) counters that could not be attached are tried again.
 pub const REATTACH_EVERY: u64 = 16;
 

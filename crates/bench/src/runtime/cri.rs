@@ -25,7 +25,7 @@
 //! file's path into the FIFO; the reader reports its own read time in `/ctl/result-<n>`. Reader pods are removed at
 //! the end of each mode, the background's when it stops.
 //!
-//! The bench writes no weight: the agent's daemon runs on `qos_agent::app::cri_backends` (see `crate::agent`).
+//! The bench writes no weight: the agent's daemon runs on `qos_agent::runtime::cri::backends` (see `crate::agent`).
 //! Every recorded weight is a read of the pod cgroup's weight file, and every reader's pod cgroup is checked to
 //! have been charged for the bytes read.
 //!

@@ -4,7 +4,7 @@
 //! [`super::tune`]); no other device is touched.
 //!
 //! On cgroup v2 the devices are checked by the weight writer's device table instead
-//! ([`crate::files::FileWriter::check_configured`], called by [`crate::app::file_writer`]): it
+//! ([`crate::files::FileWriter::check_configured`], called by [`crate::files::agent_writer`]): it
 //! is the one place that warns about a device no weight acts on, once per device, whether the device comes from
 //! the config or from a container's `io.stat`.
 

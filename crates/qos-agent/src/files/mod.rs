@@ -20,3 +20,36 @@ pub use counters::{FileCounters, ACTIVE_ROUNDS, FULL_READ_EVERY};
 pub use devices::FileDevices;
 pub use v2_plan::{check_restored, governs, restore_lines, Line, Mismatch, V2Plan, V2_FILES};
 pub use writer::FileWriter;
+
+use std::sync::Arc;
+
+use crate::cgroup::{CgroupRoot, CgroupVersion};
+use crate::config::AgentConfig;
+use crate::daemon::RuntimeBackends;
+use crate::metrics::Metrics;
+
+/// The file writer as the agent configures it: on v2 it checks the devices `check` names (`[devices] check`, or
+/// Docker's data disk) besides each container's own, and exports which weight acts on each device; on v2 it
+/// looks at those devices at once, so one where no weight acts is warned about (once: the start-up check leaves
+/// v2 devices to it) before any write.
+pub fn agent_writer(root: &CgroupRoot, check: Vec<String>, metrics: &Metrics) -> FileWriter {
+    let mut writer =
+        FileWriter::new(root.path()).with_devices(check).with_metric(metrics.device_weight_effective.clone());
+    if root.version() == CgroupVersion::V2 {
+        writer.check_configured();
+    }
+    writer
+}
+
+/// The backends of a runtime whose containers are plain cgroup directories (cgroup-dir, CRI pod cgroups, the
+/// bench's announced cgroups): its `discovery`, the gated counters and the agent's file writer.
+pub fn backends_on_files<D>(
+    discovery: D,
+    cfg: &AgentConfig,
+    root: &Arc<CgroupRoot>,
+    metrics: &Metrics,
+) -> RuntimeBackends<D, FileCounters, FileWriter> {
+    let writer = agent_writer(root, cfg.devices.check.clone(), metrics);
+    let devices = writer.devices();
+    RuntimeBackends { discovery, counters: FileCounters::with_root(root.clone()), writer, devices }
+}

@@ -8,3 +8,23 @@
 mod discovery;
 
 pub use discovery::CgroupDirDiscovery;
+
+use std::sync::Arc;
+
+use crate::backend::DiscoveryError;
+use crate::cgroup::CgroupRoot;
+use crate::config::AgentConfig;
+use crate::daemon::RuntimeBackends;
+use crate::files::{backends_on_files, FileCounters, FileWriter};
+use crate::metrics::Metrics;
+
+/// The cgroup-dir runtime's backends as the agent binary assembles them: the children of `[cgroup] parent`,
+/// counters and writer on their cgroup files.
+pub fn backends(
+    cfg: &AgentConfig,
+    root: Arc<CgroupRoot>,
+    metrics: &Metrics,
+) -> Result<RuntimeBackends<CgroupDirDiscovery, FileCounters, FileWriter>, DiscoveryError> {
+    let discovery = CgroupDirDiscovery::new(root.clone(), &cfg.cgroup.parent)?;
+    Ok(backends_on_files(discovery, cfg, &root, metrics))
+}

@@ -16,3 +16,23 @@ pub mod naming;
 
 pub use client::{unix_channel, unix_channel_connected, CriClient, EventWake, SandboxSource};
 pub use discovery::{CriDiscovery, ANNOTATION_PREFIX};
+
+use std::sync::Arc;
+
+use crate::cgroup::CgroupRoot;
+use crate::config::AgentConfig;
+use crate::daemon::RuntimeBackends;
+use crate::files::{backends_on_files, FileCounters, FileWriter};
+use crate::metrics::Metrics;
+
+/// The CRI runtime's backends as the agent binary assembles them for `runtime = "cri"` (the bench runs the
+/// daemon on these too): pods from `client` (connected and answering), counters and writer on the pod cgroups.
+pub fn backends(
+    cfg: &AgentConfig,
+    client: CriClient,
+    root: Arc<CgroupRoot>,
+    metrics: &Metrics,
+) -> RuntimeBackends<CriDiscovery, FileCounters, FileWriter> {
+    let discovery = CriDiscovery::new(client, root.clone(), cfg.cri.relist_interval);
+    backends_on_files(discovery, cfg, &root, metrics)
+}

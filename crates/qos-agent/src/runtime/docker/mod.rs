@@ -21,7 +21,32 @@ pub use discovery::DockerDiscovery;
 pub use naming::{container_cgroup, CgroupDriver};
 pub use writer::DockerWriter;
 
+use std::sync::Arc;
+
 use crate::backend::DiscoveryError;
+use crate::cgroup::CgroupRoot;
+use crate::config::ActuatorMode;
+use crate::daemon::RuntimeBackends;
+use crate::files::agent_writer;
+use crate::metrics::Metrics;
+
+/// The Docker runtime's backends as the agent binary assembles them (the bench runs the daemon on these too, so
+/// it measures the shipped wiring): discovery by events, counters from the cgroup files behind the parent gate,
+/// the writer in `actuator` mode over the agent's file writer checking the devices `check` names.
+pub async fn backends(
+    docker: Docker,
+    root: Arc<CgroupRoot>,
+    actuator: ActuatorMode,
+    check: Vec<String>,
+    metrics: &Metrics,
+) -> Result<RuntimeBackends<DockerDiscovery, DockerCounters, DockerWriter>, DiscoveryError> {
+    let files = agent_writer(&root, check, metrics);
+    let devices = files.devices();
+    let discovery = DockerDiscovery::new(docker.clone(), root.clone()).await?;
+    let counters = DockerCounters::with_root(docker.clone(), root);
+    let writer = DockerWriter::with_files(docker, actuator, files);
+    Ok(RuntimeBackends { discovery, counters, writer, devices })
+}
 
 /// Connects to dockerd and agrees on an API version (Docker 20.10 speaks 1.41; bollard defaults newer).
 pub async fn connect(socket: &Path) -> Result<Docker, DiscoveryError> {
