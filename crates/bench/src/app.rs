@@ -16,7 +16,7 @@ use crate::cleanup::Cleanup;
 use crate::cli::{Common, RunArgs};
 use crate::disk::{self, Disk, DiskSource};
 use crate::files::{self, FileSpec};
-use crate::model::{Meta, ModeReport, RunReport};
+use crate::report::data::{Meta, ModeReport, RunReport};
 use crate::runner::{self, Env, RunConfig};
 use crate::runtime::cgroup::CgroupRuntime;
 use crate::runtime::cri::CriRuntime;

@@ -10,7 +10,7 @@
 //! - `workload`: the experiments as data; `runner`: one BFQ mode; `runtime/`: cgroup, Docker and CRI (pod) readers.
 //! - `agent`: the shipped agent's daemon (`qos_agent::daemon::Daemon`) with the agent's own backends, driving the
 //!   weights; the bench only reads weight files.
-//! - `reader`: the reader processes (hidden subcommands); `stats`, `model`, `report/`: results and output.
+//! - `reader`: the reader processes (hidden subcommands); `stats`, `report/` (its `data.rs`: the results as data): results and output.
 
 mod agent;
 mod app;
@@ -18,7 +18,6 @@ mod cleanup;
 mod cli;
 mod disk;
 mod files;
-mod model;
 mod reader;
 mod report;
 mod runner;

@@ -22,7 +22,7 @@ use qos_core::ContainerId;
 use crate::agent::{Agent, Backends, WeightProbe, WeightRead};
 use crate::cleanup::Cleanup;
 use crate::disk::Disk;
-use crate::model::{CaseReport, ModeReport, Sample, Throughput};
+use crate::report::data::{CaseReport, ModeReport, Sample, Throughput};
 use crate::runtime::{Background, BackgroundKind, ReaderHooks, Runtime};
 use crate::stats::Latency;
 use crate::workload::{self, BfqMode, Exp2Reader, Plan, Variant};

@@ -14,7 +14,7 @@ use crate::app;
 use crate::cleanup::Cleanup;
 use crate::cli::SweepArgs;
 use crate::disk::DiskInfo;
-use crate::model::ModeReport;
+use crate::report::data::ModeReport;
 use crate::report::table::{background_ratio, fmt_ms};
 use crate::runner;
 use crate::workload::{BfqMode, Exp1Case, Plan, Variant};

@@ -29,7 +29,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
     let root = Arc::new(crate::preflight::check(&cfg).context("invalid configuration")?.root);
     // One counter file per container stays open; connections are bounded (`listen`), but a host with many
     // containers needs more than the usual soft limit of 1,024.
-    match crate::listen::raise_nofile_limit() {
+    match crate::limits::raise_nofile_limit() {
         Ok(n) if n < MIN_NOFILE => warn!(
             limit = n,
             wanted = MIN_NOFILE,

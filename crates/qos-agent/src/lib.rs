@@ -20,7 +20,7 @@
 //!   counter-file parsers and reader, weight files with verified writes, errors naming files.
 //! - [`blockdev`]: block-device facts (scheduler, io.cost, the disk of a path or device number) and the guarded
 //!   switch; the start-up check that weights can act ([`blockdev::check`]). The bench uses it too.
-//! - [`config`], [`labels`], [`state`], [`metrics`], [`control`], [`listen`], [`app`]: configuration,
+//! - [`config`], [`labels`], [`state`], [`metrics`], [`control`], [`limits`], [`app`]: configuration,
 //!   per-container policy labels, the originals file, Prometheus, the status socket, the bounds on their
 //!   connections, and the wiring used by the binary.
 //!
@@ -40,7 +40,7 @@ pub mod control;
 pub mod daemon;
 pub mod files;
 pub mod labels;
-pub mod listen;
+pub mod limits;
 pub mod metrics;
 pub mod pacing;
 pub mod preflight;

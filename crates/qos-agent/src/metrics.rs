@@ -123,9 +123,9 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-/// Serves `GET /metrics` (any path, in fact) until the task is dropped, within [`crate::listen::METRICS`]'s bounds.
+/// Serves `GET /metrics` (any path, in fact) until the task is dropped, within [`crate::limits::METRICS`]'s bounds.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
-    crate::listen::serve(listener, crate::listen::METRICS, "metrics", move |mut stream| {
+    crate::limits::serve(listener, crate::limits::METRICS, "metrics", move |mut stream| {
         let metrics = metrics.clone();
         async move {
             let mut buf = [0u8; 1024];

@@ -7,7 +7,7 @@ use anyhow::{anyhow, Result};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::model::{CaseReport, ModeReport, RunReport};
+use crate::report::data::{CaseReport, ModeReport, RunReport};
 use crate::stats::Latency;
 use crate::workload::Variant;
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use crate::model::RunReport;
+use crate::report::data::RunReport;
 use crate::stats::{Latency, Ratios, Summary};
 use crate::workload::Variant;
 

@@ -1,6 +1,8 @@
-//! Output of a run: the text tables ([`table`]), the JSON ([`json`]) and the chart ([`chart`]).
+//! A run's results: the data ([`data`]: what the JSON holds) and the output: the text tables ([`table`]), the JSON
+//! ([`json`]) and the chart ([`chart`]).
 
 pub mod chart;
+pub mod data;
 pub mod json;
 pub mod table;
 
@@ -8,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::model::RunReport;
+use crate::report::data::RunReport;
 
 /// Files written for a run.
 #[derive(Debug, Clone)]
@@ -40,7 +42,7 @@ pub fn write_all(run: &RunReport, dir: &Path) -> Result<Written> {
 }
 
 /// The part of a mode's heading shared by the text report and the chart: BFQ mode, `low_latency`, runtime, layout.
-pub fn mode_heading(run: &RunReport, mode: &crate::model::ModeReport) -> String {
+pub fn mode_heading(run: &RunReport, mode: &crate::report::data::ModeReport) -> String {
     let device = if mode.mode.is_iocost() {
         mode.mode.label().to_string()
     } else {

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::model::{CaseReport, ModeReport, RunReport, Throughput};
+use crate::report::data::{CaseReport, ModeReport, RunReport, Throughput};
 use crate::stats::Summary;
 use crate::workload::{BfqMode, Variant};
 
@@ -351,7 +351,7 @@ pub fn render(run: &RunReport) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::model::CaseReport;
+    use crate::report::data::CaseReport;
     use crate::stats::Latency;
     use crate::workload::BfqMode;
     use std::collections::BTreeMap;

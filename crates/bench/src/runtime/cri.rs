@@ -66,13 +66,13 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A blocking client of the CRI `RuntimeService` (the calls a kubelet makes for the bench's pods).
 #[derive(Debug)]
-struct CriClient {
+struct PodClient {
     rt: tokio::runtime::Runtime,
     svc: RuntimeServiceClient<Channel>,
     socket: PathBuf,
 }
 
-impl CriClient {
+impl PodClient {
     /// A client of the runtime on `socket`; fails if it does not answer `Version`. Returns the client and the
     /// runtime's name and version.
     fn connect(socket: &Path) -> Result<(Self, String)> {
@@ -206,7 +206,7 @@ fn remove_empty_tree(dir: &Path) -> Result<()> {
 /// What the runtime made and has not removed yet, shared with the cleanup stack.
 #[derive(Debug)]
 struct Pods {
-    client: CriClient,
+    client: PodClient,
     live: Mutex<Vec<PodRef>>,
     /// The kubepods levels that existed before the first pod (never removed).
     levels_before: Vec<PathBuf>,
@@ -335,7 +335,7 @@ impl CriRuntime {
         root: Arc<CgroupRoot>,
         cleanup: &'static Cleanup,
     ) -> Result<Self> {
-        let (client, runtime) = CriClient::connect(socket).with_context(|| {
+        let (client, runtime) = PodClient::connect(socket).with_context(|| {
             format!(
                 "no CRI runtime answers on {} (start containerd with its CRI plugin, or see --cri-socket)",
                 socket.display()
