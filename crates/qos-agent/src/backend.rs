@@ -115,9 +115,10 @@ pub trait CounterSource: Send {
 /// How a weight reached the kernel. Serialized (status protocol) as [`AppliedVia::as_str`] says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum AppliedVia {
-    /// Through the runtime's API (`docker update --blkio-weight`), confirmed in the cgroup file.
+    /// Through Docker's API (`docker update --blkio-weight`), confirmed in the cgroup file. (Named for what it
+    /// is: only the Docker runtime has an API actuator.)
     #[serde(rename = "docker")]
-    RuntimeApi,
+    DockerApi,
     /// By writing the cgroup weight file directly, confirmed by reading it back.
     #[serde(rename = "cgroupfs")]
     CgroupFile,
@@ -127,7 +128,7 @@ impl AppliedVia {
     /// The actuator's name in logs and status: `docker` or `cgroupfs`.
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::RuntimeApi => "docker",
+            Self::DockerApi => "docker",
             Self::CgroupFile => "cgroupfs",
         }
     }

@@ -264,7 +264,7 @@ mod tests {
                             "bytes_at_level": 0, "seconds_at_level": 0.0}]});
         let old: Status = serde_json::from_value(old).unwrap();
         assert!(old.devices.is_empty() && old.containers[0].devices.is_empty());
-        let docker = Actuator { configured: ActuatorMode::Auto, in_use: Some(AppliedVia::RuntimeApi) };
+        let docker = Actuator { configured: ActuatorMode::Auto, in_use: Some(AppliedVia::DockerApi) };
         assert_eq!(serde_json::to_value(docker).unwrap()["in_use"], "docker");
     }
 

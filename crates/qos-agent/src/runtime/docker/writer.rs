@@ -89,7 +89,7 @@ impl DockerWriter {
                 detail: format!("dockerd answered success but the weight is not in force: {e}"),
             });
         }
-        Ok(AppliedVia::RuntimeApi)
+        Ok(AppliedVia::DockerApi)
     }
 }
 
