@@ -48,6 +48,8 @@ pub mod reconcile;
 pub mod runtime;
 pub mod state;
 
-pub use backend::{AppliedVia, BackendError, ContainerInfo, CounterSource, Discovery, DiscoveryEvent, WeightWriter};
+pub use backend::{
+    AppliedVia, BackendError, ContainerInfo, CounterSource, DeviceMonitor, Discovery, DiscoveryEvent, WeightWriter,
+};
 pub use config::AgentConfig;
 pub use daemon::{Command, Daemon, Status, Summary};

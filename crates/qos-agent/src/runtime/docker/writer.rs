@@ -25,7 +25,7 @@ pub struct DockerWriter {
     docker_delivers: Option<bool>,
     /// Why the last Docker write was not in force, for the one fallback message.
     missed: Missed,
-    /// Writes and verifies the cgroup files (and holds the device table and the restore snapshots).
+    /// Writes and verifies the cgroup files (and holds the restore snapshots and the devices it plans with).
     files: FileWriter,
 }
 
