@@ -29,7 +29,8 @@ export DDISKQOS_REQUIRE_REAL=1
 export PATH="/usr/bin:$PATH"   # Debian's docker CLI, matching the daemon
 # Every target; --no-fail-fast: one run reports every failing binary. The cgroup-v2 module needs the v2 test bed
 # and runs below, in it. The criterion benches (their own harness, which takes no --skip) run once in test mode.
-cargo test --workspace --lib --bins --tests --examples --locked --no-fail-fast -- --include-ignored --skip v2_real::
+cargo test --workspace --lib --bins --tests --examples --locked --no-fail-fast -- --include-ignored --skip v2_real:: \
+  --skip systemd_real::
 cargo test --workspace --benches --locked --no-fail-fast
 cargo test --workspace --doc --locked
 
@@ -38,7 +39,8 @@ cargo test --workspace --doc --locked
 # since this machine kind's host cannot move its controllers to v2. The test binaries built above run there from this
 # checkout (9p): the agent against a throw-away dockerd on v2 with a BFQ and an io.cost device, the io.cost set-up,
 # io.stat counters, its CRI runtime against the tests' containerd, the DaemonSet's image as a pod, the bench's tiny
-# io.cost run. (Whoever shares the machine with other real-test runs wraps this whole script in
+# io.cost run; and, in systemd_real, Docker's systemd cgroup driver with the agent's systemd actuator (the guest's own
+# docker.service). (Whoever shares the machine with other real-test runs wraps this whole script in
 # `flock /tmp/ddiskqos-real.lock`.)
 V2_TEST=$(cargo test -p qos-agent --test all --no-run --locked --message-format=json \
   | grep -o '"executable":"[^"]*/all-[^"]*"' | cut -d'"' -f4 | tail -1)
@@ -49,7 +51,7 @@ BENCH_V2_TEST=$(cargo test -p bench --test real_run --no-run --locked --message-
 wait_guest_image
 # Both binaries run (one boot), and either failing fails the pass.
 bash scripts/guest.sh run --dockerd --image ddiskqos-agent:latest -- sh -c \
-  '"$1" --include-ignored --test-threads=1 --show-output v2_real::; a=$?
+  '"$1" --include-ignored --test-threads=1 --show-output v2_real:: systemd_real::; a=$?
    "$2" --include-ignored --test-threads=1 --show-output v2_real::; b=$?; [ "$a" = 0 ] && [ "$b" = 0 ]' sh "$V2_TEST" "$BENCH_V2_TEST"
 # The machine as it was: no guest left running.
 if pgrep -f 'qemu-system-x86_64.*ddiskqos.run=' >/dev/null; then

@@ -43,6 +43,7 @@ pub mod preflight;
 pub mod reconcile;
 pub mod runtime;
 pub mod state;
+pub mod systemd;
 
 pub use backend::{AppliedVia, BackendError, ContainerInfo, CounterSource, Discovery, DiscoveryEvent, WeightWriter};
 pub use config::AgentConfig;

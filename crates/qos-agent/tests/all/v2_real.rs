@@ -41,28 +41,28 @@ const DEMOTE_WITHIN_ROUNDS: u64 = 10;
 /// agent weights it on Docker's start event, before its first round).
 const TOP_WITHIN_ROUNDS: u64 = 3;
 
-fn run(cmd: &str, args: &[&str]) -> String {
+pub(crate) fn run(cmd: &str, args: &[&str]) -> String {
     let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd} {args:?}: {e}"));
     assert!(out.status.success(), "{cmd} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-fn write(path: &str, data: &str) {
+pub(crate) fn write(path: &str, data: &str) {
     std::fs::write(path, data).unwrap_or_else(|e| panic!("writing {data:?} to {path}: {e}"));
 }
 
 /// A file-backed loop device with direct I/O; detached (scheduler back to none first, so it pins no cgroups,
 /// and io.cost off for it) on drop.
-struct Loop {
-    dev: String,
-    name: String,
-    num: String,
+pub(crate) struct Loop {
+    pub(crate) dev: String,
+    pub(crate) name: String,
+    pub(crate) num: String,
     file: PathBuf,
     io_cost: bool,
 }
 
 impl Loop {
-    fn new(file: PathBuf, scheduler: &str) -> Self {
+    pub(crate) fn new(file: PathBuf, scheduler: &str) -> Self {
         std::fs::File::create(&file).and_then(|f| f.set_len(256 << 20)).expect("backing file");
         let dev = run("losetup", &["--find", "--show", "--direct-io=on", file.to_str().unwrap()]);
         let name = dev.trim_start_matches("/dev/").to_string();
@@ -74,7 +74,7 @@ impl Loop {
         this
     }
 
-    fn enable_io_cost(&mut self) {
+    pub(crate) fn enable_io_cost(&mut self) {
         write(&format!("{CGROUP}/io.cost.qos"), &format!("{} enable=1", self.num));
         self.io_cost = true;
         let qos = std::fs::read_to_string(format!("{CGROUP}/io.cost.qos")).unwrap();
@@ -95,10 +95,10 @@ impl Drop for Loop {
 
 /// The test's scratch directory (config, log, state, backing files), removed on drop, also after a failure (the
 /// agent's log is printed in every failure message).
-struct TmpDir(PathBuf);
+pub(crate) struct TmpDir(pub(crate) PathBuf);
 
 impl TmpDir {
-    fn new(tag: &str) -> Self {
+    pub(crate) fn new(tag: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("ddiskqos-v2-real-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         Self(dir)
@@ -112,17 +112,17 @@ impl Drop for TmpDir {
 }
 
 /// The agent process; killed on drop (if the test did not stop it).
-struct Agent {
+pub(crate) struct Agent {
     child: Child,
     log: PathBuf,
 }
 
 impl Agent {
     /// Starts the agent under test with `config`, its stderr (log level info) into `log`.
-    fn spawn(config: &Path, log: PathBuf) -> Self {
+    pub(crate) fn spawn(config: &Path, log: PathBuf) -> Self {
         let child = Command::new(agent_binary())
             .args(["-c", config.to_str().unwrap()])
-            .env("DDISKQOS_LOG", "info")
+            .env("DDISKQOS_LOG", "info,qos_agent::systemd=debug")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -130,11 +130,11 @@ impl Agent {
         Self { child, log }
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn sigterm_and_wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+    pub(crate) fn sigterm_and_wait(&mut self, limit: Duration) -> std::process::ExitStatus {
         run("kill", &["-TERM", &self.child.id().to_string()]);
         let deadline = Instant::now() + limit;
         loop {
@@ -155,7 +155,7 @@ impl Drop for Agent {
 }
 
 /// A weight file's effective value for device `num` (its override line, else the default).
-fn effective(file: &Path, num: &str) -> Option<u32> {
+pub(crate) fn effective(file: &Path, num: &str) -> Option<u32> {
     let text = std::fs::read_to_string(file).ok()?;
     let mut default = None;
     for line in text.lines() {
@@ -168,11 +168,11 @@ fn effective(file: &Path, num: &str) -> Option<u32> {
     default
 }
 
-fn read(path: &Path) -> String {
+pub(crate) fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn poll<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<(T, Duration)> {
+pub(crate) fn poll<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<(T, Duration)> {
     let start = Instant::now();
     loop {
         if let Some(v) = f() {
@@ -194,7 +194,7 @@ fn status_json(socket: &Path) -> qos_agent::daemon::Status {
 }
 
 /// The agent's sampling rounds so far (`ddiskqos_round_duration_seconds_count`), `None` before it serves metrics.
-fn rounds(port: u16) -> Option<u64> {
+pub(crate) fn rounds(port: u16) -> Option<u64> {
     scrape(port)
         .lines()
         .find_map(|l| l.strip_prefix("ddiskqos_round_duration_seconds_count "))
