@@ -40,7 +40,7 @@ cargo test --workspace --doc --locked
 # checkout (9p): the agent against a throw-away dockerd on v2 with a BFQ and an io.cost device, the io.cost set-up,
 # io.stat counters, its CRI runtime against the tests' containerd, the DaemonSet's image as a pod, the bench's tiny
 # io.cost run; and, in systemd_real, Docker's systemd cgroup driver with the agent's systemd actuator (the guest's own
-# docker.service). (Whoever shares the machine with other real-test runs wraps this whole script in
+# docker.service) and the shipped unit run by systemd. (Whoever shares the machine with other real-test runs wraps this whole script in
 # `flock /tmp/ddiskqos-real.lock`.)
 V2_TEST=$(cargo test -p qos-agent --test all --no-run --locked --message-format=json \
   | grep -o '"executable":"[^"]*/all-[^"]*"' | cut -d'"' -f4 | tail -1)

@@ -230,3 +230,118 @@ fn docker_scopes_are_weighted_through_systemd_and_keep_their_weights_over_reload
     drop(docker);
     drop((bfq, cost));
 }
+
+/// `systemctl show -p PROP --value UNIT`.
+fn unit_prop(unit: &str, prop: &str) -> String {
+    systemctl(&["show", "-p", prop, "--value", unit])
+}
+
+fn journal(unit: &str) -> String {
+    run("journalctl", &["-u", unit, "--no-pager", "-o", "cat"])
+}
+
+/// The service removed again on drop: stopped, unit file, binary and config gone, systemd reloaded.
+struct InstalledService;
+
+impl Drop for InstalledService {
+    fn drop(&mut self) {
+        let _ = Command::new("systemctl").args(["disable", "--now", "ddiskqos-agent.service"]).status();
+        for f in ["/etc/systemd/system/ddiskqos-agent.service", "/usr/local/bin/ddiskqos-agent"] {
+            let _ = std::fs::remove_file(f);
+        }
+        let _ = std::fs::remove_dir_all("/etc/ddiskqos");
+        let _ = std::fs::remove_dir_all("/run/ddiskqos");
+        let _ = Command::new("systemctl").arg("daemon-reload").status();
+    }
+}
+
+/// The shipped unit and config, installed as `crates/qos-agent/README.md` tells an operator, run by systemd for
+/// real: ready only once running containers are weighted (Type=notify), `systemctl reload` applies a change, the
+/// watchdog restarts a hung agent, `kill -9` is restarted and the new agent adopts the state file, LimitNOFILE is
+/// in force, the hardening leaves it what it needs, `systemctl stop` restores every weight.
+#[test]
+#[ignore = "needs a systemd host with cgroup v2: the systemd guest, scripts/guest.sh"]
+fn the_shipped_service_under_systemd() {
+    let test = "systemd_real::the_shipped_service_under_systemd";
+    if !testbed::require(test, &[testbed::Need::Root, testbed::Need::SystemdV2Host]) {
+        return;
+    }
+    let _machine = testbed::exclusive();
+    let unit = "ddiskqos-agent.service";
+    let mut docker = SystemDocker::start();
+    let idle = docker.run(&[IMAGE, "sleep", "600"]);
+    let idle_dir = scope_dir(&idle);
+    let before = (read(&idle_dir.join("io.bfq.weight")), read(&idle_dir.join("io.weight")));
+
+    // As the README says: binary, config, unit; enable --now.
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+    let _installed = InstalledService;
+    run("install", &["-m755", env!("CARGO_BIN_EXE_ddiskqos-agent"), "/usr/local/bin/ddiskqos-agent"]);
+    run("install", &["-Dm644", deploy.join("agent.toml").to_str().unwrap(), "/etc/ddiskqos/agent.toml"]);
+    run("install", &["-m644", deploy.join(unit).to_str().unwrap(), "/etc/systemd/system/"]);
+    systemctl(&["daemon-reload"]);
+    // Type=notify: `enable --now` returns once the agent said READY=1, which it says after the first discovery
+    // with every running container weighted.
+    systemctl(&["enable", "--now", unit]);
+    assert_eq!(unit_prop(unit, "ActiveState"), "active", "{}", journal(unit));
+    let at_ready = (read(&idle_dir.join("io.bfq.weight")), read(&idle_dir.join("io.weight")));
+    eprintln!("at READY=1 the idle container's files read {at_ready:?} (before the agent: {before:?})");
+    assert!(at_ready.0.starts_with("default 1000"), "not weighted when ready: {at_ready:?}\n{}", journal(unit));
+    assert_eq!(unit_prop(&format!("docker-{idle}.scope"), "IOWeight"), "10000", "not through systemd");
+    let pid = unit_prop(unit, "MainPID");
+    let limits = read(Path::new(&format!("/proc/{pid}/limits")));
+    let nofile = limits.lines().find(|l| l.starts_with("Max open files")).unwrap_or_default().to_string();
+    eprintln!("{nofile}");
+    assert!(nofile.split_whitespace().filter(|w| *w == "65536").count() == 2, "LimitNOFILE not in force: {nofile}");
+
+    // systemctl reload (SIGHUP): a new sample_interval applies.
+    let cfg = read(Path::new("/etc/ddiskqos/agent.toml"))
+        .replace("sample_interval = \"500ms\"", "sample_interval = \"300ms\"");
+    assert!(cfg.contains("\"300ms\""), "deploy/agent.toml has no sample_interval = \"500ms\" line to change");
+    std::fs::write("/etc/ddiskqos/agent.toml", cfg).unwrap();
+    systemctl(&["reload", unit]);
+    let reloaded = poll(patience(Duration::from_secs(10)), || {
+        let j = journal(unit);
+        j.lines().any(|l| l.contains("configuration reloaded") && l.contains("300ms")).then_some(())
+    });
+    assert!(reloaded.is_some(), "reload not applied:\n{}", journal(unit));
+
+    // A hung agent (SIGSTOP: no WATCHDOG=1 any more) is killed by the watchdog and restarted.
+    let restarts = |u: &str| unit_prop(u, "NRestarts").parse::<u32>().unwrap_or(0);
+    let n0 = restarts(unit);
+    let pid0 = unit_prop(unit, "MainPID");
+    run("kill", &["-STOP", &pid0]);
+    let watchdog = poll(patience(Duration::from_secs(30)), || {
+        let pid = unit_prop(unit, "MainPID");
+        (pid != pid0 && pid != "0" && unit_prop(unit, "ActiveState") == "active").then_some(pid)
+    });
+    assert!(watchdog.is_some(), "the watchdog did not restart the hung agent:\n{}", journal(unit));
+    assert_eq!(restarts(unit), n0 + 1, "NRestarts after the watchdog");
+    assert!(journal(unit).contains("atchdog"), "no watchdog line in the journal:\n{}", journal(unit));
+    eprintln!("watchdog: hung agent {pid0} killed and restarted as {}", unit_prop(unit, "MainPID"));
+
+    // kill -9: restarted; the new agent adopts the state file and the container keeps its top weight.
+    let pid1 = unit_prop(unit, "MainPID");
+    run("kill", &["-9", &pid1]);
+    let again = poll(patience(Duration::from_secs(30)), || {
+        let pid = unit_prop(unit, "MainPID");
+        (pid != pid1 && pid != "0" && unit_prop(unit, "ActiveState") == "active").then_some(pid)
+    });
+    assert!(again.is_some(), "not restarted after SIGKILL:\n{}", journal(unit));
+    assert!(journal(unit).contains("state file from a previous agent found"), "state not adopted:\n{}", journal(unit));
+    assert!(read(&idle_dir.join("io.bfq.weight")).starts_with("default 1000"), "weight lost over the restart");
+
+    // The hardening as systemd sees it (reported, and the agent did its work under it above).
+    let security = Command::new("systemd-analyze").args(["security", "--no-pager", unit]).output().unwrap();
+    let text = String::from_utf8_lossy(&security.stdout);
+    let overall = text.lines().find(|l| l.contains("Overall exposure level")).unwrap_or("(no overall line)");
+    eprintln!("systemd-analyze security {unit}: {}", overall.trim());
+
+    // systemctl stop: every weight restored.
+    systemctl(&["stop", unit]);
+    let after = (read(&idle_dir.join("io.bfq.weight")), read(&idle_dir.join("io.weight")));
+    assert_eq!(after, before, "systemctl stop did not restore the idle container:\n{}", journal(unit));
+    assert!(journal(unit).contains("stopped"), "{}", journal(unit));
+    eprintln!("systemctl stop: the idle container reads {after:?} again");
+    drop(docker);
+}
