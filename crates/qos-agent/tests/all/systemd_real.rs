@@ -345,3 +345,92 @@ fn the_shipped_service_under_systemd() {
     eprintln!("systemctl stop: the idle container reads {after:?} again");
     drop(docker);
 }
+
+/// The kubelet's systemd cgroup driver (kubeadm's default): containerd with `SystemdCgroup = true`, pod sandboxes
+/// with slice parents as the kubelet names them (`kubepods-burstable-pod<uid_>.slice`; no kubelet here, the tests'
+/// CRI harness makes the calls), so every pod cgroup is a systemd slice. The agent's CRI runtime weights each pod
+/// slice through systemd: an idle pod at the top, a reader demoted, a pinned pod at its annotation; all kept over a
+/// daemon-reload; SIGTERM puts every slice back.
+#[test]
+#[ignore = "needs a systemd host with cgroup v2 and containerd: the systemd guest, scripts/guest.sh"]
+fn pod_slices_of_the_kubelets_systemd_driver_are_weighted_through_systemd() {
+    use testbed::containerd::{Containerd, Driver, Qos};
+    let test = "systemd_real::pod_slices_of_the_kubelets_systemd_driver_are_weighted_through_systemd";
+    let needs = [
+        testbed::Need::Root,
+        testbed::Need::SystemdV2Host,
+        testbed::Need::LoopDevices,
+        testbed::Need::Program("containerd"),
+        testbed::Need::Program("runc"),
+    ];
+    if !testbed::require(test, &needs) {
+        return;
+    }
+    let _machine = testbed::exclusive();
+    let tmp_dir = TmpDir::new("systemd-cri");
+    let tmp = tmp_dir.0.clone();
+    let bfq = Loop::new(tmp.join("bfq.img"), "bfq");
+    let mut cost = Loop::new(tmp.join("cost.img"), "none");
+    cost.enable_io_cost();
+    let mut containerd = Containerd::start_with(Driver::Systemd);
+    let uid = crate::cri_real::uid;
+    let (reader, idle, pinned) = (uid(21), uid(22), uid(23));
+    let slice_dir = |qos: Qos, u: &str| Path::new(CGROUP).join(qos.pod_rel_for(u, Driver::Systemd));
+    let read_script =
+        format!("sleep 1; while true; do dd if={} of=/dev/null bs=1M count=64 iflag=direct 2>/dev/null; done", bfq.dev);
+    let dev = PathBuf::from(&bfq.dev);
+    containerd.run_pod("reader", &reader, Qos::Burstable, &[], &read_script, &[&dev]);
+    containerd.run_pod("idle", &idle, Qos::BestEffort, &[], "exec sleep 100000", &[]);
+    containerd.run_pod("pinned", &pinned, Qos::Guaranteed, &[("ddiskqos.io/weight", "300")], "exec sleep 100000", &[]);
+    let idle_dir = slice_dir(Qos::BestEffort, &idle);
+    assert!(idle_dir.is_dir(), "no pod slice at {}", idle_dir.display());
+    let before = (read(&idle_dir.join("io.bfq.weight")), read(&idle_dir.join("io.weight")));
+    eprintln!("pod slice {} before the agent: {before:?}", idle_dir.display());
+
+    let config = tmp.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "runtime = \"cri\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/state.json\"\n\
+             control_socket = \"{0}/agent.sock\"\n[cri]\nsocket = \"{1}\"\n[devices]\ncheck = [\"{2}\", \"{3}\"]\n\
+             [mlfq]\nboost_after = \"10m\"\nidle_promote_after = \"off\"\n",
+            tmp.display(),
+            containerd.socket().display(),
+            bfq.name,
+            cost.name
+        ),
+    )
+    .unwrap();
+    let mut agent = Agent::spawn(&config, tmp.join("agent.log"));
+    let want = [
+        ("idle", slice_dir(Qos::BestEffort, &idle), Qos::BestEffort.pod_slice(&idle), (1000, 1000), "10000"),
+        ("pinned", slice_dir(Qos::Guaranteed, &pinned), Qos::Guaranteed.pod_slice(&pinned), (300, 300), "2300"),
+        ("reader", slice_dir(Qos::Burstable, &reader), Qos::Burstable.pod_slice(&reader), (10, 10), "10"),
+    ];
+    for (what, dir, slice, w, io_weight) in &want {
+        let got = poll(patience(Duration::from_secs(30)), || weights(dir, &bfq, &cost).filter(|x| x == w));
+        assert!(got.is_some(), "{what} pod: {:?}, want {w:?}\n{}", weights(dir, &bfq, &cost), agent.log_text());
+        assert_eq!(unit_prop(slice, "IOWeight"), *io_weight, "{what} pod's slice property");
+    }
+    eprintln!("pod slices weighted through systemd: idle 1000, pinned 300, reader 10 (IOWeight 10000 / 2300 / 10)");
+    let decisions = weight_decisions(&agent.log_text());
+    systemctl(&["daemon-reload"]);
+    for (what, dir, _, w, _) in &want {
+        assert_eq!(weights(dir, &bfq, &cost), Some(*w), "{what} pod after daemon-reload");
+    }
+    assert_eq!(weight_decisions(&agent.log_text()), decisions, "the agent had to write again:\n{}", agent.log_text());
+    let log = agent.log_text();
+    assert!(log.contains("via=\"systemd\""), "no pod weighted via systemd:\n{log}");
+
+    let status = agent.sigterm_and_wait(patience(Duration::from_secs(10)));
+    assert!(status.success(), "agent exit {status}:\n{}", agent.log_text());
+    for (what, dir, _, _, _) in &want {
+        assert_eq!(weights(dir, &bfq, &cost), Some((100, 100)), "{what} pod not restored");
+    }
+    eprintln!("after SIGTERM every pod slice reads 100 on both devices again");
+    drop(containerd);
+    for (what, dir, _, _, _) in &want {
+        assert!(!dir.exists(), "{what} pod slice left behind: {}", dir.display());
+    }
+    drop((bfq, cost));
+}
