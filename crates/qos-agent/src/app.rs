@@ -63,7 +63,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             let mut tuned = blockdev::check::check_at_start(&cfg, &root, data_disk)?;
             let files = file_writer(&root, devices.clone(), &metrics);
             let (discovery, counters, writer) = docker_backends(docker, root.clone(), cfg.actuator, files).await?;
-            let writer = with_systemd(&cfg, &root, writer, devices, &metrics)?;
+            let writer = with_systemd(&cfg, &root, writer, devices)?;
             info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
             let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?;
             let summary = serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?;
@@ -87,7 +87,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             info!(socket = %cfg.cri.socket.display(), runtime = %name, version = %version, "connected to the CRI runtime");
             let mut tuned = blockdev::check::check_at_start(&cfg, &root, None)?;
             let (discovery, counters, writer) = cri_backends(&cfg, client, root.clone(), &metrics);
-            let writer = with_systemd(&cfg, &root, writer, cfg.devices.check.clone(), &metrics)?;
+            let writer = with_systemd(&cfg, &root, writer, cfg.devices.check.clone())?;
             info!(dry_run = cfg.dry_run, "managing Kubernetes pods (one weight per pod cgroup)");
             let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?;
             let summary = serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?;
@@ -170,7 +170,6 @@ pub fn with_systemd<W: WeightWriter>(
     root: &CgroupRoot,
     writer: W,
     devices: Vec<String>,
-    metrics: &Metrics,
 ) -> Result<SystemdActuator<W>> {
     let v2 = root.version() == crate::cgroup::CgroupVersion::V2;
     let host = systemd::is_systemd_host();
@@ -188,7 +187,8 @@ pub fn with_systemd<W: WeightWriter>(
     if enabled {
         info!("systemd host on cgroup v2: the weights of cgroups that are systemd units go through systemd");
     }
-    let files = file_writer(root, devices, metrics);
+    // Reads back only: the runtime's own writer reports the devices and exports their metric.
+    let files = CgroupDirWriter::new(root.path()).with_devices(devices).quiet();
     Ok(SystemdActuator::new(writer, enabled, files, root.path().to_owned()))
 }
 

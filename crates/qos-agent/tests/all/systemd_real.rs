@@ -201,6 +201,16 @@ fn docker_scopes_are_weighted_through_systemd_and_keep_their_weights_over_reload
     assert!(!did_io, "the new container did I/O already: {io_stat}");
 
     // systemd's own events: a daemon-reload, an unrelated property: nothing moves, and the agent wrote nothing.
+    // (The files read 1000 as soon as systemd wrote them; the agent logs its decision after its read-back.)
+    let logged = poll(patience(Duration::from_secs(5)), || {
+        agent.log_text().contains(&format!("container={} ", &fresh[..12])).then_some(())
+    });
+    assert!(
+        logged.is_some(),
+        "no decision logged for the new container:
+{}",
+        agent.log_text()
+    );
     let decisions = weight_decisions(&agent.log_text());
     let want = [(&heavy_dir, (10, 10)), (&fresh_dir, (1000, 1000))];
     systemctl(&["daemon-reload"]);
@@ -245,13 +255,13 @@ struct InstalledService;
 
 impl Drop for InstalledService {
     fn drop(&mut self) {
-        let _ = Command::new("systemctl").args(["disable", "--now", "ddiskqos-agent.service"]).status();
+        let _ = Command::new("systemctl").args(["disable", "--now", "ddiskqos-agent.service"]).output();
         for f in ["/etc/systemd/system/ddiskqos-agent.service", "/usr/local/bin/ddiskqos-agent"] {
             let _ = std::fs::remove_file(f);
         }
         let _ = std::fs::remove_dir_all("/etc/ddiskqos");
         let _ = std::fs::remove_dir_all("/run/ddiskqos");
-        let _ = Command::new("systemctl").arg("daemon-reload").status();
+        let _ = Command::new("systemctl").arg("daemon-reload").output();
     }
 }
 

@@ -539,7 +539,9 @@ fn iocost_set_up_measures_applies_reads_back_and_undoes_and_refuses_the_root_dis
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "iocost {root_source} --apply succeeded");
     assert!(stderr.contains("backs the root filesystem"), "{stderr}");
-    assert!(started.elapsed() < Duration::from_secs(2), "refused only after {:?}", started.elapsed());
+    // Refused at once, not after a measurement (seconds on the host); stretched under emulation, where starting
+    // the binary alone takes seconds.
+    assert!(started.elapsed() < patience(Duration::from_secs(2)), "refused only after {:?}", started.elapsed());
     assert_eq!(root_line("io.cost.qos", &root_num), qos_before);
     assert_eq!(root_line("io.cost.model", &root_num), model_before);
     eprintln!("iocost {root_source} --apply refused: {}", stderr.trim());

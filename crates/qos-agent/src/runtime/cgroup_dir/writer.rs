@@ -53,6 +53,8 @@ pub struct CgroupDirWriter {
     /// Devices no weight acts on that were already warned about.
     warned: BTreeSet<DevNum>,
     metric: Option<DeviceWeightEffective>,
+    /// Says nothing about devices (a second writer that only reads back, beside the one that reports).
+    quiet: bool,
     /// io.cost's rate per device under io.cost, and when it was last read.
     vrate: VrateWatch,
     vrate_read: Option<Instant>,
@@ -126,6 +128,7 @@ impl CgroupDirWriter {
             prune_at: 64,
             warned: BTreeSet::new(),
             metric: None,
+            quiet: false,
             vrate: VrateWatch::default(),
             vrate_read: None,
         }
@@ -135,6 +138,13 @@ impl CgroupDirWriter {
     /// `[devices] check`.
     pub fn with_devices(mut self, names: Vec<String>) -> Self {
         self.configured = names;
+        self
+    }
+
+    /// A writer that logs nothing about devices and exports no metric: for reading back beside the writer that
+    /// does (the systemd actuator), so each device is reported once.
+    pub fn quiet(mut self) -> Self {
+        self.quiet = true;
         self
     }
 
@@ -343,7 +353,7 @@ impl CgroupDirWriter {
                     devices.insert(dev);
                 }
                 Err(e) => {
-                    if self.bad_names.insert(name.clone()) {
+                    if self.bad_names.insert(name.clone()) && !self.quiet {
                         warn!(device = %name, error = %e, "[devices] check names a device this host does not have");
                     }
                 }
@@ -390,6 +400,9 @@ impl CgroupDirWriter {
 
     /// Logs (once per device while it lasts) and exports a device's governor.
     fn report(&mut self, facts: &DeviceFacts, before: Option<Governor>) {
+        if self.quiet {
+            return;
+        }
         let name = facts.disk.as_deref().unwrap_or("?");
         let governor = facts.governor;
         if let Some(metric) = &self.metric {
