@@ -12,12 +12,15 @@ use tracing::{debug, error, info, warn};
 
 use crate::backend::{CounterSource, Discovery, WeightWriter};
 use crate::blockdev::tune::TunedDevices;
-use crate::config::{AgentConfig, RuntimeKind};
+use crate::cgroup::CgroupRoot;
+use crate::config::{ActuatorMode, AgentConfig, RuntimeKind};
 use crate::daemon::{Command, Daemon, RuntimeBackends, Summary};
+use crate::files::FileWriter;
 use crate::metrics::Metrics;
 use crate::runtime::cri::CriClient;
 use crate::runtime::{cgroup_dir, cri, docker};
 use crate::state::OriginalWeights;
+use crate::systemd::{self, SystemdActuator};
 use crate::{blockdev, control, metrics};
 
 /// Below this many descriptors the agent warns at start (the unit sets `LimitNOFILE=65536`).
@@ -60,6 +63,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             };
             let tuned = blockdev::check::check_at_start(&cfg, &root, data_disk)?;
             let backends = docker::backends(docker, root.clone(), cfg.actuator, devices, &metrics).await?;
+            let backends = with_systemd(&cfg, &root, backends)?;
             info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
             run_daemon(&cfg, backends, originals, metrics, systemd, config_path, tuned).await?
         }
@@ -76,7 +80,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             let (name, version) = client.version().await.context("is the container runtime running?")?;
             info!(socket = %cfg.cri.socket.display(), runtime = %name, version = %version, "connected to the CRI runtime");
             let tuned = blockdev::check::check_at_start(&cfg, &root, None)?;
-            let backends = cri::backends(&cfg, client, root.clone(), &metrics);
+            let backends = with_systemd(&cfg, &root, cri::backends(&cfg, client, root.clone(), &metrics))?;
             info!(dry_run = cfg.dry_run, "managing Kubernetes pods (one weight per pod cgroup)");
             run_daemon(&cfg, backends, originals, metrics, systemd, config_path, tuned).await?
         }
@@ -100,6 +104,38 @@ async fn run_daemon<D: Discovery, C: CounterSource, W: WeightWriter>(
     let summary = serve_and_run(cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?;
     tuned.restore();
     Ok(summary)
+}
+
+/// The backends' writer inside the systemd actuator, which sends the weights of cgroups that are systemd units
+/// through systemd: on for `auto` and `systemd` on a cgroup-v2 host whose PID 1 is systemd (`systemd` elsewhere is
+/// an error), off otherwise (then it is the writer itself).
+pub fn with_systemd<D, C, W: WeightWriter>(
+    cfg: &AgentConfig,
+    root: &CgroupRoot,
+    backends: RuntimeBackends<D, C, W>,
+) -> Result<RuntimeBackends<D, C, SystemdActuator<W>>> {
+    let v2 = root.version() == crate::cgroup::CgroupVersion::V2;
+    let host = systemd::is_systemd_host();
+    let enabled = match cfg.actuator {
+        ActuatorMode::Auto => host && v2,
+        ActuatorMode::Systemd if host && v2 => true,
+        ActuatorMode::Systemd => anyhow::bail!(
+            "actuator = \"systemd\" needs systemd as PID 1 (/run/systemd/system: {}) and cgroup v2 (found {:?} at {})",
+            if host { "present" } else { "missing" },
+            root.version(),
+            root.path().display()
+        ),
+        ActuatorMode::Docker | ActuatorMode::Cgroupfs => false,
+    };
+    if enabled {
+        info!("systemd host on cgroup v2: the weights of cgroups that are systemd units go through systemd");
+    }
+    // Reads back through the runtime writer's own devices: one table, each device reported once, and the devices
+    // of a container weighted through systemd shown in status like any other.
+    let files = FileWriter::with_shared_devices(backends.devices.clone());
+    let RuntimeBackends { discovery, counters, writer, devices } = backends;
+    let writer = SystemdActuator::new(writer, enabled, files, root.path().to_owned());
+    Ok(RuntimeBackends { discovery, counters, writer, devices })
 }
 
 /// Serves metrics and the status socket, installs the signal handlers, and runs the daemon; the control socket

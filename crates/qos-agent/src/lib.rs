@@ -47,6 +47,7 @@ pub mod preflight;
 pub mod reconcile;
 pub mod runtime;
 pub mod state;
+pub mod systemd;
 
 pub use backend::{
     AppliedVia, BackendError, ContainerInfo, CounterSource, DeviceMonitor, Discovery, DiscoveryEvent, WeightWriter,

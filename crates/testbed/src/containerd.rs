@@ -57,6 +57,32 @@ pub enum Qos {
 }
 
 impl Qos {
+    /// The pod's cgroup relative to the cgroup root under `driver`'s naming.
+    pub fn pod_rel_for(self, uid: &str, driver: Driver) -> String {
+        match driver {
+            Driver::Cgroupfs => self.pod_rel(uid),
+            Driver::Systemd => {
+                let slice = self.pod_slice(uid);
+                match self {
+                    Self::Guaranteed => format!("kubepods.slice/{slice}"),
+                    Self::Burstable => format!("kubepods.slice/kubepods-burstable.slice/{slice}"),
+                    Self::BestEffort => format!("kubepods.slice/kubepods-besteffort.slice/{slice}"),
+                }
+            }
+        }
+    }
+
+    /// The pod's slice as the kubelet's systemd driver names it (`kubepods-burstable-pod<uid_>.slice`: dashes of
+    /// the uid become underscores, as unit names need).
+    pub fn pod_slice(self, uid: &str) -> String {
+        let uid = uid.replace('-', "_");
+        match self {
+            Self::Guaranteed => format!("kubepods-pod{uid}.slice"),
+            Self::Burstable => format!("kubepods-burstable-pod{uid}.slice"),
+            Self::BestEffort => format!("kubepods-besteffort-pod{uid}.slice"),
+        }
+    }
+
     /// The pod's cgroup relative to a hierarchy's root (`kubepods/burstable/pod<uid>`).
     pub fn pod_rel(self, uid: &str) -> String {
         match self {
@@ -65,6 +91,16 @@ impl Qos {
             Self::BestEffort => format!("kubepods/besteffort/pod{uid}"),
         }
     }
+}
+
+/// The kubelet's cgroup driver the tests' containerd (runc's `SystemdCgroup`) and pods use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    /// Pod cgroups as plain paths (`/kubepods/burstable/pod<uid>`), made by runc.
+    Cgroupfs,
+    /// Pod cgroups as slices (`kubepods-burstable-pod<uid_>.slice`) and containers as scopes, made by systemd
+    /// at runc's request: needs systemd as PID 1 (the systemd guest).
+    Systemd,
 }
 
 /// The cgroup-v1 hierarchies (real mount points, not the `cpu` → `cpu,cpuacct` symlinks); on cgroup v2 (the mount
@@ -81,7 +117,14 @@ fn hierarchies() -> Vec<PathBuf> {
 fn kubepods_levels_present() -> Vec<PathBuf> {
     let mut out = Vec::new();
     for h in hierarchies() {
-        for rel in ["kubepods", "kubepods/burstable", "kubepods/besteffort"] {
+        for rel in [
+            "kubepods",
+            "kubepods/burstable",
+            "kubepods/besteffort",
+            "kubepods.slice",
+            "kubepods.slice/kubepods-burstable.slice",
+            "kubepods.slice/kubepods-besteffort.slice",
+        ] {
             let p = h.join(rel);
             if p.is_dir() {
                 out.push(p);
@@ -126,11 +169,18 @@ pub struct Containerd {
     child: Option<Child>,
     kubepods_before: Vec<PathBuf>,
     pods: Vec<(String, Qos)>,
+    driver: Driver,
 }
 
 impl Containerd {
     /// Starts containerd and imports [`PAUSE_IMAGE`] (built with the host's Docker first if missing).
     pub fn start() -> Self {
+        Self::start_with(Driver::Cgroupfs)
+    }
+
+    /// [`Containerd::start`] with pods made under `driver`'s naming (runc's `SystemdCgroup = true` for
+    /// [`Driver::Systemd`], as a kubelet with the systemd cgroup driver needs).
+    pub fn start_with(driver: Driver) -> Self {
         ensure_pause_image();
         let dir = tempfile::Builder::new().prefix("ddiskqos-containerd-").tempdir_in("/var/tmp").unwrap();
         let d = dir.path();
@@ -159,15 +209,16 @@ state = "{d}/state"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
+        SystemdCgroup = {systemd_cgroup}
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{d}/cni-bin"
     conf_dir = "{d}/cni-conf"
 "#,
-            d = d.display()
+            d = d.display(),
+            systemd_cgroup = driver == Driver::Systemd
         );
         fs::write(d.join("config.toml"), config).unwrap();
-        let mut this = Self { dir, child: None, kubepods_before: kubepods_levels_present(), pods: Vec::new() };
+        let mut this = Self { dir, child: None, kubepods_before: kubepods_levels_present(), pods: Vec::new(), driver };
         this.spawn();
         this.import_image(PAUSE_IMAGE);
         this
@@ -279,7 +330,11 @@ state = "{d}/state"
     ) -> (String, String) {
         self.pods.push((uid.to_string(), qos));
         let mut cri = self.cri();
-        let config = sandbox_config(name, uid, qos, annotations, &self.dir.path().join("logs").join(uid));
+        let parent = match self.driver {
+            Driver::Cgroupfs => format!("/{}", qos.pod_rel(uid)),
+            Driver::Systemd => qos.pod_slice(uid),
+        };
+        let config = sandbox_config(name, uid, &parent, annotations, &self.dir.path().join("logs").join(uid));
         let sandbox = cri
             .run_sandbox(config.clone())
             .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", self.log_tail()));
@@ -302,6 +357,22 @@ state = "{d}/state"
     /// Removes the pod cgroups of the pods run here, in every hierarchy, and the kubepods levels that did not exist
     /// before (rmdir only: a level still holding someone else's pod stays).
     fn remove_pod_cgroups(&self) {
+        if self.driver == Driver::Systemd {
+            // The slices are systemd's units: stopping them removes their cgroups. The levels above are the kubelet's
+            // (here: made by systemd on the way); stopped only if this test made them.
+            let mut units: Vec<String> = self.pods.iter().map(|(uid, qos)| qos.pod_slice(uid)).collect();
+            for (level, rel) in [
+                ("kubepods-burstable.slice", "kubepods.slice/kubepods-burstable.slice"),
+                ("kubepods-besteffort.slice", "kubepods.slice/kubepods-besteffort.slice"),
+                ("kubepods.slice", "kubepods.slice"),
+            ] {
+                if !self.kubepods_before.contains(&Path::new(CGROUP_MOUNTS).join(rel)) {
+                    units.push(level.to_string());
+                }
+            }
+            let _ = Command::new("systemctl").arg("stop").args(&units).status();
+            return;
+        }
         for h in hierarchies() {
             for (uid, qos) in &self.pods {
                 crate::blkio::remove_cgroup_tree(&h.join(qos.pod_rel(uid)));
@@ -349,7 +420,7 @@ impl Containerd {
 fn sandbox_config(
     name: &str,
     uid: &str,
-    qos: Qos,
+    cgroup_parent: &str,
     annotations: &[(&str, &str)],
     log_dir: &Path,
 ) -> cri::PodSandboxConfig {
@@ -365,7 +436,7 @@ fn sandbox_config(
         log_directory: log_dir.to_string_lossy().into_owned(),
         annotations: annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<HashMap<_, _>>(),
         linux: Some(cri::LinuxPodSandboxConfig {
-            cgroup_parent: format!("/{}", qos.pod_rel(uid)),
+            cgroup_parent: cgroup_parent.to_string(),
             security_context: Some(cri::LinuxSandboxSecurityContext {
                 namespace_options: Some(host_network()),
                 ..Default::default()

@@ -75,6 +75,12 @@ impl FileWriter {
         Self { devices: FileDevices::new(table), snapshots: HashMap::new(), prune_at: 64 }
     }
 
+    /// A writer planning with `devices`, shared with another writer (the systemd actuator's read-back beside the
+    /// runtime's writer): one device table, each device reported once, every container's devices in one place.
+    pub fn with_shared_devices(devices: FileDevices) -> Self {
+        Self { devices, snapshots: HashMap::new(), prune_at: 64 }
+    }
+
     /// Devices (names in /sys/block) written and checked on v2 whatever the container's `io.stat` says:
     /// `[devices] check`.
     pub fn with_devices(self, names: Vec<String>) -> Self {

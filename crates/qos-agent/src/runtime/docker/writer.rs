@@ -119,7 +119,8 @@ impl DockerWriter {
             }
         };
         match self.mode {
-            ActuatorMode::Cgroupfs => direct(&mut self.files),
+            // `systemd`: units go through `SystemdActuator` around this writer; what reaches here is not a unit.
+            ActuatorMode::Cgroupfs | ActuatorMode::Systemd => direct(&mut self.files),
             ActuatorMode::Docker => self.via_docker(info, weight).await,
             ActuatorMode::Auto => {
                 if self.docker_delivers != Some(false) && weight.get() >= 10 {
