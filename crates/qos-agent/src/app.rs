@@ -16,6 +16,7 @@ use crate::config::{ActuatorMode, AgentConfig, RuntimeKind};
 use crate::daemon::{Command, Daemon, Summary};
 use crate::metrics::Metrics;
 use crate::runtime::cgroup_dir::{CgroupDirCounters, CgroupDirDiscovery, CgroupDirWriter};
+use crate::runtime::cri::naming::KubeletRoot;
 use crate::runtime::cri::{CriClient, CriDiscovery};
 use crate::runtime::docker::{self, DockerCounters, DockerDiscovery, DockerWriter};
 use crate::state::OriginalWeights;
@@ -120,7 +121,11 @@ pub fn cri_backends(
     root: Arc<CgroupRoot>,
     metrics: &Metrics,
 ) -> (CriDiscovery, CgroupDirCounters, CgroupDirWriter) {
-    let discovery = CriDiscovery::new(client, root.clone(), cfg.cri.relist_interval);
+    // Validated with the config (`AgentConfig::validate`); the default root if it somehow is not.
+    let kubelet_root = KubeletRoot::parse(&cfg.cri.cgroup_root).unwrap_or_default();
+    let discovery = CriDiscovery::new(client, root.clone(), cfg.cri.relist_interval)
+        .with_kubelet_root(kubelet_root)
+        .with_policy(Arc::new(cfg.policy.clone()));
     let (counters, writer) = cgroup_file_backends(cfg, &root, metrics);
     (discovery, counters, writer)
 }

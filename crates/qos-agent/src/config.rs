@@ -15,6 +15,16 @@
 //! [cri]                         # runtime = "cri": the pods of a Kubernetes node
 //! socket = "/run/containerd/containerd.sock"   # CRI-O: "/var/run/crio/crio.sock"
 //! relist_interval = "2s"
+//! cgroup_root = "/"             # the kubelet's --cgroup-root (kind: "/kubelet")
+//!
+//! [policy]                      # what pods (and Docker labels) may ask for; system pods left alone
+//! trusted_namespaces = []       # whose pods may use ddiskqos.io/weight and ddiskqos.io/exclude ("*": all)
+//! max_pinned_weight = 1000
+//! classes = {}                  # e.g. { batch = { weight = 40 } }, chosen by ddiskqos.io/class
+//! exclude_namespaces = ["kube-system"]
+//! exclude_static_pods = true
+//! exclude_pod_labels = {}
+//! docker_labels = "trusted"     # or "policy"
 //!
 //! [cgroup]
 //! root = "auto"                 # or a mount point, e.g. "/sys/fs/cgroup/blkio"
@@ -91,11 +101,18 @@ pub struct CriConfig {
     /// normally seen sooner: a change in the kubepods cgroup tree triggers a re-list at once. 2 s.
     #[serde(with = "qos_core::units::duration")]
     pub relist_interval: Duration,
+    /// The kubelet's `--cgroup-root` (`cgroupRoot`): `/` by default, `/kubelet` under kind. Pod cgroups are
+    /// looked for below it (`<root>/kubepods/...` with cgroupfs, `<root>-kubepods-....slice` with systemd).
+    pub cgroup_root: String,
 }
 
 impl Default for CriConfig {
     fn default() -> Self {
-        Self { socket: PathBuf::from("/run/containerd/containerd.sock"), relist_interval: Duration::from_secs(2) }
+        Self {
+            socket: PathBuf::from("/run/containerd/containerd.sock"),
+            relist_interval: Duration::from_secs(2),
+            cgroup_root: "/".into(),
+        }
     }
 }
 
@@ -173,6 +190,8 @@ pub struct AgentConfig {
     pub cri: CriConfig,
     /// `[cgroup]`.
     pub cgroup: CgroupConfig,
+    /// `[policy]`: what pods (and Docker labels) may ask for, and which pods are never touched.
+    pub policy: crate::policy::PolicyConfig,
     /// `[devices]`.
     pub devices: DevicesConfig,
     /// `[metrics]`.
@@ -194,6 +213,7 @@ impl Default for AgentConfig {
             docker: DockerConfig::default(),
             cri: CriConfig::default(),
             cgroup: CgroupConfig::default(),
+            policy: crate::policy::PolicyConfig::default(),
             devices: DevicesConfig::default(),
             metrics: MetricsConfig::default(),
             mlfq: qos_core::Config::default(),
@@ -293,6 +313,9 @@ impl AgentConfig {
         if ri < Duration::from_millis(100) || ri > Duration::from_secs(3600) {
             return Err(invalid("cri.relist_interval", qos_core::units::format_duration(ri), "must be 100ms..=1h"));
         }
+        crate::runtime::cri::naming::KubeletRoot::parse(&self.cri.cgroup_root)
+            .map_err(|reason| invalid("cri.cgroup_root", &self.cri.cgroup_root, reason))?;
+        self.policy.validate()?;
         if self.cgroup.parent.split('/').any(|c| c == "..") {
             return Err(invalid("cgroup.parent", &self.cgroup.parent, "must not contain '..'"));
         }

@@ -39,6 +39,7 @@ pub mod labels;
 pub mod listen;
 pub mod metrics;
 pub mod pacing;
+pub mod policy;
 pub mod preflight;
 pub mod reconcile;
 pub mod runtime;

@@ -16,14 +16,14 @@ use std::time::Duration;
 
 use k8s_cri::v1 as cri;
 use testbed::blkio::BLKIO;
-use testbed::containerd::{host_network, Containerd, Qos};
+use testbed::containerd::{host_network, Containerd, PodMeta, Qos};
 use testbed::loopdev::LoopDevice;
 use testbed::probe::{free_port, scrape};
 use testbed::process::wait_for;
 use testbed::{require, Need};
 
-/// The image the DaemonSet names (and `build-image.sh` builds by default).
-const IMAGE: &str = "ddiskqos-agent:latest";
+/// The image the DaemonSet names (and `build-image.sh` builds by default): the workspace's version, never `:latest`.
+pub(crate) const IMAGE: &str = concat!("ddiskqos-agent:", env!("CARGO_PKG_VERSION"));
 
 /// Which cgroup tree the node has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +52,11 @@ impl Tree {
         let t = text.lines().next()?.trim();
         t.strip_prefix("default ").unwrap_or(t).parse().ok()
     }
+}
+
+/// Whether the agent's JSON log says `pod` is a system pod it never touches.
+fn text_has_system_pod(log: &str, pod: &str) -> bool {
+    log.lines().any(|l| l.contains("system pod: never touched") && l.contains(&format!("\"pod\":\"{pod}\"")))
 }
 
 /// The capability sets of a process (`CapEff`, `CapPrm`, `CapBnd`) and its `NoNewPrivs`, from /proc.
@@ -178,8 +183,11 @@ pub(crate) fn run_daemonset(tree: Tree) {
     );
     containerd.run_pod("reader", &reader, Qos::Burstable, &[], &read, &[&disk.dev]);
     containerd.run_pod("idle", &idle, Qos::BestEffort, &[], "exec sleep 100000", &[]);
+    // In the DaemonSet's namespace, which the ConfigMap's [policy] excludes (as it excludes kube-system).
+    let own_namespace = ds.metadata.namespace.clone().unwrap();
+    let meta = PodMeta { namespace: &own_namespace, labels: &[] };
     let (_sandbox, agent_id) =
-        containerd.run_pod_with("ddiskqos-agent", &agent_uid, Qos::Burstable, &annotations, container);
+        containerd.run_pod_as(meta, "ddiskqos-agent", &agent_uid, Qos::Burstable, &annotations, container);
     let log = containerd.container_log(&agent_uid, &agent.name);
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
 
@@ -221,7 +229,10 @@ pub(crate) fn run_daemonset(tree: Tree) {
     let (code, out, err) = cri.exec_sync(&agent_id, &probe, Duration::from_secs(5)).unwrap();
     assert_eq!(code, 0, "liveness probe {probe:?} failed: {out}{err}");
     assert!(out.contains("ddiskqos-test/reader") && out.contains("ddiskqos-test/idle"), "status:\n{out}");
-    assert!(!out.contains("ddiskqos-test/ddiskqos-agent"), "the agent lists its own (excluded) pod:\n{out}");
+    // Its own pod: listed as excluded (the status table's name column is 24 wide, enough for this name).
+    let own_row = out.lines().find(|l| l.contains(&format!("{own_namespace}/ddiskqos-agent")));
+    assert!(own_row.is_some_and(|r| r.contains("excluded")), "the agent's own pod not excluded:\n{out}");
+    assert!(text_has_system_pod(&log_text(), &format!("{own_namespace}/ddiskqos-agent")), "{}", log_text());
 
     // The kubelet stops the pod: SIGTERM with the grace period; every pod's weight back to 100.
     let grace = Duration::from_secs(pod_spec.termination_grace_period_seconds.unwrap_or(30) as u64);

@@ -366,6 +366,15 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
         (prop::collection::vec(device, 0..3), prop::collection::vec(device, 0..3)),
         (any::<bool>(), listen, prop::option::of(1u32..=1_000_000)),
         mlfq,
+        (
+            prop::collection::vec(prop_oneof!["[a-z][a-z0-9-]{0,10}[a-z0-9]", Just("*".to_string())], 0..3),
+            1u32..=1000,
+            prop::collection::btree_map("[a-z][a-z0-9]{0,8}", 1u32..=1000, 0..3),
+            prop::collection::vec("[a-z][a-z0-9-]{0,10}[a-z0-9]", 0..3),
+            any::<bool>(),
+            prop::collection::btree_map("[a-z./]{1,12}", "[a-z0-9]{0,8}", 0..2),
+            (any::<bool>(), "(/[a-z_]{1,6}){0,2}"),
+        ),
     )
         .prop_map(
             |(
@@ -375,8 +384,20 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
                 devs,
                 m,
                 mlfq,
+                (trusted, ceiling, classes, exclude_ns, statics, exclude_labels, (docker_policy, kubelet_root)),
             )| {
-                use qos_agent::config::{CgroupConfig, DevicesConfig, DockerConfig, MetricsConfig};
+                use qos_agent::config::{CgroupConfig, CriConfig, DevicesConfig, DockerConfig, MetricsConfig};
+                use qos_agent::policy::{ClassConfig, DockerLabels, PolicyConfig};
+                let policy = PolicyConfig {
+                    trusted_namespaces: trusted,
+                    max_pinned_weight: ceiling,
+                    classes: classes.into_iter().map(|(k, weight)| (k, ClassConfig { weight })).collect(),
+                    exclude_namespaces: exclude_ns,
+                    exclude_static_pods: statics,
+                    exclude_pod_labels: exclude_labels,
+                    docker_labels: if docker_policy { DockerLabels::Policy } else { DockerLabels::Trusted },
+                };
+                let kubelet_root = if kubelet_root.is_empty() { "/".to_string() } else { kubelet_root };
                 AgentConfig {
                     runtime: if docker { RuntimeKind::Docker } else { RuntimeKind::CgroupDir },
                     sample_interval,
@@ -390,8 +411,9 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
                     state_file: state,
                     control_socket: control,
                     docker: DockerConfig { socket },
-                    cri: Default::default(),
+                    cri: CriConfig { cgroup_root: kubelet_root, ..Default::default() },
                     cgroup: CgroupConfig { root, parent },
+                    policy,
                     devices: DevicesConfig { check: devs.0, switch_to_bfq: devs.1, bfq_tunables: Default::default() },
                     metrics: MetricsConfig { enabled: m.0, listen: m.1 },
                     mlfq,

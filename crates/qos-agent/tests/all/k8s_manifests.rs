@@ -92,6 +92,9 @@ fn daemonset_has_the_least_privilege_that_works() {
     let caps = sc.capabilities.as_ref().expect("capabilities");
     assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
     assert!(caps.add.as_ref().is_none_or(|a| a.is_empty()), "no capability is needed: {:?}", caps.add);
+    // An explicit version, the one build-image.sh tags by default; never :latest.
+    assert_eq!(c.image.as_deref(), Some(crate::deploy_real::IMAGE));
+    assert!(!crate::deploy_real::IMAGE.ends_with(":latest"));
 
     // Mounts: the host's cgroup tree writable at /host/sys/fs/cgroup, the runtime socket's directory read-only,
     // the host's /run/ddiskqos for the originals, the config.
@@ -140,4 +143,12 @@ fn probes_metrics_and_scrape_annotations_agree() {
     assert!(cfg.state_file.starts_with("/run/ddiskqos") && cfg.control_socket.starts_with("/run/ddiskqos"));
     let args = c.args.as_ref().unwrap();
     assert!(args.windows(2).any(|w| w[0] == "--config" && w[1] == "/etc/ddiskqos/agent.toml"), "{args:?}");
+    // The policy: no tenant namespace trusted, system pods and the agent's own namespace never touched (its pod's
+    // own ddiskqos.io/exclude annotation is honoured only in a trusted namespace).
+    let own = ds.metadata.namespace.clone().unwrap();
+    assert!(cfg.policy.trusted_namespaces.is_empty(), "{:?}", cfg.policy.trusted_namespaces);
+    for ns in ["kube-system", own.as_str()] {
+        assert!(cfg.policy.exclude_namespaces.iter().any(|n| n == ns), "{ns} not excluded: {:?}", cfg.policy);
+    }
+    assert!(cfg.policy.exclude_static_pods);
 }
