@@ -16,6 +16,7 @@
 //! socket = "/run/containerd/containerd.sock"   # CRI-O: "/var/run/crio/crio.sock"
 //! relist_interval = "2s"
 //! cgroup_root = "/"             # the kubelet's --cgroup-root (kind: "/kubelet")
+//! state_dirs = ["/var/lib/kubelet", "/var/lib/containerd", "/var/lib/containers"]   # disks checked by default
 //!
 //! [policy]                      # what pods (and Docker labels) may ask for; system pods left alone
 //! trusted_namespaces = []       # whose pods may use ddiskqos.io/weight and ddiskqos.io/exclude ("*": all)
@@ -104,6 +105,10 @@ pub struct CriConfig {
     /// The kubelet's `--cgroup-root` (`cgroupRoot`): `/` by default, `/kubelet` under kind. Pod cgroups are
     /// looked for below it (`<root>/kubepods/...` with cgroupfs, `<root>-kubepods-....slice` with systemd).
     pub cgroup_root: String,
+    /// The kubelet's and the runtime's state directories: with `[devices] check` empty, the disks holding those
+    /// that exist (in the agent's mount namespace) are the devices checked at start and by readiness
+    /// (`/readyz`). Default: the kubelet's, containerd's and CRI-O's (`/var/lib/containers`).
+    pub state_dirs: Vec<PathBuf>,
 }
 
 impl Default for CriConfig {
@@ -112,6 +117,7 @@ impl Default for CriConfig {
             socket: PathBuf::from("/run/containerd/containerd.sock"),
             relist_interval: Duration::from_secs(2),
             cgroup_root: "/".into(),
+            state_dirs: ["/var/lib/kubelet", "/var/lib/containerd", "/var/lib/containers"].map(PathBuf::from).to_vec(),
         }
     }
 }
@@ -316,6 +322,11 @@ impl AgentConfig {
         crate::runtime::cri::naming::KubeletRoot::parse(&self.cri.cgroup_root)
             .map_err(|reason| invalid("cri.cgroup_root", &self.cri.cgroup_root, reason))?;
         self.policy.validate()?;
+        for (i, dir) in self.cri.state_dirs.iter().enumerate() {
+            if !dir.is_absolute() {
+                return Err(invalid(&format!("cri.state_dirs[{i}]"), dir.display(), "must be an absolute path"));
+            }
+        }
         if self.cgroup.parent.split('/').any(|c| c == "..") {
             return Err(invalid("cgroup.parent", &self.cgroup.parent, "must not contain '..'"));
         }

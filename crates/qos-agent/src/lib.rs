@@ -41,6 +41,7 @@ pub mod metrics;
 pub mod pacing;
 pub mod policy;
 pub mod preflight;
+pub mod readiness;
 pub mod reconcile;
 pub mod runtime;
 pub mod state;

@@ -265,6 +265,7 @@ fn example_config_is_valid_and_equals_the_defaults() {
     }
     for key in [
         "cgroup_root",
+        "state_dirs",
         "[policy]",
         "trusted_namespaces",
         "max_pinned_weight",

@@ -359,3 +359,89 @@ idle_promote_after = "off"
         assert!(!Path::new(BLKIO).join(l).exists(), "{l} left behind");
     }
 }
+
+/// Readiness for real (`GET /readyz`): not ready while no checked device can act on weights (by default the disks
+/// holding `[cri] state_dirs`; here containerd's state directory, on the root disk whose scheduler is not BFQ),
+/// ready once a checked device runs BFQ (switched by hand while the agent runs: no restart), not ready while
+/// containerd is stopped and ready again when it is back. Every answer says per device what governs it.
+#[test]
+#[ignore = "needs root, cgroup v1 blkio and containerd: run ./scripts/test.sh"]
+fn readiness_follows_the_runtime_and_the_devices() {
+    if !require("readiness_follows_the_runtime_and_the_devices", &testbed::containerd::NEEDS_V1) {
+        return;
+    }
+    let _machine = testbed::exclusive();
+    let disk = LoopDevice::with_bfq(64);
+    let mut containerd = Containerd::start();
+    let state_dir = containerd.socket().parent().unwrap().to_path_buf();
+    let root_disk = qos_agent::blockdev::disk_of_path(&state_dir).unwrap();
+    let scheduler = qos_agent::blockdev::scheduler(&root_disk).unwrap().active;
+    assert_ne!(scheduler, "bfq", "this test expects {} ({root_disk}) not to run BFQ", state_dir.display());
+    let config = |devices: &str, port: u16| {
+        format!(
+            r#"
+runtime = "cri"
+sample_interval = "100ms"
+state_file = "{{dir}}/state.json"
+control_socket = "{{dir}}/agent.sock"
+[cri]
+socket = "{}"
+relist_interval = "300ms"
+state_dirs = ["{}", "/nonexistent/var/lib/kubelet"]
+[devices]
+check = [{devices}]
+[metrics]
+enabled = true
+listen = "127.0.0.1:{port}"
+"#,
+            containerd.socket().display(),
+            state_dir.display(),
+        )
+    };
+    let readyz = |port: u16| testbed::probe::http_get(std::net::SocketAddr::from(([127, 0, 0, 1], port)), "/readyz");
+    let becomes = |port: u16, code: u16, secs: u64| {
+        let t = Instant::now();
+        wait_for(Duration::from_secs(secs), Duration::from_millis(50), || {
+            readyz(port).filter(|(c, _)| *c == code).map(|(_, body)| (body, t.elapsed()))
+        })
+    };
+
+    // By default (no [devices] check): the disk holding the runtime's state directory, where no weight acts.
+    let port = testbed::probe::free_port();
+    let mut agent = Agent::start(AGENT, &config("", port));
+    let (body, _) =
+        becomes(port, 503, 10).unwrap_or_else(|| panic!("not 503: {:?}\n{}", readyz(port), agent.log_text()));
+    eprintln!("/readyz with the state directory's disk:\n{body}");
+    let line = body.lines().find(|l| l.starts_with(&format!("device {root_disk} "))).expect("its device line");
+    assert!(line.contains(&format!("holds {}", state_dir.display())), "{line}");
+    assert!(line.contains("NO WEIGHT ACTS") && line.contains(&format!("scheduler {scheduler}")), "{line}");
+    assert!(body.contains("runtime: answers") && body.ends_with("not ready\n"), "{body}");
+    assert!(!body.contains("nonexistent"), "{body}");
+    assert!(agent.log_text().contains("device checked for readiness"), "{}", agent.log_text());
+    assert!(agent.stop().success());
+
+    // A device of [devices] check that does not run BFQ yet: not ready; switched to BFQ by hand: ready.
+    let sched = format!("/sys/block/{}/queue/scheduler", disk.name);
+    std::fs::write(&sched, "none").unwrap();
+    let port = testbed::probe::free_port();
+    let mut agent = Agent::start(AGENT, &config(&format!("\"{}\"", disk.name), port));
+    let (body, _) = becomes(port, 503, 10).unwrap_or_else(|| panic!("not 503: {:?}", readyz(port)));
+    assert!(body.contains(&format!("device {} ", disk.name)) && body.contains("NO WEIGHT ACTS"), "{body}");
+    std::fs::write(&sched, "bfq").unwrap();
+    let (body, took) = becomes(port, 200, 10).unwrap_or_else(|| panic!("not 200 after bfq: {:?}", readyz(port)));
+    eprintln!("/readyz after `echo bfq` ({:.0} ms):\n{body}", took.as_secs_f64() * 1e3);
+    assert!(body.contains(&format!("device {} ", disk.name)) && body.contains("([devices] check): bfq: weights act"));
+    assert!(body.ends_with("\nready\n"), "{body}");
+
+    // The runtime goes away: not ready within a re-list or two; back: ready.
+    containerd.stop();
+    let (body, took) =
+        becomes(port, 503, 10).unwrap_or_else(|| panic!("still 200 without containerd:\n{}", agent.log_text()));
+    eprintln!("/readyz {:.0} ms after containerd stopped:\n{body}", took.as_secs_f64() * 1e3);
+    assert!(body.contains("runtime: UNREACHABLE"), "{body}");
+    containerd.spawn();
+    let (_, took) =
+        becomes(port, 200, 15).unwrap_or_else(|| panic!("not ready after containerd came back:\n{}", agent.log_text()));
+    eprintln!("/readyz ready {:.0} ms after containerd was back", took.as_secs_f64() * 1e3);
+    assert!(agent.stop().success());
+}

@@ -3,7 +3,7 @@
 //! its volume mounts (the ConfigMap's `agent.toml`, the host's cgroup tree, the runtime's socket directory, the
 //! state directory), its security context (no capabilities, read-only root filesystem, no privilege escalation,
 //! uid 0, the runtime's default seccomp profile), host network instead of a pod network (no CNI here). Everything is
-//! taken from the parsed manifests, so a change there is tested here. Checked: readiness (the metrics endpoint
+//! taken from the parsed manifests, so a change there is tested here. Checked: readiness (the probe's path
 //! answers), the agent process's capabilities, the node's other pods weighted at their pod cgroups (the agent's own
 //! pod excluded by its annotation), the liveness probe's exec, and a kubelet's stop (SIGTERM with the grace period)
 //! putting every pod's weight back. Needs root, cgroup v1 blkio, loop devices, containerd and the agent's image;
@@ -191,12 +191,23 @@ pub(crate) fn run_daemonset(tree: Tree) {
     let log = containerd.container_log(&agent_uid, &agent.name);
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
 
-    // Readiness: the metrics endpoint answers (it is served once the CRI socket answered).
+    // Readiness: the probe's path answers 200 (the runtime answers, the loop device of [devices] check runs BFQ),
+    // and the metrics endpoint answers too.
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let probe_path = agent.readiness_probe.as_ref().and_then(|p| p.http_get.as_ref()).and_then(|h| h.path.clone());
+    let probe_path = probe_path.expect("readinessProbe.httpGet.path");
     let ready = wait_for(Duration::from_secs(20), Duration::from_millis(100), || {
-        scrape(addr).filter(|body| body.contains("ddiskqos_")).map(|_| ())
+        testbed::probe::http_get(addr, &probe_path).filter(|(code, _)| *code == 200)
     });
-    assert!(ready.is_some(), "metrics never answered on {addr}; the agent's log:\n{}", log_text());
+    let (_, body) = ready.unwrap_or_else(|| {
+        panic!(
+            "{probe_path} never answered 200 on {addr}: {:?}; the agent's log:\n{}",
+            testbed::probe::http_get(addr, &probe_path),
+            log_text()
+        )
+    });
+    assert!(body.contains(&format!("device {} ", disk.name)) && body.contains("bfq: weights act"), "{body}");
+    assert!(scrape(addr).is_some_and(|m| m.contains("ddiskqos_runtime_up 1")), "metrics do not answer");
     let mut cri = containerd.cri();
     let (state, _, pid) = cri.container_state(&agent_id).unwrap();
     assert_eq!(state, cri::ContainerState::ContainerRunning);

@@ -127,7 +127,7 @@ fn probes_metrics_and_scrape_annotations_agree() {
     assert_eq!(ann["prometheus.io/port"], port.container_port.to_string());
     assert_eq!(ann["ddiskqos.io/exclude"], "true", "the agent's own pod is excluded");
     let ready = c.readiness_probe.as_ref().expect("readinessProbe").http_get.as_ref().expect("httpGet");
-    assert_eq!(ready.path.as_deref(), Some("/metrics"));
+    assert_eq!(ready.path.as_deref(), Some("/readyz"));
     let live = c.liveness_probe.as_ref().expect("livenessProbe").exec.as_ref().expect("exec").command.clone().unwrap();
     assert_eq!(live.last().map(String::as_str), Some("status"), "{live:?}");
 
