@@ -27,7 +27,7 @@ trap 'rm -rf "$root"' EXIT
 install -m 0755 "$bin" "$root/ddiskqos-agent"
 strip "$root/ddiskqos-agent" 2>/dev/null || true
 # Mount points of the DaemonSet's volumes, and /tmp for nothing in particular: the root fs is read-only.
-mkdir -p "$root/etc/ddiskqos" "$root/host/sys/fs/cgroup" "$root/run/containerd" "$root/run/ddiskqos" "$root/tmp"
+mkdir -p "$root/etc/ddiskqos" "$root/host/sys/fs/cgroup" "$root/run/cri" "$root/run/ddiskqos" "$root/tmp"
 DOCKER=${DOCKER:-/usr/bin/docker}
 [ -x "$DOCKER" ] || DOCKER=$(command -v docker)
 tar -C "$root" --owner=0 --group=0 -c . |

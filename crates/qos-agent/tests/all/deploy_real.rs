@@ -96,17 +96,21 @@ pub(crate) fn run_daemonset(tree: Tree) {
     // The ConfigMap's agent.toml with what differs on this node: the test pods' device, and metrics on loopback
     // (the pod shares the host's network here; in a cluster it has its own namespace and listens on 0.0.0.0).
     let port = free_port();
-    let shipped = manifests.configmaps[0].data.as_ref().unwrap()["agent.toml"].clone();
-    let mut toml = shipped
+    // On v2 the cgroup-v2 overlay's config (deploy/kubernetes-overlays/cgroup-v2), the ConfigMap's otherwise.
+    let shipped = match tree {
+        Tree::V1 => manifests.configmaps[0].data.as_ref().unwrap()["agent.toml"].clone(),
+        Tree::V2 => {
+            let overlay = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes-overlays/cgroup-v2");
+            std::fs::read_to_string(overlay.join("agent.toml")).unwrap()
+        }
+    };
+    let toml = shipped
         .replace("check = []", &format!("check = [\"{}\"]", disk.name))
         .replace("listen = \"0.0.0.0:9477\"", &format!("listen = \"127.0.0.1:{port}\""));
     assert!(toml.contains(&disk.name) && toml.contains(&port.to_string()), "ConfigMap changed shape:\n{shipped}");
-    if tree == Tree::V2 {
-        // What the ConfigMap's comment tells a v2 node to set.
-        assert!(shipped.contains("cgroup v2: \"/host/sys/fs/cgroup\""), "ConfigMap no longer documents v2:\n{shipped}");
-        toml = toml.replace("root = \"/host/sys/fs/cgroup/blkio\"", "root = \"/host/sys/fs/cgroup\"");
-        assert!(toml.contains("root = \"/host/sys/fs/cgroup\"\n"), "ConfigMap changed shape:\n{shipped}");
-    }
+    let want_root =
+        if tree == Tree::V2 { "root = \"/host/sys/fs/cgroup\"\n" } else { "root = \"/host/sys/fs/cgroup/blkio\"\n" };
+    assert!(toml.contains(want_root), "config for {tree:?} has another cgroup root:\n{shipped}");
 
     // The volumes, as the kubelet would provide them on this node.
     let host = tempfile::Builder::new().prefix("ddiskqos-deploy-").tempdir_in("/var/tmp").unwrap();
