@@ -82,7 +82,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             summary
         }
         RuntimeKind::Cri => {
-            let mut client = CriClient::new(&cfg.cri.socket)?;
+            let mut client = CriClient::new(&cfg.cri.socket)?.with_metric(metrics.cri_requests.clone());
             let (name, version) = client.version().await.context("is the container runtime running?")?;
             info!(socket = %cfg.cri.socket.display(), runtime = %name, version = %version, "connected to the CRI runtime");
             // The devices that matter: as configured, else the disks holding the kubelet's and the runtime's state.

@@ -30,6 +30,13 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+/// Labels of the CRI request counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    /// The CRI call (`ListPodSandbox`, `PodSandboxStatus`, ...).
+    pub call: String,
+}
+
 /// Every metric the agent exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -59,6 +66,8 @@ pub struct Metrics {
     pub round_interval_seconds: Gauge<f64, AtomicU64>,
     /// Per device: 1 if a cgroup weight acts on it, 0 if not (see [`DeviceWeightEffective`]).
     pub device_weight_effective: DeviceWeightEffective,
+    /// CRI calls made, by call (`runtime = "cri"`).
+    pub cri_requests: Family<CallLabels, Counter>,
 }
 
 impl Metrics {
@@ -78,6 +87,7 @@ impl Metrics {
             round_cpu_seconds: Counter::default(),
             round_interval_seconds: Gauge::default(),
             device_weight_effective: DeviceWeightEffective::default(),
+            cri_requests: Family::default(),
         }
     }
 
@@ -100,6 +110,7 @@ impl Metrics {
             self.round_interval_seconds.clone(),
         );
         self.device_weight_effective.register(&mut r);
+        r.register("cri_requests", "CRI calls made, by call", self.cri_requests.clone());
         r
     }
 

@@ -348,6 +348,21 @@ state = "{d}/state"
         annotations: &[(&str, &str)],
         container: cri::ContainerConfig,
     ) -> (String, String) {
+        let (sandbox, ids) = self.run_pod_containers(meta, name, uid, qos, annotations, vec![container]);
+        (sandbox, ids.into_iter().next().unwrap())
+    }
+
+    /// [`Containerd::run_pod_as`] with several containers (created and started in order). Returns the sandbox
+    /// and the container ids.
+    pub fn run_pod_containers(
+        &mut self,
+        meta: PodMeta<'_>,
+        name: &str,
+        uid: &str,
+        qos: Qos,
+        annotations: &[(&str, &str)],
+        containers: Vec<cri::ContainerConfig>,
+    ) -> (String, Vec<String>) {
         let rel = self.pod_rel(qos, uid);
         self.pods.push(rel.clone());
         let mut cri = self.cri();
@@ -356,11 +371,15 @@ state = "{d}/state"
         let sandbox = cri
             .run_sandbox(config.clone())
             .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", self.log_tail()));
-        let id = cri
-            .create_container_from(&sandbox, config, container)
-            .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}\n{}", self.log_tail()));
-        cri.start_container(&id).unwrap_or_else(|e| panic!("StartContainer {name}: {e}\n{}", self.log_tail()));
-        (sandbox, id)
+        let mut ids = Vec::new();
+        for container in containers {
+            let id = cri
+                .create_container_from(&sandbox, config.clone(), container)
+                .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}\n{}", self.log_tail()));
+            cri.start_container(&id).unwrap_or_else(|e| panic!("StartContainer {name}: {e}\n{}", self.log_tail()));
+            ids.push(id);
+        }
+        (sandbox, ids)
     }
 
     /// Stops and removes every pod sandbox (and its containers) through CRI.
