@@ -95,7 +95,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
                 let why = "[devices] check".to_string();
                 cfg.devices.check.iter().map(|name| CheckedDevice { name: name.clone(), why: why.clone() }).collect()
             };
-            let readiness = Readiness::new(metrics.runtime_up.clone(), checked, root.path());
+            let readiness = Readiness::new(metrics.runtime_up.clone(), checked, &root);
             for line in readiness.check().lines.iter().filter(|l| l.starts_with("device ")) {
                 info!(check = %line, "device checked for readiness");
             }

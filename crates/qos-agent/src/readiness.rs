@@ -9,7 +9,7 @@
 //! reads per device), so a device fixed by hand turns the node ready without a restart. The metrics listener's
 //! bounds ([`crate::listen::METRICS`]) bound the probes too.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::AtomicI64;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -17,6 +17,7 @@ use std::time::Instant;
 use prometheus_client::metrics::gauge::Gauge;
 
 use crate::blockdev::{disk_of_path, DeviceTable};
+use crate::cgroup::{CgroupRoot, CgroupVersion};
 
 /// A device whose governor decides readiness, and why it is checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +48,8 @@ pub struct Readiness {
     runtime_up: Gauge<i64, AtomicI64>,
     devices: Vec<CheckedDevice>,
     table: Mutex<DeviceTable>,
+    /// cgroup v1: only BFQ can act (io.cost is v2's), so the fix names BFQ alone.
+    v1: bool,
 }
 
 /// One probe's answer.
@@ -60,14 +63,22 @@ pub struct ReadinessReport {
 
 impl Readiness {
     /// Readiness from the daemon's `runtime_up` gauge (a clone shares the value) and the checked devices; device
-    /// facts are read from the real `/sys` and the cgroup root `cgroup_root` (its `io.cost.qos` on v2).
-    pub fn new(runtime_up: Gauge<i64, AtomicI64>, devices: Vec<CheckedDevice>, cgroup_root: &Path) -> Self {
-        Self::with_table(runtime_up, devices, DeviceTable::new(cgroup_root))
+    /// facts are read from the real `/sys` and the cgroup root (its `io.cost.qos` on v2).
+    pub fn new(runtime_up: Gauge<i64, AtomicI64>, devices: Vec<CheckedDevice>, root: &CgroupRoot) -> Self {
+        let mut r = Self::with_table(runtime_up, devices, DeviceTable::new(root.path()));
+        r.v1 = root.version() == CgroupVersion::V1;
+        r
     }
 
-    /// [`Readiness::new`] over a device table of the caller's (tests: a fixture `/sys`).
+    /// [`Readiness::new`] over a device table of the caller's (tests: a fixture `/sys`), for cgroup v2.
     pub fn with_table(runtime_up: Gauge<i64, AtomicI64>, devices: Vec<CheckedDevice>, table: DeviceTable) -> Self {
-        Self { runtime_up, devices, table: Mutex::new(table) }
+        Self { runtime_up, devices, table: Mutex::new(table), v1: false }
+    }
+
+    /// The same on cgroup v1 (the fix names BFQ only).
+    pub fn on_v1(mut self) -> Self {
+        self.v1 = true;
+        self
     }
 
     /// The checked devices.
@@ -99,12 +110,19 @@ impl Readiness {
                             d.name, facts.dev, d.why, facts.governor
                         )
                     } else {
-                        format!(
-                            "device {} {} ({}): none: NO WEIGHT ACTS (scheduler {scheduler}, io.cost off). Fix: {}",
-                            d.name,
-                            facts.dev,
-                            d.why,
+                        let fix = if self.v1 {
+                            format!(
+                                "`echo bfq > /sys/block/{0}/queue/scheduler` (or [devices] switch_to_bfq = \
+                                 [\"{0}\"]); io.cost needs cgroup v2",
+                                d.name
+                            )
+                        } else {
                             facts.fix()
+                        };
+                        let off = if self.v1 { "" } else { ", io.cost off" };
+                        format!(
+                            "device {} {} ({}): none: NO WEIGHT ACTS (scheduler {scheduler}{off}). Fix: {fix}",
+                            d.name, facts.dev, d.why
                         )
                     }
                 }
@@ -170,6 +188,14 @@ mod tests {
         assert!(rep.lines[2].starts_with("device vdb 254:16 (holds /var/lib/kubelet): none: NO WEIGHT ACTS"));
         assert!(rep.lines[2].contains("echo bfq > /sys/block/vdb/queue/scheduler"), "{}", rep.lines[2]);
         assert_eq!(rep.lines.last().unwrap(), "ready");
+        // On v1 the fix names BFQ only.
+        let (_t, table) = fixture(&[("vdb", "254:16", "[mq-deadline] none")], "");
+        let rep = Readiness::with_table(up.clone(), vec![dev("vdb")], table).on_v1().check();
+        assert_eq!(
+            rep.lines[1],
+            "device vdb 254:16 (holds /var/lib/kubelet): none: NO WEIGHT ACTS (scheduler mq-deadline). Fix: `echo bfq \
+             > /sys/block/vdb/queue/scheduler` (or [devices] switch_to_bfq = [\"vdb\"]); io.cost needs cgroup v2"
+        );
     }
 
     #[test]
