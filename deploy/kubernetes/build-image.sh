@@ -8,7 +8,7 @@
 #   docker save ddiskqos-agent:0.1.0 | ctr -n k8s.io images import -
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-# The workspace's version ([workspace.package] version in Cargo.toml): what daemonset.yaml's image names.
+# The workspace's version ([workspace.package] version in Cargo.toml): what 03-daemonset.yaml's image names.
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' Cargo.toml)
 [ -n "$version" ] || { echo "build-image: no [workspace.package] version in Cargo.toml" >&2; exit 1; }
 tag=${1:-ddiskqos-agent:$version}

@@ -1,5 +1,5 @@
 //! The DaemonSet for real, without a cluster: the image `deploy/kubernetes/build-image.sh` builds (`scripts/test.sh`
-//! builds it first), run as a pod through the tests' containerd the way a kubelet runs `daemonset.yaml`: its args,
+//! builds it first), run as a pod through the tests' containerd the way a kubelet runs `03-daemonset.yaml`: its args,
 //! its volume mounts (the ConfigMap's `agent.toml`, the host's cgroup tree, the runtime's socket directory, the
 //! state directory), its security context (no capabilities, read-only root filesystem, no privilege escalation,
 //! uid 0, the runtime's default seccomp profile), host network instead of a pod network (no CNI here). Everything is

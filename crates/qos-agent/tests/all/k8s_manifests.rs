@@ -143,7 +143,7 @@ fn probes_metrics_and_scrape_annotations_agree() {
     // The ConfigMap's agent.toml is a valid config for the CRI runtime, serving metrics on that port, with the
     // paths the DaemonSet mounts.
     let text = &m.configmaps[0].data.as_ref().unwrap()["agent.toml"];
-    let cfg = AgentConfig::from_toml(text, Path::new("configmap.yaml:agent.toml")).unwrap();
+    let cfg = AgentConfig::from_toml(text, Path::new("02-configmap.yaml:agent.toml")).unwrap();
     assert_eq!(cfg.runtime, RuntimeKind::Cri);
     assert!(cfg.metrics.enabled);
     assert_eq!(i32::from(cfg.metrics.listen.port()), port.container_port);

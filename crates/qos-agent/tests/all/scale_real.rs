@@ -3,10 +3,13 @@
 //!   default 500 ms interval: every one at the top weight soon after start, status table and metrics exactly that
 //!   size, back down when half go away, a burst of new ones managed, everything restored on SIGTERM;
 //! - `DDISKQOS_SCALE_DOCKER` (default 32) real containers on a dedicated dockerd: all managed, no Docker API
-//!   request in ten quiet rounds.
+//!   request in ten quiet rounds;
+//! - `DDISKQOS_SCALE_PODS` (default 110, the kubelet's maximum) pods through the tests' containerd: all at the top,
+//!   the agent's CPU, memory and CRI calls a minute on a quiet full node, new pods' time to the top (measured and
+//!   printed; asserted loosely).
 //!
-//! Needs root and cgroup v1 blkio (and a loop device, and a private dockerd for the second); `#[ignore]`d, see
-//! `testbed::require`. Both hold `testbed::exclusive()`: they time start-up, demotion and shutdown.
+//! Needs root and cgroup v1 blkio (and a loop device, a private dockerd for the second, containerd for the third);
+//! `#[ignore]`d, see `testbed::require`. All hold `testbed::exclusive()`: they time start-up, demotion and shutdown.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
