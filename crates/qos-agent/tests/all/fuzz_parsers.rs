@@ -515,3 +515,59 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// `[policy]` on arbitrary pods: never a panic; the labels it hands the daemon always parse without an error
+    /// (nothing a tenant wrote reaches the daemon unchecked); a pin is never above the ceiling unless an operator's
+    /// class says so; a pod of an untrusted namespace is excluded only as a system pod and pinned only by a class;
+    /// everything not honoured is named in a note.
+    #[test]
+    fn the_pod_policy_holds_whatever_a_pod_says(
+        namespace in prop_oneof![Just("trusted".to_string()), Just("kube-system".to_string()), "\\PC{0,12}"],
+        weight in prop::option::of(label_value()),
+        exclude in prop::option::of(label_value()),
+        class in prop::option::of(prop_oneof![Just("batch".to_string()), "\\PC{0,8}"]),
+        source in prop::option::of(prop_oneof![Just("api".to_string()), Just("file".to_string()), "\\PC{0,6}"]),
+        ceiling in 1u32..=1000,
+    ) {
+        use qos_agent::policy::{ClassConfig, PodFacts, PolicyConfig, CLASS_ANNOTATION, CONFIG_SOURCE_ANNOTATION};
+        use qos_agent::labels::{EXCLUDE_ANNOTATION, WEIGHT_ANNOTATION};
+        let cfg = PolicyConfig {
+            trusted_namespaces: vec!["trusted".into()],
+            max_pinned_weight: ceiling,
+            classes: BTreeMap::from([("batch".to_string(), ClassConfig { weight: 40 })]),
+            ..Default::default()
+        };
+        let mut annotations = std::collections::HashMap::new();
+        for (k, v) in [(WEIGHT_ANNOTATION, &weight), (EXCLUDE_ANNOTATION, &exclude), (CLASS_ANNOTATION, &class), (CONFIG_SOURCE_ANNOTATION, &source)] {
+            if let Some(v) = v {
+                annotations.insert(k.to_string(), v.clone());
+            }
+        }
+        let labels = std::collections::HashMap::new();
+        let d = cfg.decide_pod(&PodFacts { namespace: &namespace, annotations: &annotations, labels: &labels });
+        let (policy, errors) = policy_from_labels(&d.labels);
+        prop_assert!(errors.is_empty(), "{:?}", errors);
+        let system = namespace == "kube-system" || source.as_deref().is_some_and(|s| s != "api");
+        prop_assert_eq!(d.system.is_some(), system);
+        let class_ok = class.as_deref().is_some_and(|c| c.trim() == "batch");
+        match policy {
+            Policy::Excluded => prop_assert!(system || (namespace == "trusted" && exclude.is_some())),
+            Policy::Pinned(w) => {
+                prop_assert!(!system);
+                prop_assert!(w.get() <= ceiling || (class_ok && w.get() == 40), "{w:?}");
+                if namespace != "trusted" {
+                    prop_assert!(class_ok && w.get() == 40);
+                }
+            }
+            Policy::Managed => prop_assert!(!system),
+        }
+        if !system && namespace != "trusted" {
+            let asked = usize::from(weight.is_some()) + usize::from(exclude.is_some());
+            let refused = d.notes.iter().filter(|n| n.rule.contains("not in policy.trusted_namespaces")).count();
+            prop_assert_eq!(refused, asked, "{:?}", d.notes);
+        }
+    }
+}
