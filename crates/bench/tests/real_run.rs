@@ -282,7 +282,7 @@ mod v2_real {
         .spawn()
         .expect("start the bench");
         let pid = child.id();
-        let output = wait_with_deadline(child, Duration::from_secs(100));
+        let output = wait_with_deadline(child, testbed::process::patience(Duration::from_secs(100)));
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(output.status.success(), "bench failed\nstdout:\n{stdout}\nstderr:\n{stderr}");

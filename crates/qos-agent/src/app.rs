@@ -21,6 +21,7 @@ use crate::runtime::cri::naming::KubeletRoot;
 use crate::runtime::cri::{CriClient, CriDiscovery};
 use crate::runtime::docker::{self, DockerCounters, DockerDiscovery, DockerWriter};
 use crate::state::OriginalWeights;
+use crate::systemd::{self, SystemdActuator};
 use crate::{blockdev, control, metrics};
 
 /// Below this many descriptors the agent warns at start (the unit sets `LimitNOFILE=65536`).
@@ -62,8 +63,9 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
                 cfg.devices.check.clone()
             };
             let mut tuned = blockdev::check::check_at_start(&cfg, &root, data_disk)?;
-            let files = file_writer(&root, devices, &metrics);
+            let files = file_writer(&root, devices.clone(), &metrics);
             let (discovery, counters, writer) = docker_backends(docker, root.clone(), cfg.actuator, files).await?;
+            let writer = with_systemd(&cfg, &root, writer, devices, &metrics)?;
             info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
             let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?;
             let summary = serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?;
@@ -106,6 +108,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             }
             let mut tuned = blockdev::check::check_at_start(&cfg, &root, None)?;
             let (discovery, counters, writer) = cri_backends(&cfg, client, root.clone(), &metrics);
+            let writer = with_systemd(&cfg, &root, writer, cfg.devices.check.clone(), &metrics)?;
             info!(dry_run = cfg.dry_run, "managing Kubernetes pods (one weight per pod cgroup)");
             let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?;
             let daemon = daemon.with_systemd_notify(systemd);
@@ -183,6 +186,36 @@ pub fn file_writer(root: &CgroupRoot, devices: Vec<String>, metrics: &Metrics) -
         writer.check_configured();
     }
     writer
+}
+
+/// `writer` inside the systemd actuator, which sends the weights of cgroups that are systemd units through
+/// systemd: on for `auto` and `systemd` on a cgroup-v2 host whose PID 1 is systemd (`systemd` elsewhere is an
+/// error), off otherwise (then it is `writer` itself).
+pub fn with_systemd<W: WeightWriter>(
+    cfg: &AgentConfig,
+    root: &CgroupRoot,
+    writer: W,
+    devices: Vec<String>,
+    metrics: &Metrics,
+) -> Result<SystemdActuator<W>> {
+    let v2 = root.version() == crate::cgroup::CgroupVersion::V2;
+    let host = systemd::is_systemd_host();
+    let enabled = match cfg.actuator {
+        ActuatorMode::Auto => host && v2,
+        ActuatorMode::Systemd if host && v2 => true,
+        ActuatorMode::Systemd => anyhow::bail!(
+            "actuator = \"systemd\" needs systemd as PID 1 (/run/systemd/system: {}) and cgroup v2 (found {:?} at {})",
+            if host { "present" } else { "missing" },
+            root.version(),
+            root.path().display()
+        ),
+        ActuatorMode::Docker | ActuatorMode::Cgroupfs => false,
+    };
+    if enabled {
+        info!("systemd host on cgroup v2: the weights of cgroups that are systemd units go through systemd");
+    }
+    let files = file_writer(root, devices, metrics);
+    Ok(SystemdActuator::new(writer, enabled, files, root.path().to_owned()))
 }
 
 /// Serves metrics and the status socket, installs the signal handlers, and runs the daemon; the control socket

@@ -120,14 +120,18 @@ pub enum AppliedVia {
     /// By writing the cgroup weight file directly, confirmed by reading it back.
     #[serde(rename = "cgroupfs")]
     CgroupFile,
+    /// As properties of the container's systemd unit (`SetUnitProperties`), confirmed in the cgroup files.
+    #[serde(rename = "systemd")]
+    Systemd,
 }
 
 impl AppliedVia {
-    /// The actuator's name in logs and status: `docker` or `cgroupfs`.
+    /// The actuator's name in logs and status: `docker`, `cgroupfs` or `systemd`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::RuntimeApi => "docker",
             Self::CgroupFile => "cgroupfs",
+            Self::Systemd => "systemd",
         }
     }
 }

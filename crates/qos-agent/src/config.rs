@@ -76,6 +76,10 @@ pub enum ActuatorMode {
     Docker,
     /// The cgroup weight file only.
     Cgroupfs,
+    /// Cgroups that are systemd units (Docker's and the kubelet's systemd cgroup driver) through systemd's D-Bus
+    /// API, every other cgroup through its file. `auto` does this too on a systemd host with cgroup v2; this mode
+    /// makes a host without systemd as PID 1 an error at start.
+    Systemd,
 }
 
 /// `[docker]`.

@@ -45,6 +45,7 @@ pub mod readiness;
 pub mod reconcile;
 pub mod runtime;
 pub mod state;
+pub mod systemd;
 
 pub use backend::{AppliedVia, BackendError, ContainerInfo, CounterSource, Discovery, DiscoveryEvent, WeightWriter};
 pub use config::AgentConfig;

@@ -58,6 +58,32 @@ pub enum Qos {
 }
 
 impl Qos {
+    /// The pod's cgroup relative to the cgroup root under `driver`'s naming.
+    pub fn pod_rel_for(self, uid: &str, driver: Driver) -> String {
+        match driver {
+            Driver::Cgroupfs => self.pod_rel(uid),
+            Driver::Systemd => {
+                let slice = self.pod_slice(uid);
+                match self {
+                    Self::Guaranteed => format!("kubepods.slice/{slice}"),
+                    Self::Burstable => format!("kubepods.slice/kubepods-burstable.slice/{slice}"),
+                    Self::BestEffort => format!("kubepods.slice/kubepods-besteffort.slice/{slice}"),
+                }
+            }
+        }
+    }
+
+    /// The pod's slice as the kubelet's systemd driver names it (`kubepods-burstable-pod<uid_>.slice`: dashes of
+    /// the uid become underscores, as unit names need).
+    pub fn pod_slice(self, uid: &str) -> String {
+        let uid = uid.replace('-', "_");
+        match self {
+            Self::Guaranteed => format!("kubepods-pod{uid}.slice"),
+            Self::Burstable => format!("kubepods-burstable-pod{uid}.slice"),
+            Self::BestEffort => format!("kubepods-besteffort-pod{uid}.slice"),
+        }
+    }
+
     /// The pod's cgroup relative to a hierarchy's root (`kubepods/burstable/pod<uid>`).
     pub fn pod_rel(self, uid: &str) -> String {
         match self {
@@ -66,6 +92,16 @@ impl Qos {
             Self::BestEffort => format!("kubepods/besteffort/pod{uid}"),
         }
     }
+}
+
+/// The kubelet's cgroup driver the tests' containerd (runc's `SystemdCgroup`) and pods use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    /// Pod cgroups as plain paths (`/kubepods/burstable/pod<uid>`), made by runc.
+    Cgroupfs,
+    /// Pod cgroups as slices (`kubepods-burstable-pod<uid_>.slice`) and containers as scopes, made by systemd
+    /// at runc's request: needs systemd as PID 1 (the systemd guest).
+    Systemd,
 }
 
 /// The cgroup-v1 hierarchies (real mount points, not the `cpu` → `cpu,cpuacct` symlinks); on cgroup v2 (the mount
@@ -97,7 +133,19 @@ fn levels(cgroup_root: &str) -> Vec<String> {
 fn kubepods_levels_present(cgroup_root: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for h in hierarchies() {
-        for rel in levels(cgroup_root) {
+        let mut rels = levels(cgroup_root);
+        if cgroup_root.is_empty() {
+            // The systemd driver's levels (only under the default root here).
+            rels.extend(
+                [
+                    "kubepods.slice",
+                    "kubepods.slice/kubepods-burstable.slice",
+                    "kubepods.slice/kubepods-besteffort.slice",
+                ]
+                .map(String::from),
+            );
+        }
+        for rel in rels {
             let p = h.join(rel);
             if p.is_dir() {
                 out.push(p);
@@ -159,13 +207,19 @@ pub struct Containerd {
     kubepods_before: Vec<PathBuf>,
     /// The kubelet's `--cgroup-root` the pods are made under, without the leading `/` (`""`: `/`).
     cgroup_root: String,
-    /// Each pod's cgroup relative to a hierarchy's root.
-    pods: Vec<String>,
+    pods: Vec<(String, Qos)>,
+    driver: Driver,
 }
 
 impl Containerd {
     /// Starts containerd and imports [`PAUSE_IMAGE`] (built with the host's Docker first if missing).
     pub fn start() -> Self {
+        Self::start_with(Driver::Cgroupfs)
+    }
+
+    /// [`Containerd::start`] with pods made under `driver`'s naming (runc's `SystemdCgroup = true` for
+    /// [`Driver::Systemd`], as a kubelet with the systemd cgroup driver needs).
+    pub fn start_with(driver: Driver) -> Self {
         ensure_pause_image();
         let dir = tempfile::Builder::new().prefix("ddiskqos-containerd-").tempdir_in("/var/tmp").unwrap();
         let d = dir.path();
@@ -194,12 +248,13 @@ state = "{d}/state"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
+        SystemdCgroup = {systemd_cgroup}
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{d}/cni-bin"
     conf_dir = "{d}/cni-conf"
 "#,
-            d = d.display()
+            d = d.display(),
+            systemd_cgroup = driver == Driver::Systemd
         );
         fs::write(d.join("config.toml"), config).unwrap();
         let mut this = Self {
@@ -208,6 +263,7 @@ state = "{d}/state"
             kubepods_before: kubepods_levels_present(""),
             cgroup_root: String::new(),
             pods: Vec::new(),
+            driver,
         };
         this.spawn();
         this.import_image(PAUSE_IMAGE);
@@ -217,15 +273,19 @@ state = "{d}/state"
     /// Makes the pods from now on as a kubelet with `--cgroup-root=<root>` would (kind's: `/kubelet`): below
     /// `<root>/kubepods/...`. Teardown removes the levels of that root the test made.
     pub fn set_kubelet_cgroup_root(&mut self, root: &str) {
+        assert!(
+            self.driver == Driver::Cgroupfs && self.pods.is_empty(),
+            "a cgroup root: cgroupfs driver, before any pod"
+        );
         self.cgroup_root = root.trim_matches('/').to_string();
         self.kubepods_before.extend(kubepods_levels_present(&self.cgroup_root));
     }
 
-    /// A pod's cgroup relative to a hierarchy's root, under the kubelet cgroup root in use
+    /// A pod's cgroup relative to a hierarchy's root, under the driver and kubelet cgroup root in use
     /// (`kubelet/kubepods/burstable/pod<uid>`).
     pub fn pod_rel(&self, qos: Qos, uid: &str) -> String {
         if self.cgroup_root.is_empty() {
-            qos.pod_rel(uid)
+            qos.pod_rel_for(uid, self.driver)
         } else {
             format!("{}/{}", self.cgroup_root, qos.pod_rel(uid))
         }
@@ -363,11 +423,14 @@ state = "{d}/state"
         annotations: &[(&str, &str)],
         containers: Vec<cri::ContainerConfig>,
     ) -> (String, Vec<String>) {
-        let rel = self.pod_rel(qos, uid);
-        self.pods.push(rel.clone());
+        self.pods.push((uid.to_string(), qos));
         let mut cri = self.cri();
+        let parent = match self.driver {
+            Driver::Cgroupfs => format!("/{}", self.pod_rel(qos, uid)),
+            Driver::Systemd => qos.pod_slice(uid),
+        };
         let log_dir = self.dir.path().join("logs").join(uid);
-        let config = sandbox_config(meta, name, uid, &rel, annotations, &log_dir);
+        let config = sandbox_config(meta, name, uid, &parent, annotations, &log_dir);
         let sandbox = cri
             .run_sandbox(config.clone())
             .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", self.log_tail()));
@@ -394,9 +457,25 @@ state = "{d}/state"
     /// Removes the pod cgroups of the pods run here, in every hierarchy, and the kubepods levels that did not exist
     /// before (rmdir only: a level still holding someone else's pod stays).
     fn remove_pod_cgroups(&self) {
+        if self.driver == Driver::Systemd {
+            // The slices are systemd's units: stopping them removes their cgroups. The levels above are the kubelet's
+            // (here: made by systemd on the way); stopped only if this test made them.
+            let mut units: Vec<String> = self.pods.iter().map(|(uid, qos)| qos.pod_slice(uid)).collect();
+            for (level, rel) in [
+                ("kubepods-burstable.slice", "kubepods.slice/kubepods-burstable.slice"),
+                ("kubepods-besteffort.slice", "kubepods.slice/kubepods-besteffort.slice"),
+                ("kubepods.slice", "kubepods.slice"),
+            ] {
+                if !self.kubepods_before.contains(&Path::new(CGROUP_MOUNTS).join(rel)) {
+                    units.push(level.to_string());
+                }
+            }
+            let _ = Command::new("systemctl").arg("stop").args(&units).status();
+            return;
+        }
         for h in hierarchies() {
-            for rel in &self.pods {
-                crate::blkio::remove_cgroup_tree(&h.join(rel));
+            for (uid, qos) in &self.pods {
+                crate::blkio::remove_cgroup_tree(&h.join(self.pod_rel(*qos, uid)));
             }
             let mut roots = vec![String::new()];
             roots.extend((!self.cgroup_root.is_empty()).then(|| self.cgroup_root.clone()));
@@ -444,7 +523,7 @@ fn sandbox_config(
     meta: PodMeta<'_>,
     name: &str,
     uid: &str,
-    pod_rel: &str,
+    cgroup_parent: &str,
     annotations: &[(&str, &str)],
     log_dir: &Path,
 ) -> cri::PodSandboxConfig {
@@ -461,7 +540,7 @@ fn sandbox_config(
         log_directory: log_dir.to_string_lossy().into_owned(),
         annotations: annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<HashMap<_, _>>(),
         linux: Some(cri::LinuxPodSandboxConfig {
-            cgroup_parent: format!("/{pod_rel}"),
+            cgroup_parent: cgroup_parent.to_string(),
             security_context: Some(cri::LinuxSandboxSecurityContext {
                 namespace_options: Some(host_network()),
                 ..Default::default()

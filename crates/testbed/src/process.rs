@@ -28,3 +28,22 @@ pub fn wait_for<T>(limit: Duration, every: Duration, mut f: impl FnMut() -> Opti
         std::thread::sleep(every);
     }
 }
+
+/// How many times longer than on the host things take where the test runs: `DDISKQOS_TIME_SCALE` (the systemd
+/// guest, `scripts/guest.sh`, runs under qemu's software emulation and sets 10), else 1. A bad value is a panic
+/// naming it, not a silent 1.
+pub fn time_scale() -> u32 {
+    match std::env::var("DDISKQOS_TIME_SCALE") {
+        Err(_) => 1,
+        Ok(v) => match v.parse::<u32>() {
+            Ok(n) if (1..=100).contains(&n) => n,
+            _ => panic!("DDISKQOS_TIME_SCALE={v:?}: expected a whole number from 1 to 100"),
+        },
+    }
+}
+
+/// `limit` stretched by [`time_scale`]: for safety caps on waits (how long to wait before giving up), never for
+/// the figure a test asserts on. Under emulation a test asserts on what it can count instead (the agent's rounds).
+pub fn patience(limit: Duration) -> Duration {
+    limit * time_scale()
+}

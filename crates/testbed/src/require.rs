@@ -24,12 +24,15 @@ pub enum Need {
     /// What a private dockerd ([`crate::dockerd::Dockerd`]) needs: dockerd, the Docker CLI, `unshare` and a static
     /// busybox for the test image.
     PrivateDockerd,
-    /// The cgroup-v2 test bed (`scripts/cgroup-v2.sh run --dockerd`): `/sys/fs/cgroup` is cgroup2 with the io
-    /// controller and io.cost, and a dockerd on it answers at `$DOCKER_HOST` with the test image.
+    /// The cgroup-v2 test bed (the systemd guest, `scripts/guest.sh run --dockerd`): `/sys/fs/cgroup` is cgroup2
+    /// with the io controller and io.cost, and a dockerd on it answers at `$DOCKER_HOST` with the test image.
     V2TestBed,
-    /// The cpu controller on the cgroup2 tree at `/sys/fs/cgroup` (`scripts/cgroup-v2.sh run --cpu`): runc gives a
-    /// CRI pod sandbox CPU shares (`cpu.weight`) and fails to start it without.
+    /// The cpu controller on the cgroup2 tree at `/sys/fs/cgroup` (the systemd guest has it): runc gives a CRI pod
+    /// sandbox CPU shares (`cpu.weight`) and fails to start it without.
     V2Cpu,
+    /// A systemd host on cgroup v2 (the systemd guest): systemd is PID 1 (`/run/systemd/system`) and
+    /// `/sys/fs/cgroup` is cgroup2 with the io controller, and the guest's `docker.service` is installed.
+    SystemdV2Host,
     /// A program on `PATH`.
     Program(&'static str),
     /// An image in the host's Docker (e.g. the agent's, `deploy/kubernetes/build-image.sh`).
@@ -49,6 +52,12 @@ impl Need {
             Self::V2TestBed => v2_test_bed(),
             Self::V2Cpu => std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
                 .is_ok_and(|c| c.split_whitespace().any(|w| w == "cpu")),
+            Self::SystemdV2Host => {
+                Path::new("/run/systemd/system").is_dir()
+                    && std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+                        .is_ok_and(|c| c.split_whitespace().any(|w| w == "io"))
+                    && Path::new("/lib/systemd/system/docker.service").exists()
+            }
             Self::Program(name) => on_path(name),
             Self::DockerImage(image) => docker::image_exists(image) || docker::image_exists_on_host(image),
         };
@@ -67,10 +76,13 @@ impl std::fmt::Display for Need {
             Self::PrivateDockerd => f.write_str("dockerd, the docker CLI, unshare and busybox-static"),
             Self::V2TestBed => f.write_str(
                 "the cgroup-v2 test bed (cgroup2 with io and io.cost at /sys/fs/cgroup, a dockerd on it at \
-                 $DOCKER_HOST with the test image: run inside scripts/cgroup-v2.sh run --dockerd)",
+                 $DOCKER_HOST with the test image: run inside the systemd guest, scripts/guest.sh run --dockerd)",
             ),
             Self::V2Cpu => f.write_str(
-                "the cpu controller on cgroup2 at /sys/fs/cgroup (run inside scripts/cgroup-v2.sh run --cpu)",
+                "the cpu controller on cgroup2 at /sys/fs/cgroup (run inside the systemd guest, scripts/guest.sh run)",
+            ),
+            Self::SystemdV2Host => f.write_str(
+                "a systemd host on cgroup v2 with docker.service (run inside the systemd guest, scripts/guest.sh run)",
             ),
             Self::Program(name) => write!(f, "{name} on PATH"),
             Self::DockerImage(image) => write!(f, "the image {image} in the host's Docker"),

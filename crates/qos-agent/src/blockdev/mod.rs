@@ -320,3 +320,23 @@ fn disk_of_link(link: &Path) -> Result<Option<String>> {
 
 #[cfg(test)]
 mod tests;
+
+/// The devices with io.cost enabled: every `MAJ:MIN … enable=1 …` line of `io.cost.qos` in the v2 root `v2_root`.
+/// A missing file (v1-only host, kernel without io.cost) means none.
+pub fn io_cost_devices(v2_root: &Path) -> Result<Vec<DevNum>> {
+    let path = v2_root.join("io.cost.qos");
+    let bytes = match fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(DeviceError::Io { op: "read", path, source }),
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let dev = fields.next()?.parse::<DevNum>().ok()?;
+            fields.any(|f| f == "enable=1").then_some(dev)
+        })
+        .collect())
+}

@@ -63,6 +63,7 @@ impl Actuator {
             ActuatorMode::Auto => "auto",
             ActuatorMode::Docker => "docker",
             ActuatorMode::Cgroupfs => "cgroupfs",
+            ActuatorMode::Systemd => "systemd",
         };
         match self.in_use {
             Some(via) if via.as_str() == configured => configured.to_string(),

@@ -51,6 +51,7 @@ mod faults_real;
 mod fuzz_parsers;
 mod k8s_manifests;
 mod scale_real;
+mod systemd_real;
 mod tunables_real;
 mod v2_real;
 

@@ -22,6 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use testbed::docker::Containers;
+use testbed::process::patience;
 
 const CGROUP: &str = "/sys/fs/cgroup";
 const DOCKER: &str = "/usr/bin/docker";
@@ -32,33 +33,36 @@ fn agent_binary() -> PathBuf {
         .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ddiskqos-agent")), PathBuf::from)
 }
 
-/// A heavy reader is demoted within this long of the agent starting (it reads 128 MiB a pass).
-const DEMOTE_WITHIN: Duration = Duration::from_secs(10);
-/// A new container has the top weight on both devices within this long of `docker run` returning.
-const TOP_WITHIN: Duration = Duration::from_secs(1);
+/// A heavy reader (128 MiB a pass) is demoted within this many of the agent's sampling rounds. Counted in rounds,
+/// not seconds: the same test runs on the host and in the systemd guest under software emulation, where the agent
+/// stretches its rounds to its CPU budget.
+const DEMOTE_WITHIN_ROUNDS: u64 = 10;
+/// A new container has the top weight on both devices within this many rounds of `docker run` returning (the
+/// agent weights it on Docker's start event, before its first round).
+const TOP_WITHIN_ROUNDS: u64 = 3;
 
-fn run(cmd: &str, args: &[&str]) -> String {
+pub(crate) fn run(cmd: &str, args: &[&str]) -> String {
     let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd} {args:?}: {e}"));
     assert!(out.status.success(), "{cmd} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-fn write(path: &str, data: &str) {
+pub(crate) fn write(path: &str, data: &str) {
     std::fs::write(path, data).unwrap_or_else(|e| panic!("writing {data:?} to {path}: {e}"));
 }
 
 /// A file-backed loop device with direct I/O; detached (scheduler back to none first, so it pins no cgroups,
 /// and io.cost off for it) on drop.
-struct Loop {
-    dev: String,
-    name: String,
-    num: String,
+pub(crate) struct Loop {
+    pub(crate) dev: String,
+    pub(crate) name: String,
+    pub(crate) num: String,
     file: PathBuf,
     io_cost: bool,
 }
 
 impl Loop {
-    fn new(file: PathBuf, scheduler: &str) -> Self {
+    pub(crate) fn new(file: PathBuf, scheduler: &str) -> Self {
         std::fs::File::create(&file).and_then(|f| f.set_len(256 << 20)).expect("backing file");
         let dev = run("losetup", &["--find", "--show", "--direct-io=on", file.to_str().unwrap()]);
         let name = dev.trim_start_matches("/dev/").to_string();
@@ -70,7 +74,7 @@ impl Loop {
         this
     }
 
-    fn enable_io_cost(&mut self) {
+    pub(crate) fn enable_io_cost(&mut self) {
         write(&format!("{CGROUP}/io.cost.qos"), &format!("{} enable=1", self.num));
         self.io_cost = true;
         let qos = std::fs::read_to_string(format!("{CGROUP}/io.cost.qos")).unwrap();
@@ -91,10 +95,10 @@ impl Drop for Loop {
 
 /// The test's scratch directory (config, log, state, backing files), removed on drop, also after a failure (the
 /// agent's log is printed in every failure message).
-struct TmpDir(PathBuf);
+pub(crate) struct TmpDir(pub(crate) PathBuf);
 
 impl TmpDir {
-    fn new(tag: &str) -> Self {
+    pub(crate) fn new(tag: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("ddiskqos-v2-real-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         Self(dir)
@@ -108,17 +112,17 @@ impl Drop for TmpDir {
 }
 
 /// The agent process; killed on drop (if the test did not stop it).
-struct Agent {
+pub(crate) struct Agent {
     child: Child,
     log: PathBuf,
 }
 
 impl Agent {
     /// Starts the agent under test with `config`, its stderr (log level info) into `log`.
-    fn spawn(config: &Path, log: PathBuf) -> Self {
+    pub(crate) fn spawn(config: &Path, log: PathBuf) -> Self {
         let child = Command::new(agent_binary())
             .args(["-c", config.to_str().unwrap()])
-            .env("DDISKQOS_LOG", "info")
+            .env("DDISKQOS_LOG", "info,qos_agent::systemd=debug")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -126,11 +130,11 @@ impl Agent {
         Self { child, log }
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn sigterm_and_wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+    pub(crate) fn sigterm_and_wait(&mut self, limit: Duration) -> std::process::ExitStatus {
         run("kill", &["-TERM", &self.child.id().to_string()]);
         let deadline = Instant::now() + limit;
         loop {
@@ -151,7 +155,7 @@ impl Drop for Agent {
 }
 
 /// A weight file's effective value for device `num` (its override line, else the default).
-fn effective(file: &Path, num: &str) -> Option<u32> {
+pub(crate) fn effective(file: &Path, num: &str) -> Option<u32> {
     let text = std::fs::read_to_string(file).ok()?;
     let mut default = None;
     for line in text.lines() {
@@ -164,11 +168,11 @@ fn effective(file: &Path, num: &str) -> Option<u32> {
     default
 }
 
-fn read(path: &Path) -> String {
+pub(crate) fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn poll<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<(T, Duration)> {
+pub(crate) fn poll<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<(T, Duration)> {
     let start = Instant::now();
     loop {
         if let Some(v) = f() {
@@ -189,6 +193,14 @@ fn status_json(socket: &Path) -> qos_agent::daemon::Status {
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("status answer {body:?}: {e}"))
 }
 
+/// The agent's sampling rounds so far (`ddiskqos_round_duration_seconds_count`), `None` before it serves metrics.
+pub(crate) fn rounds(port: u16) -> Option<u64> {
+    scrape(port)
+        .lines()
+        .find_map(|l| l.strip_prefix("ddiskqos_round_duration_seconds_count "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 fn scrape(port: u16) -> String {
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return String::new() };
     let _ = s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
@@ -198,7 +210,7 @@ fn scrape(port: u16) -> String {
 }
 
 #[test]
-#[ignore = "needs the cgroup-v2 test bed: scripts/cgroup-v2.sh"]
+#[ignore = "needs cgroup v2: the systemd guest, scripts/guest.sh"]
 fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     let test = "v2_real::agent_on_v2_weights_each_device_through_the_file_that_governs_it";
     if !testbed::require(test, &[testbed::Need::Root, testbed::Need::V2TestBed]) {
@@ -264,17 +276,16 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     )
     .unwrap();
     let log = tmp.join("agent.log");
-    let started = Instant::now();
     let mut agent = Agent::spawn(&config, log);
 
     // The heavy reader is demoted on both devices, each in the file that governs it.
     let heavy_bfq = heavy_dir.join("io.bfq.weight");
     let heavy_io = heavy_dir.join("io.weight");
-    let demoted = poll(DEMOTE_WITHIN + Duration::from_secs(20), || {
+    let demoted = poll(patience(Duration::from_secs(30)), || {
         let (b, i) = (effective(&heavy_bfq, &bfq.num)?, effective(&heavy_io, &cost.num)?);
-        (b < 100 && i < 100).then_some((b, i))
+        (b < 100 && i < 100).then(|| (b, i, rounds(port)))
     });
-    let Some(((heavy_b, heavy_i), took)) = demoted else {
+    let Some(((heavy_b, heavy_i, demoted_at_round), took)) = demoted else {
         panic!(
             "heavy reader not demoted below 100 on both devices: io.bfq.weight {:?}, io.weight {:?}, io.stat {:?}\n{}",
             std::fs::read_to_string(&heavy_bfq),
@@ -283,16 +294,21 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
             agent.log_text()
         )
     };
-    let since_start = started.elapsed();
     eprintln!(
-        "heavy demoted: io.bfq.weight on {} = {heavy_b}, io.weight on {} = {heavy_i}, {:.2} s after the agent started",
+        "heavy demoted: io.bfq.weight on {} = {heavy_b}, io.weight on {} = {heavy_i}, {:.2} s after the agent \
+         started, in its round {demoted_at_round:?}",
         bfq.num,
         cost.num,
         took.as_secs_f64()
     );
-    assert!(since_start <= DEMOTE_WITHIN, "demotion took {since_start:?}:\n{}", agent.log_text());
+    let demoted_at_round = demoted_at_round.expect("the agent serves its round count once it weights containers");
+    assert!(
+        demoted_at_round <= DEMOTE_WITHIN_ROUNDS,
+        "demotion took {demoted_at_round} rounds ({took:?}):\n{}",
+        agent.log_text()
+    );
     // Let it reach the bottom (10) before the comparison with a new container.
-    let bottom = poll(Duration::from_secs(15), || {
+    let bottom = poll(patience(Duration::from_secs(15)), || {
         let (b, i) = (effective(&heavy_bfq, &bfq.num)?, effective(&heavy_io, &cost.num)?);
         (b <= 10 && i <= 10).then_some((b, i))
     });
@@ -304,12 +320,14 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     let invoked = Instant::now();
     let fresh = containers.run(&args);
     let ran = Instant::now();
+    let round_at_run = rounds(port).expect("round count");
     let fresh_dir = Path::new(CGROUP).join("docker").join(&fresh);
     let (fresh_bfq, fresh_io) = (fresh_dir.join("io.bfq.weight"), fresh_dir.join("io.weight"));
-    let top = poll(TOP_WITHIN + Duration::from_secs(5), || {
+    let top = poll(patience(Duration::from_secs(6)), || {
         let (b, i) = (effective(&fresh_bfq, &bfq.num)?, effective(&fresh_io, &cost.num)?);
         (b == 1000 && i >= 1000).then_some((b, i))
     });
+    let top_rounds = rounds(port).expect("round count") - round_at_run;
     let Some(((fresh_b, fresh_i), _)) = top else {
         panic!(
             "new container not at the top: io.bfq.weight {:?}, io.weight {:?}\n{}",
@@ -323,14 +341,18 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     let heavy_i_now = effective(&heavy_io, &cost.num).unwrap();
     eprintln!(
         "new container: io.bfq.weight on {} = {fresh_b}, io.weight on {} = {fresh_i} ({}x the heavy reader's \
-         {heavy_i_now}), {:.3} s after docker run returned ({:.3} s after it was invoked)",
+         {heavy_i_now}), {:.3} s and {top_rounds} rounds after docker run returned ({:.3} s after it was invoked)",
         bfq.num,
         cost.num,
         fresh_i / heavy_i_now.max(1),
         top_took.as_secs_f64(),
         since_invoked.as_secs_f64()
     );
-    assert!(top_took <= TOP_WITHIN, "the new container's top weight took {top_took:?}:\n{}", agent.log_text());
+    assert!(
+        top_rounds <= TOP_WITHIN_ROUNDS,
+        "the new container's top weight took {top_rounds} rounds ({top_took:?}):\n{}",
+        agent.log_text()
+    );
     assert!(fresh_i >= 50 * heavy_i_now, "io.weight {fresh_i} vs heavy {heavy_i_now}: less than 50x");
 
     // The agent said what acts where: metric per device, one warning for the device nothing governs, and the
@@ -412,7 +434,7 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     assert_eq!(log_text.matches("writes io.bfq.weight only").count(), 1, "one fallback notice:\n{log_text}");
 
     // SIGTERM: both files of both containers back to what Docker made them.
-    let status = agent.sigterm_and_wait(Duration::from_secs(10));
+    let status = agent.sigterm_and_wait(patience(Duration::from_secs(10)));
     assert!(status.success(), "agent exit {status}:\n{}", agent.log_text());
     for (what, dir) in [("heavy", &heavy_dir), ("new", &fresh_dir)] {
         assert_eq!(read(&dir.join("io.bfq.weight")), bfq_before, "{what}: io.bfq.weight not restored");
@@ -437,7 +459,7 @@ fn io_cost_on(num: &str) -> bool {
 }
 
 #[test]
-#[ignore = "needs the cgroup-v2 test bed: scripts/cgroup-v2.sh"]
+#[ignore = "needs cgroup v2: the systemd guest, scripts/guest.sh"]
 fn iocost_set_up_measures_applies_reads_back_and_undoes_and_refuses_the_root_disk() {
     let test = "v2_real::iocost_set_up_measures_applies_reads_back_and_undoes_and_refuses_the_root_disk";
     if !testbed::require(test, &[testbed::Need::Root, testbed::Need::V2TestBed]) {
@@ -538,7 +560,7 @@ fn io_stat_per_device(dir: &Path) -> std::collections::BTreeMap<String, qos_core
 }
 
 #[test]
-#[ignore = "needs the cgroup-v2 test bed: scripts/cgroup-v2.sh"]
+#[ignore = "needs cgroup v2: the systemd guest, scripts/guest.sh"]
 fn io_stat_counters_of_real_containers_hold_their_own_bytes_only() {
     use qos_agent::backend::{ContainerInfo, CounterSource};
     use qos_agent::cgroup::CgroupRoot;
@@ -664,7 +686,7 @@ fn pod_weights(dir: &Path, bfq: &Loop, cost: &Loop) -> Option<(u32, u32)> {
 /// by level; annotations (pinned weight, exclusion, a bad value); a new pod at the top; a containerd restart under
 /// the agent; every pod's two files as they were after SIGTERM.
 #[test]
-#[ignore = "needs the cgroup-v2 test bed with the cpu controller and containerd: scripts/cgroup-v2.sh run --cpu"]
+#[ignore = "needs cgroup v2 with the cpu controller and containerd: the systemd guest, scripts/guest.sh"]
 fn agent_on_v2_weights_pod_cgroups_through_cri() {
     use testbed::containerd::{Containerd, Qos};
     let test = "v2_real::agent_on_v2_weights_pod_cgroups_through_cri";
@@ -693,11 +715,13 @@ fn agent_on_v2_weights_pod_cgroups_through_cri() {
 
     let (reader, idle, pinned, excluded, bad) = (uid(11), uid(12), uid(13), uid(14), uid(15));
     let sleep = "exec sleep 100000";
-    // About 20 MB/s (2 MiB direct reads, 0.1 s apart), so every level shows in the pod cgroup's files.
+    // About 20 MB/s on the host (2 MiB direct reads, 0.1 s apart), so every level shows in the pod cgroup's files;
+    // slower by the time scale under emulation, where the agent's rounds are that much longer too.
     let read_script = format!(
         "sleep 1; i=0; while [ $i -lt 250 ]; do dd if={} of=/dev/null bs=1M count=2 skip=$i iflag=direct 2>/dev/null; \
-         i=$((i+2)); sleep 0.1; done; exec sleep 100000",
-        bfq.dev
+         i=$((i+2)); sleep {:.1}; done; exec sleep 100000",
+        bfq.dev,
+        0.1 * f64::from(testbed::process::time_scale())
     );
     let dev = PathBuf::from(&bfq.dev);
     containerd.run_pod("reader", &reader, Qos::Burstable, &[], &read_script, &[&dev]);
@@ -745,10 +769,13 @@ fn agent_on_v2_weights_pod_cgroups_through_cri() {
         let num = bfq.num.clone();
         std::thread::spawn(move || {
             let (mut seen, t) = (Vec::<(f64, u32)>::new(), Instant::now());
-            while t.elapsed() < Duration::from_secs(15) {
+            while t.elapsed() < patience(Duration::from_secs(15)) {
                 if let Some(w) = effective(&file, &num) {
                     if seen.last().is_none_or(|(_, last)| *last != w) {
                         seen.push((t.elapsed().as_secs_f64(), w));
+                    }
+                    if w == 10 {
+                        break;
                     }
                 }
                 std::thread::sleep(Duration::from_millis(10));
@@ -761,7 +788,8 @@ fn agent_on_v2_weights_pod_cgroups_through_cri() {
         ("pinned Guaranteed pod at its annotation's weight", pod_dir(Qos::Guaranteed, &pinned), 300),
         ("pod with a bad annotation managed, at the top", pod_dir(Qos::BestEffort, &bad), 1000),
     ] {
-        let got = poll(Duration::from_secs(5), || (pod_weights(&dir, &bfq, &cost)? == (want, want)).then_some(()));
+        let got =
+            poll(patience(Duration::from_secs(5)), || (pod_weights(&dir, &bfq, &cost)? == (want, want)).then_some(()));
         assert!(
             got.is_some(),
             "{what}: io.bfq.weight {:?}, io.weight {:?} in {}; log:\n{}",
@@ -802,9 +830,9 @@ fn agent_on_v2_weights_pod_cgroups_through_cri() {
     containerd.run_pod("fresh", &fresh, Qos::Burstable, &[], sleep, &[]);
     let created = t.elapsed();
     let fresh_dir = pod_dir(Qos::Burstable, &fresh);
-    let Some((_, took)) =
-        poll(Duration::from_secs(5), || (pod_weights(&fresh_dir, &bfq, &cost)? == (1000, 1000)).then_some(()))
-    else {
+    let Some((_, took)) = poll(patience(Duration::from_secs(5)), || {
+        (pod_weights(&fresh_dir, &bfq, &cost)? == (1000, 1000)).then_some(())
+    }) else {
         panic!("new pod not at 1000: {:?}\n{}", pod_weights(&fresh_dir, &bfq, &cost), agent.log_text())
     };
     eprintln!(
@@ -815,10 +843,13 @@ fn agent_on_v2_weights_pod_cgroups_through_cri() {
 
     // containerd restarts under the agent: it notices, keeps the weights, and manages pods made afterwards.
     containerd.stop();
-    let lost = poll(Duration::from_secs(10), || agent.log_text().contains("CRI runtime unreachable").then_some(()));
+    let lost =
+        poll(patience(Duration::from_secs(10)), || agent.log_text().contains("CRI runtime unreachable").then_some(()));
     assert!(lost.is_some(), "agent did not notice containerd stopping; log:\n{}", agent.log_text());
     containerd.spawn();
-    let back = poll(Duration::from_secs(15), || agent.log_text().contains("CRI runtime answers again").then_some(()));
+    let back = poll(patience(Duration::from_secs(15)), || {
+        agent.log_text().contains("CRI runtime answers again").then_some(())
+    });
     assert!(back.is_some(), "agent did not reconnect; log:\n{}", agent.log_text());
     assert_eq!(
         pod_weights(&pod_dir(Qos::Guaranteed, &pinned), &bfq, &cost),
@@ -829,15 +860,16 @@ fn agent_on_v2_weights_pod_cgroups_through_cri() {
     containerd.run_pod("restarted", &after, Qos::Guaranteed, &[], sleep, &[]);
     let after_dir = pod_dir(Qos::Guaranteed, &after);
     assert!(
-        poll(Duration::from_secs(5), || (pod_weights(&after_dir, &bfq, &cost)? == (1000, 1000)).then_some(()))
-            .is_some(),
+        poll(patience(Duration::from_secs(5)), || (pod_weights(&after_dir, &bfq, &cost)? == (1000, 1000))
+            .then_some(()))
+        .is_some(),
         "pod made after the containerd restart not managed: {:?}\n{}",
         pod_weights(&after_dir, &bfq, &cost),
         agent.log_text()
     );
 
     // SIGTERM: both files of every managed pod as they were; the excluded pod never touched.
-    let status = agent.sigterm_and_wait(Duration::from_secs(10));
+    let status = agent.sigterm_and_wait(patience(Duration::from_secs(10)));
     assert!(status.success(), "agent exit {status}:\n{}", agent.log_text());
     for (qos, u) in [
         (Qos::Burstable, &reader),
@@ -870,7 +902,7 @@ fn agent_on_v2_weights_pod_cgroups_through_cri() {
 /// and the fix — after `cost.vrate` has sat at the floor for `blockdev::vrate::HOLD`; the root's files are put back
 /// afterwards.
 #[test]
-#[ignore = "needs the cgroup-v2 test bed: scripts/cgroup-v2.sh"]
+#[ignore = "needs cgroup v2: the systemd guest, scripts/guest.sh"]
 fn agent_warns_when_io_cost_sits_at_its_minimum_rate() {
     let test = "v2_real::agent_warns_when_io_cost_sits_at_its_minimum_rate";
     if !testbed::require(test, &[testbed::Need::Root, testbed::Need::V2TestBed]) {
@@ -961,7 +993,7 @@ fn agent_warns_when_io_cost_sits_at_its_minimum_rate() {
         qos_agent::blockdev::vrate::vrate_of(&stat, cost.num.parse().unwrap())
     };
     let warning = format!("io.cost RUNS AT ITS MINIMUM RATE on device {}", cost.num);
-    let limit = qos_agent::blockdev::vrate::HOLD + Duration::from_secs(40);
+    let limit = qos_agent::blockdev::vrate::HOLD + patience(Duration::from_secs(40));
     let warned = poll(limit, || agent.log_text().contains(&warning).then_some(()));
     let Some((_, took)) = warned else {
         panic!("no warning within {limit:?}; cost.vrate now {:?}\n{}", vrate_now(), agent.log_text())
@@ -976,7 +1008,7 @@ fn agent_warns_when_io_cost_sits_at_its_minimum_rate() {
     assert!(text.contains(&format!("ddiskqos-agent iocost /dev/{} --apply", cost.name)), "no fix named:\n{text}");
     std::thread::sleep(Duration::from_secs(6));
     assert_eq!(agent.log_text().matches(&warning).count(), 1, "one warning per stay:\n{}", agent.log_text());
-    let status = agent.sigterm_and_wait(Duration::from_secs(10));
+    let status = agent.sigterm_and_wait(patience(Duration::from_secs(10)));
     assert!(status.success(), "agent exit {status}:\n{}", agent.log_text());
     drop(readers);
     drop(_model_back);

@@ -101,7 +101,8 @@ impl WeightWriter for DockerWriter {
 
     async fn write(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
         match self.mode {
-            ActuatorMode::Cgroupfs => self.files.write_weight(info, weight),
+            // `systemd`: units go through `SystemdActuator` around this writer; what reaches here is not a unit.
+            ActuatorMode::Cgroupfs | ActuatorMode::Systemd => self.files.write_weight(info, weight),
             ActuatorMode::Docker => self.via_docker(info, weight).await,
             ActuatorMode::Auto => {
                 if self.docker_delivers != Some(false) && weight.get() >= 10 {

@@ -1,0 +1,437 @@
+//! A systemd host for real (the systemd guest, `scripts/guest.sh`: Debian 12, systemd 252 as PID 1, pure cgroup
+//! v2): Docker with its default **systemd cgroup driver** (containers are `system.slice/docker-<id>.scope`), and
+//! the agent's `auto` actuator sending the weights of those units through systemd (`SetUnitProperties`), so that
+//! systemd keeps them: a `systemctl daemon-reload` and an unrelated property change leave every weight where the
+//! agent put it. One BFQ loop device and one under io.cost.
+//!
+//! `scripts/test.sh` runs this module in the guest beside `v2_real` (its main pass on the host skips it). Outside
+//! a systemd host with cgroup v2 it says `SKIPPED`, except under `CI=true` or `DDISKQOS_REQUIRE_REAL=1`, where it
+//! fails (`testbed::require`).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use testbed::process::patience;
+
+use crate::v2_real::{effective, poll, read, rounds, run, Agent, Loop, TmpDir};
+
+const CGROUP: &str = "/sys/fs/cgroup";
+/// The guest's own dockerd, started by systemd (docker.service): the systemd cgroup driver.
+const SYSTEM_DOCKER: &str = "unix:///var/run/docker.sock";
+const IMAGE: &str = "ddiskqos-test:latest";
+
+/// `docker ARGS` against the system's dockerd, whatever `$DOCKER_HOST` says (the guest's throw-away dockerd).
+fn docker(args: &[&str]) -> String {
+    let mut all = vec!["-H", SYSTEM_DOCKER];
+    all.extend_from_slice(args);
+    run("/usr/bin/docker", &all)
+}
+
+fn systemctl(args: &[&str]) -> String {
+    run("systemctl", args)
+}
+
+/// The guest's docker.service, started for the test; stopped again (with its containers removed) on drop.
+struct SystemDocker {
+    containers: Vec<String>,
+}
+
+impl SystemDocker {
+    fn start() -> Self {
+        systemctl(&["start", "docker.service"]);
+        let up = poll(patience(Duration::from_secs(30)), || {
+            Command::new("/usr/bin/docker")
+                .args(["-H", SYSTEM_DOCKER, "version"])
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+        });
+        assert!(up.is_some(), "docker.service did not answer");
+        let driver = docker(&["info", "--format", "{{.CgroupDriver}} {{.CgroupVersion}}"]);
+        assert_eq!(driver, "systemd 2", "docker.service: cgroup driver and version");
+        if Command::new("/usr/bin/docker")
+            .args(["-H", SYSTEM_DOCKER, "image", "inspect", IMAGE])
+            .output()
+            .is_ok_and(|o| !o.status.success())
+        {
+            // The test image from the guest's busybox-static, as scripts/setup-host.sh builds it on the host.
+            let script = "set -e; r=$(mktemp -d); mkdir -p $r/bin; cp /bin/busybox $r/bin/; \
+                for a in sh dd cat sleep; do ln -s busybox $r/bin/$a; done; \
+                tar -C $r -c . | docker -H unix:///var/run/docker.sock import -c 'ENV PATH=/bin' - ddiskqos-test:latest \
+                >/dev/null; rm -rf $r";
+            run("sh", &["-c", script]);
+        }
+        Self { containers: Vec::new() }
+    }
+
+    fn run(&mut self, args: &[&str]) -> String {
+        let mut all = vec!["run", "-d"];
+        all.extend_from_slice(args);
+        let id = docker(&all);
+        self.containers.push(id.clone());
+        id
+    }
+}
+
+impl Drop for SystemDocker {
+    fn drop(&mut self) {
+        for id in &self.containers {
+            let _ = Command::new("/usr/bin/docker").args(["-H", SYSTEM_DOCKER, "rm", "-f", id]).output();
+        }
+        let _ = Command::new("systemctl").args(["stop", "docker.service", "docker.socket"]).status();
+    }
+}
+
+fn scope_dir(id: &str) -> PathBuf {
+    Path::new(CGROUP).join("system.slice").join(format!("docker-{id}.scope"))
+}
+
+/// (io.bfq.weight on the BFQ device, io.weight on the io.cost device) of a scope.
+fn weights(dir: &Path, bfq: &Loop, cost: &Loop) -> Option<(u32, u32)> {
+    Some((effective(&dir.join("io.bfq.weight"), &bfq.num)?, effective(&dir.join("io.weight"), &cost.num)?))
+}
+
+fn weight_decisions(log: &str) -> usize {
+    log.lines().filter(|l| l.contains("weight decision")).count()
+}
+
+#[test]
+#[ignore = "needs a systemd host with cgroup v2: the systemd guest, scripts/guest.sh"]
+fn docker_scopes_are_weighted_through_systemd_and_keep_their_weights_over_reloads() {
+    let test = "systemd_real::docker_scopes_are_weighted_through_systemd_and_keep_their_weights_over_reloads";
+    let needs = [testbed::Need::Root, testbed::Need::SystemdV2Host, testbed::Need::LoopDevices];
+    if !testbed::require(test, &needs) {
+        return;
+    }
+    let _machine = testbed::exclusive();
+    let tmp_dir = TmpDir::new("systemd");
+    let tmp = tmp_dir.0.clone();
+    let bfq = Loop::new(tmp.join("bfq.img"), "bfq");
+    let mut cost = Loop::new(tmp.join("cost.img"), "none");
+    cost.enable_io_cost();
+    let mut docker = SystemDocker::start();
+
+    // What this host does to a weight written behind systemd's back (why the actuator exists): a scope's files
+    // written directly are back at the unit's values after a daemon-reload.
+    let probe = docker.run(&[IMAGE, "sleep", "600"]);
+    let probe_dir = scope_dir(&probe);
+    crate::v2_real::write(probe_dir.join("io.weight").to_str().unwrap(), "default 50");
+    systemctl(&["daemon-reload"]);
+    let after_reload = read(&probe_dir.join("io.weight"));
+    eprintln!("io.weight written straight into a scope (default 50), after daemon-reload: {after_reload:?}");
+    assert_eq!(after_reload.lines().next(), Some("default 100"), "systemd did not put the scope's io.weight back");
+
+    let heavy_cmd = format!(
+        "while true; do dd if={} of=/dev/null bs=1M count=64 iflag=direct 2>/dev/null; \
+         dd if={} of=/dev/null bs=1M count=64 iflag=direct 2>/dev/null; done",
+        bfq.dev, cost.dev
+    );
+    let heavy = docker.run(&["--device", &bfq.dev, "--device", &cost.dev, IMAGE, "sh", "-c", &heavy_cmd]);
+    let heavy_dir = scope_dir(&heavy);
+    let before = (read(&heavy_dir.join("io.bfq.weight")), read(&heavy_dir.join("io.weight")));
+
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config = tmp.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "runtime = \"docker\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/state.json\"\n\
+             control_socket = \"{0}/agent.sock\"\n[docker]\nsocket = \"/var/run/docker.sock\"\n\
+             [devices]\ncheck = [\"{1}\", \"{2}\"]\n[metrics]\nenabled = true\nlisten = \"127.0.0.1:{3}\"\n\
+             [mlfq]\nboost_after = \"10m\"\n",
+            tmp.display(),
+            bfq.name,
+            cost.name,
+            port
+        ),
+    )
+    .unwrap();
+    let mut agent = Agent::spawn(&config, tmp.join("agent.log"));
+
+    // The heavy reader at the bottom on both devices, through its unit.
+    let bottom = poll(patience(Duration::from_secs(30)), || {
+        weights(&heavy_dir, &bfq, &cost).filter(|&(b, i)| b <= 10 && i <= 10)
+    });
+    assert!(
+        bottom.is_some(),
+        "heavy reader not at the bottom: {:?}\n{}",
+        weights(&heavy_dir, &bfq, &cost),
+        agent.log_text()
+    );
+    let heavy_unit = format!("docker-{heavy}.scope");
+    let props = systemctl(&["show", "-p", "IOWeight", "-p", "IODeviceWeight", &heavy_unit]);
+    eprintln!("heavy reader's unit: {props:?}; files {:?}", weights(&heavy_dir, &bfq, &cost));
+    assert!(props.contains("IOWeight=10\n") || props.starts_with("IOWeight=10"), "{props}");
+    assert!(props.contains(&format!("/dev/block/{} 10", cost.num)), "{props}");
+
+    // A new container that never reads: the top weight on both devices, before any I/O, within a few rounds.
+    let round_at_run = rounds(port).expect("round count");
+    let invoked = std::time::Instant::now();
+    let fresh = docker.run(&["--device", &bfq.dev, "--device", &cost.dev, IMAGE, "sleep", "600"]);
+    let ran = invoked.elapsed();
+    let round_at_ran = rounds(port).expect("round count");
+    let fresh_dir = scope_dir(&fresh);
+    let top = poll(patience(Duration::from_secs(6)), || {
+        weights(&fresh_dir, &bfq, &cost).filter(|&(b, i)| b == 1000 && i == 1000)
+    });
+    // Counted from docker run's return: the container exists (and may read) from then on.
+    let took_rounds = rounds(port).expect("round count") - round_at_ran;
+    assert!(
+        top.is_some(),
+        "new container not at the top: {:?}\n{}",
+        weights(&fresh_dir, &bfq, &cost),
+        agent.log_text()
+    );
+    eprintln!(
+        "new container at 1000 on both devices {took_rounds} rounds and {2:.2} s after docker run returned ({0} \
+         rounds while it ran, which took {1:.2} s)",
+        round_at_ran - round_at_run,
+        ran.as_secs_f64(),
+        top.as_ref().map_or(0.0, |(_, after)| after.as_secs_f64())
+    );
+    assert!(took_rounds <= 3, "the new container's top weight took {took_rounds} rounds:\n{}", agent.log_text());
+    // Before its first I/O: no bytes on either device (io.cost lists a device with `cost.usage=0` only).
+    let io_stat = read(&fresh_dir.join("io.stat"));
+    let did_io = io_stat.lines().any(|l| {
+        (l.starts_with(&format!("{} ", cost.num)) || l.starts_with(&format!("{} ", bfq.num)))
+            && l.split_whitespace().any(|f| f.strip_prefix("rbytes=").is_some_and(|v| v != "0"))
+    });
+    assert!(!did_io, "the new container did I/O already: {io_stat}");
+
+    // systemd's own events: a daemon-reload, an unrelated property: nothing moves, and the agent wrote nothing.
+    let decisions = weight_decisions(&agent.log_text());
+    let want = [(&heavy_dir, (10, 10)), (&fresh_dir, (1000, 1000))];
+    systemctl(&["daemon-reload"]);
+    for (dir, w) in want {
+        assert_eq!(weights(dir, &bfq, &cost), Some(w), "{} after daemon-reload", dir.display());
+    }
+    systemctl(&["set-property", "--runtime", &format!("docker-{fresh}.scope"), "CPUWeight=50"]);
+    systemctl(&["daemon-reload"]);
+    std::thread::sleep(patience(Duration::from_millis(500)));
+    for (dir, w) in want {
+        assert_eq!(weights(dir, &bfq, &cost), Some(w), "{} after set-property CPUWeight and a reload", dir.display());
+    }
+    assert_eq!(weight_decisions(&agent.log_text()), decisions, "the agent had to write again:\n{}", agent.log_text());
+    let log = agent.log_text();
+    assert!(log.contains("go through systemd"), "the actuator did not say it uses systemd:\n{log}");
+    assert!(log.contains("via=\"systemd\""), "no decision applied via systemd:\n{log}");
+    eprintln!("after two daemon-reloads and set-property CPUWeight=50: every weight where the agent put it");
+
+    // SIGTERM: both scopes back at what they had.
+    let status = agent.sigterm_and_wait(patience(Duration::from_secs(10)));
+    assert!(status.success(), "agent exit {status}:\n{}", agent.log_text());
+    assert_eq!(weights(&heavy_dir, &bfq, &cost), Some((100, 100)), "heavy reader not restored");
+    assert_eq!(weights(&fresh_dir, &bfq, &cost), Some((100, 100)), "new container not restored");
+    systemctl(&["daemon-reload"]);
+    assert_eq!(weights(&heavy_dir, &bfq, &cost), Some((100, 100)), "heavy reader after stop and a reload");
+    eprintln!("restored: files before the agent {before:?}, after stop {:?}", weights(&heavy_dir, &bfq, &cost));
+    drop(docker);
+    drop((bfq, cost));
+}
+
+/// `systemctl show -p PROP --value UNIT`.
+fn unit_prop(unit: &str, prop: &str) -> String {
+    systemctl(&["show", "-p", prop, "--value", unit])
+}
+
+fn journal(unit: &str) -> String {
+    run("journalctl", &["-u", unit, "--no-pager", "-o", "cat"])
+}
+
+/// The service removed again on drop: stopped, unit file, binary and config gone, systemd reloaded.
+struct InstalledService;
+
+impl Drop for InstalledService {
+    fn drop(&mut self) {
+        let _ = Command::new("systemctl").args(["disable", "--now", "ddiskqos-agent.service"]).status();
+        for f in ["/etc/systemd/system/ddiskqos-agent.service", "/usr/local/bin/ddiskqos-agent"] {
+            let _ = std::fs::remove_file(f);
+        }
+        let _ = std::fs::remove_dir_all("/etc/ddiskqos");
+        let _ = std::fs::remove_dir_all("/run/ddiskqos");
+        let _ = Command::new("systemctl").arg("daemon-reload").status();
+    }
+}
+
+/// The shipped unit and config, installed as `crates/qos-agent/README.md` tells an operator, run by systemd for
+/// real: ready only once running containers are weighted (Type=notify), `systemctl reload` applies a change, the
+/// watchdog restarts a hung agent, `kill -9` is restarted and the new agent adopts the state file, LimitNOFILE is
+/// in force, the hardening leaves it what it needs, `systemctl stop` restores every weight.
+#[test]
+#[ignore = "needs a systemd host with cgroup v2: the systemd guest, scripts/guest.sh"]
+fn the_shipped_service_under_systemd() {
+    let test = "systemd_real::the_shipped_service_under_systemd";
+    if !testbed::require(test, &[testbed::Need::Root, testbed::Need::SystemdV2Host]) {
+        return;
+    }
+    let _machine = testbed::exclusive();
+    let unit = "ddiskqos-agent.service";
+    let mut docker = SystemDocker::start();
+    let idle = docker.run(&[IMAGE, "sleep", "600"]);
+    let idle_dir = scope_dir(&idle);
+    let before = (read(&idle_dir.join("io.bfq.weight")), read(&idle_dir.join("io.weight")));
+
+    // As the README says: binary, config, unit; enable --now.
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+    let _installed = InstalledService;
+    run("install", &["-m755", env!("CARGO_BIN_EXE_ddiskqos-agent"), "/usr/local/bin/ddiskqos-agent"]);
+    run("install", &["-Dm644", deploy.join("agent.toml").to_str().unwrap(), "/etc/ddiskqos/agent.toml"]);
+    run("install", &["-m644", deploy.join(unit).to_str().unwrap(), "/etc/systemd/system/"]);
+    systemctl(&["daemon-reload"]);
+    // Type=notify: `enable --now` returns once the agent said READY=1, which it says after the first discovery
+    // with every running container weighted.
+    systemctl(&["enable", "--now", unit]);
+    assert_eq!(unit_prop(unit, "ActiveState"), "active", "{}", journal(unit));
+    let at_ready = (read(&idle_dir.join("io.bfq.weight")), read(&idle_dir.join("io.weight")));
+    eprintln!("at READY=1 the idle container's files read {at_ready:?} (before the agent: {before:?})");
+    assert!(at_ready.0.starts_with("default 1000"), "not weighted when ready: {at_ready:?}\n{}", journal(unit));
+    assert_eq!(unit_prop(&format!("docker-{idle}.scope"), "IOWeight"), "10000", "not through systemd");
+    let pid = unit_prop(unit, "MainPID");
+    let limits = read(Path::new(&format!("/proc/{pid}/limits")));
+    let nofile = limits.lines().find(|l| l.starts_with("Max open files")).unwrap_or_default().to_string();
+    eprintln!("{nofile}");
+    assert!(nofile.split_whitespace().filter(|w| *w == "65536").count() == 2, "LimitNOFILE not in force: {nofile}");
+
+    // systemctl reload (SIGHUP): a new sample_interval applies.
+    let cfg = read(Path::new("/etc/ddiskqos/agent.toml"))
+        .replace("sample_interval = \"500ms\"", "sample_interval = \"300ms\"");
+    assert!(cfg.contains("\"300ms\""), "deploy/agent.toml has no sample_interval = \"500ms\" line to change");
+    std::fs::write("/etc/ddiskqos/agent.toml", cfg).unwrap();
+    systemctl(&["reload", unit]);
+    let reloaded = poll(patience(Duration::from_secs(10)), || {
+        let j = journal(unit);
+        j.lines().any(|l| l.contains("configuration reloaded") && l.contains("300ms")).then_some(())
+    });
+    assert!(reloaded.is_some(), "reload not applied:\n{}", journal(unit));
+
+    // A hung agent (SIGSTOP: no WATCHDOG=1 any more) is killed by the watchdog and restarted.
+    let restarts = |u: &str| unit_prop(u, "NRestarts").parse::<u32>().unwrap_or(0);
+    let n0 = restarts(unit);
+    let pid0 = unit_prop(unit, "MainPID");
+    run("kill", &["-STOP", &pid0]);
+    let watchdog = poll(patience(Duration::from_secs(30)), || {
+        let pid = unit_prop(unit, "MainPID");
+        (pid != pid0 && pid != "0" && unit_prop(unit, "ActiveState") == "active").then_some(pid)
+    });
+    assert!(watchdog.is_some(), "the watchdog did not restart the hung agent:\n{}", journal(unit));
+    assert_eq!(restarts(unit), n0 + 1, "NRestarts after the watchdog");
+    assert!(journal(unit).contains("atchdog"), "no watchdog line in the journal:\n{}", journal(unit));
+    eprintln!("watchdog: hung agent {pid0} killed and restarted as {}", unit_prop(unit, "MainPID"));
+
+    // kill -9: restarted; the new agent adopts the state file and the container keeps its top weight.
+    let pid1 = unit_prop(unit, "MainPID");
+    run("kill", &["-9", &pid1]);
+    let again = poll(patience(Duration::from_secs(30)), || {
+        let pid = unit_prop(unit, "MainPID");
+        (pid != pid1 && pid != "0" && unit_prop(unit, "ActiveState") == "active").then_some(pid)
+    });
+    assert!(again.is_some(), "not restarted after SIGKILL:\n{}", journal(unit));
+    assert!(journal(unit).contains("state file from a previous agent found"), "state not adopted:\n{}", journal(unit));
+    assert!(read(&idle_dir.join("io.bfq.weight")).starts_with("default 1000"), "weight lost over the restart");
+
+    // The hardening as systemd sees it (reported, and the agent did its work under it above).
+    let security = Command::new("systemd-analyze").args(["security", "--no-pager", unit]).output().unwrap();
+    let text = String::from_utf8_lossy(&security.stdout);
+    let overall = text.lines().find(|l| l.contains("Overall exposure level")).unwrap_or("(no overall line)");
+    eprintln!("systemd-analyze security {unit}: {}", overall.trim());
+
+    // systemctl stop: every weight restored.
+    systemctl(&["stop", unit]);
+    let after = (read(&idle_dir.join("io.bfq.weight")), read(&idle_dir.join("io.weight")));
+    assert_eq!(after, before, "systemctl stop did not restore the idle container:\n{}", journal(unit));
+    assert!(journal(unit).contains("stopped"), "{}", journal(unit));
+    eprintln!("systemctl stop: the idle container reads {after:?} again");
+    drop(docker);
+}
+
+/// The kubelet's systemd cgroup driver (kubeadm's default): containerd with `SystemdCgroup = true`, pod sandboxes
+/// with slice parents as the kubelet names them (`kubepods-burstable-pod<uid_>.slice`; no kubelet here, the tests'
+/// CRI harness makes the calls), so every pod cgroup is a systemd slice. The agent's CRI runtime weights each pod
+/// slice through systemd: an idle pod at the top, a reader demoted, a pinned pod at its annotation; all kept over a
+/// daemon-reload; SIGTERM puts every slice back.
+#[test]
+#[ignore = "needs a systemd host with cgroup v2 and containerd: the systemd guest, scripts/guest.sh"]
+fn pod_slices_of_the_kubelets_systemd_driver_are_weighted_through_systemd() {
+    use testbed::containerd::{Containerd, Driver, Qos};
+    let test = "systemd_real::pod_slices_of_the_kubelets_systemd_driver_are_weighted_through_systemd";
+    let needs = [
+        testbed::Need::Root,
+        testbed::Need::SystemdV2Host,
+        testbed::Need::LoopDevices,
+        testbed::Need::Program("containerd"),
+        testbed::Need::Program("runc"),
+    ];
+    if !testbed::require(test, &needs) {
+        return;
+    }
+    let _machine = testbed::exclusive();
+    let tmp_dir = TmpDir::new("systemd-cri");
+    let tmp = tmp_dir.0.clone();
+    let bfq = Loop::new(tmp.join("bfq.img"), "bfq");
+    let mut cost = Loop::new(tmp.join("cost.img"), "none");
+    cost.enable_io_cost();
+    let mut containerd = Containerd::start_with(Driver::Systemd);
+    let uid = crate::cri_real::uid;
+    let (reader, idle, pinned) = (uid(21), uid(22), uid(23));
+    let slice_dir = |qos: Qos, u: &str| Path::new(CGROUP).join(qos.pod_rel_for(u, Driver::Systemd));
+    let read_script =
+        format!("sleep 1; while true; do dd if={} of=/dev/null bs=1M count=64 iflag=direct 2>/dev/null; done", bfq.dev);
+    let dev = PathBuf::from(&bfq.dev);
+    containerd.run_pod("reader", &reader, Qos::Burstable, &[], &read_script, &[&dev]);
+    containerd.run_pod("idle", &idle, Qos::BestEffort, &[], "exec sleep 100000", &[]);
+    containerd.run_pod("pinned", &pinned, Qos::Guaranteed, &[("ddiskqos.io/weight", "300")], "exec sleep 100000", &[]);
+    let idle_dir = slice_dir(Qos::BestEffort, &idle);
+    assert!(idle_dir.is_dir(), "no pod slice at {}", idle_dir.display());
+    let before = (read(&idle_dir.join("io.bfq.weight")), read(&idle_dir.join("io.weight")));
+    eprintln!("pod slice {} before the agent: {before:?}", idle_dir.display());
+
+    let config = tmp.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "runtime = \"cri\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/state.json\"\n\
+             control_socket = \"{0}/agent.sock\"\n[cri]\nsocket = \"{1}\"\n\
+             [policy]\ntrusted_namespaces = [\"ddiskqos-test\"]\n[devices]\ncheck = [\"{2}\", \"{3}\"]\n\
+             [mlfq]\nboost_after = \"10m\"\nidle_promote_after = \"off\"\n",
+            tmp.display(),
+            containerd.socket().display(),
+            bfq.name,
+            cost.name
+        ),
+    )
+    .unwrap();
+    let mut agent = Agent::spawn(&config, tmp.join("agent.log"));
+    let want = [
+        ("idle", slice_dir(Qos::BestEffort, &idle), Qos::BestEffort.pod_slice(&idle), (1000, 1000), "10000"),
+        ("pinned", slice_dir(Qos::Guaranteed, &pinned), Qos::Guaranteed.pod_slice(&pinned), (300, 300), "2300"),
+        ("reader", slice_dir(Qos::Burstable, &reader), Qos::Burstable.pod_slice(&reader), (10, 10), "10"),
+    ];
+    for (what, dir, slice, w, io_weight) in &want {
+        let got = poll(patience(Duration::from_secs(30)), || weights(dir, &bfq, &cost).filter(|x| x == w));
+        assert!(got.is_some(), "{what} pod: {:?}, want {w:?}\n{}", weights(dir, &bfq, &cost), agent.log_text());
+        assert_eq!(unit_prop(slice, "IOWeight"), *io_weight, "{what} pod's slice property");
+    }
+    eprintln!("pod slices weighted through systemd: idle 1000, pinned 300, reader 10 (IOWeight 10000 / 2300 / 10)");
+    let decisions = weight_decisions(&agent.log_text());
+    systemctl(&["daemon-reload"]);
+    for (what, dir, _, w, _) in &want {
+        assert_eq!(weights(dir, &bfq, &cost), Some(*w), "{what} pod after daemon-reload");
+    }
+    assert_eq!(weight_decisions(&agent.log_text()), decisions, "the agent had to write again:\n{}", agent.log_text());
+    let log = agent.log_text();
+    assert!(log.contains("via=\"systemd\""), "no pod weighted via systemd:\n{log}");
+
+    let status = agent.sigterm_and_wait(patience(Duration::from_secs(10)));
+    assert!(status.success(), "agent exit {status}:\n{}", agent.log_text());
+    for (what, dir, _, _, _) in &want {
+        assert_eq!(weights(dir, &bfq, &cost), Some((100, 100)), "{what} pod not restored");
+    }
+    eprintln!("after SIGTERM every pod slice reads 100 on both devices again");
+    drop(containerd);
+    for (what, dir, _, _, _) in &want {
+        assert!(!dir.exists(), "{what} pod slice left behind: {}", dir.display());
+    }
+    drop((bfq, cost));
+}
