@@ -15,7 +15,9 @@ use crate::cgroup::CgroupRoot;
 use crate::config::{ActuatorMode, AgentConfig, RuntimeKind};
 use crate::daemon::{Command, Daemon, Summary};
 use crate::metrics::Metrics;
+use crate::readiness::{self, CheckedDevice, Readiness};
 use crate::runtime::cgroup_dir::{CgroupDirCounters, CgroupDirDiscovery, CgroupDirWriter};
+use crate::runtime::cri::naming::KubeletRoot;
 use crate::runtime::cri::{CriClient, CriDiscovery};
 use crate::runtime::docker::{self, DockerCounters, DockerDiscovery, DockerWriter};
 use crate::state::OriginalWeights;
@@ -82,15 +84,35 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             summary
         }
         RuntimeKind::Cri => {
-            let mut client = CriClient::new(&cfg.cri.socket)?;
+            let mut client = CriClient::new(&cfg.cri.socket)?.with_metric(metrics.cri_requests.clone());
             let (name, version) = client.version().await.context("is the container runtime running?")?;
             info!(socket = %cfg.cri.socket.display(), runtime = %name, version = %version, "connected to the CRI runtime");
+            // The devices that matter: as configured, else the disks holding the kubelet's and the runtime's state.
+            let mut cfg = cfg;
+            let checked = if cfg.devices.check.is_empty() {
+                let found = readiness::state_dir_disks(&cfg.cri.state_dirs);
+                cfg.devices.check = found.iter().map(|d| d.name.clone()).collect();
+                found
+            } else {
+                let why = "[devices] check".to_string();
+                cfg.devices.check.iter().map(|name| CheckedDevice { name: name.clone(), why: why.clone() }).collect()
+            };
+            let readiness = Readiness::new(metrics.runtime_up.clone(), checked, &root);
+            for line in readiness.check().lines.iter().filter(|l| l.starts_with("device ")) {
+                info!(check = %line, "device checked for readiness");
+            }
+            if readiness.devices().is_empty() {
+                warn!(state_dirs = ?cfg.cri.state_dirs,
+                      "no device to check: none of [cri] state_dirs is visible and [devices] check is empty; \
+                       /readyz answers 503 until one is named");
+            }
             let mut tuned = blockdev::check::check_at_start(&cfg, &root, None)?;
             let (discovery, counters, writer) = cri_backends(&cfg, client, root.clone(), &metrics);
             let writer = with_systemd(&cfg, &root, writer, cfg.devices.check.clone())?;
             info!(dry_run = cfg.dry_run, "managing Kubernetes pods (one weight per pod cgroup)");
             let daemon = Daemon::new(cfg.clone(), discovery, counters, writer, originals, metrics.clone())?;
-            let summary = serve_and_run(&cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?;
+            let daemon = daemon.with_systemd_notify(systemd);
+            let summary = serve_and_run_ready(&cfg, daemon, metrics, config_path, Some(Arc::new(readiness))).await?;
             tuned.restore();
             summary
         }
@@ -123,7 +145,11 @@ pub fn cri_backends(
     root: Arc<CgroupRoot>,
     metrics: &Metrics,
 ) -> (CriDiscovery, CgroupDirCounters, CgroupDirWriter) {
-    let discovery = CriDiscovery::new(client, root.clone(), cfg.cri.relist_interval);
+    // Validated with the config (`AgentConfig::validate`); the default root if it somehow is not.
+    let kubelet_root = KubeletRoot::parse(&cfg.cri.cgroup_root).unwrap_or_default();
+    let discovery = CriDiscovery::new(client, root.clone(), cfg.cri.relist_interval)
+        .with_kubelet_root(kubelet_root)
+        .with_policy(Arc::new(cfg.policy.clone()));
     let (counters, writer) = cgroup_file_backends(cfg, &root, metrics);
     (discovery, counters, writer)
 }
@@ -200,6 +226,17 @@ async fn serve_and_run<D: Discovery, C: CounterSource, W: WeightWriter>(
     metrics: Arc<Metrics>,
     config_path: Option<PathBuf>,
 ) -> Result<Summary> {
+    serve_and_run_ready(cfg, daemon, metrics, config_path, None).await
+}
+
+/// [`serve_and_run`], answering `GET /readyz` on the metrics listener from `readiness` when there is one.
+async fn serve_and_run_ready<D: Discovery, C: CounterSource, W: WeightWriter>(
+    cfg: &AgentConfig,
+    daemon: Daemon<D, C, W>,
+    metrics: Arc<Metrics>,
+    config_path: Option<PathBuf>,
+    readiness: Option<Arc<Readiness>>,
+) -> Result<Summary> {
     if cfg.metrics.enabled {
         let listener = metrics::bind(cfg.metrics.listen)
             .await
@@ -208,7 +245,7 @@ async fn serve_and_run<D: Discovery, C: CounterSource, W: WeightWriter>(
             warn!(listen = %cfg.metrics.listen, "metrics served on a non-loopback address, as configured");
         }
         info!(listen = %cfg.metrics.listen, "serving Prometheus metrics");
-        tokio::spawn(metrics::serve(listener, metrics));
+        tokio::spawn(metrics::serve_with_readiness(listener, metrics, readiness));
     }
     let (tx, rx) = mpsc::channel(16);
     let listener = control::bind(&cfg.control_socket)

@@ -15,6 +15,17 @@
 //! [cri]                         # runtime = "cri": the pods of a Kubernetes node
 //! socket = "/run/containerd/containerd.sock"   # CRI-O: "/var/run/crio/crio.sock"
 //! relist_interval = "2s"
+//! cgroup_root = "/"             # the kubelet's --cgroup-root (kind: "/kubelet")
+//! state_dirs = ["/var/lib/kubelet", "/var/lib/containerd", "/var/lib/containers"]   # disks checked by default
+//!
+//! [policy]                      # what pods (and Docker labels) may ask for; system pods left alone
+//! trusted_namespaces = []       # whose pods may use ddiskqos.io/weight and ddiskqos.io/exclude ("*": all)
+//! max_pinned_weight = 1000
+//! classes = {}                  # e.g. { batch = { weight = 40 } }, chosen by ddiskqos.io/class
+//! exclude_namespaces = ["kube-system"]
+//! exclude_static_pods = true
+//! exclude_pod_labels = {}
+//! docker_labels = "trusted"     # or "policy"
 //!
 //! [cgroup]
 //! root = "auto"                 # or a mount point, e.g. "/sys/fs/cgroup/blkio"
@@ -95,11 +106,23 @@ pub struct CriConfig {
     /// normally seen sooner: a change in the kubepods cgroup tree triggers a re-list at once. 2 s.
     #[serde(with = "qos_core::units::duration")]
     pub relist_interval: Duration,
+    /// The kubelet's `--cgroup-root` (`cgroupRoot`): `/` by default, `/kubelet` under kind. Pod cgroups are
+    /// looked for below it (`<root>/kubepods/...` with cgroupfs, `<root>-kubepods-....slice` with systemd).
+    pub cgroup_root: String,
+    /// The kubelet's and the runtime's state directories: with `[devices] check` empty, the disks holding those
+    /// that exist (in the agent's mount namespace) are the devices checked at start and by readiness
+    /// (`/readyz`). Default: the kubelet's, containerd's and CRI-O's (`/var/lib/containers`).
+    pub state_dirs: Vec<PathBuf>,
 }
 
 impl Default for CriConfig {
     fn default() -> Self {
-        Self { socket: PathBuf::from("/run/containerd/containerd.sock"), relist_interval: Duration::from_secs(2) }
+        Self {
+            socket: PathBuf::from("/run/containerd/containerd.sock"),
+            relist_interval: Duration::from_secs(2),
+            cgroup_root: "/".into(),
+            state_dirs: ["/var/lib/kubelet", "/var/lib/containerd", "/var/lib/containers"].map(PathBuf::from).to_vec(),
+        }
     }
 }
 
@@ -177,6 +200,8 @@ pub struct AgentConfig {
     pub cri: CriConfig,
     /// `[cgroup]`.
     pub cgroup: CgroupConfig,
+    /// `[policy]`: what pods (and Docker labels) may ask for, and which pods are never touched.
+    pub policy: crate::policy::PolicyConfig,
     /// `[devices]`.
     pub devices: DevicesConfig,
     /// `[metrics]`.
@@ -198,6 +223,7 @@ impl Default for AgentConfig {
             docker: DockerConfig::default(),
             cri: CriConfig::default(),
             cgroup: CgroupConfig::default(),
+            policy: crate::policy::PolicyConfig::default(),
             devices: DevicesConfig::default(),
             metrics: MetricsConfig::default(),
             mlfq: qos_core::Config::default(),
@@ -296,6 +322,14 @@ impl AgentConfig {
         let ri = self.cri.relist_interval;
         if ri < Duration::from_millis(100) || ri > Duration::from_secs(3600) {
             return Err(invalid("cri.relist_interval", qos_core::units::format_duration(ri), "must be 100ms..=1h"));
+        }
+        crate::runtime::cri::naming::KubeletRoot::parse(&self.cri.cgroup_root)
+            .map_err(|reason| invalid("cri.cgroup_root", &self.cri.cgroup_root, reason))?;
+        self.policy.validate()?;
+        for (i, dir) in self.cri.state_dirs.iter().enumerate() {
+            if !dir.is_absolute() {
+                return Err(invalid(&format!("cri.state_dirs[{i}]"), dir.display(), "must be an absolute path"));
+            }
         }
         if self.cgroup.parent.split('/').any(|c| c == "..") {
             return Err(invalid("cgroup.parent", &self.cgroup.parent, "must not contain '..'"));
