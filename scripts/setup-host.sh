@@ -22,11 +22,34 @@ command -v losetup >/dev/null 2>&1 || need+=(mount)
 # The CRI bindings (k8s-cri) compile their .proto files at build time; the CRI tests run Debian's containerd.
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v containerd >/dev/null 2>&1 && command -v ctr >/dev/null 2>&1 || need+=(containerd)
+# The manifests' schema test (tests/all/k8s_manifests.rs) runs kubernetes-validate from a virtualenv (below).
+command -v kubernetes-validate >/dev/null 2>&1 || python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# The Kubernetes schema validator for deploy/kubernetes (PyPI's kubernetes-validate, pinned; offline once
+# installed: it carries the schemas), in its own virtualenv, linked into /usr/local/bin.
+KV_VERSION=1.37.0
+if ! command -v kubernetes-validate >/dev/null 2>&1; then
+  log "installing kubernetes-validate $KV_VERSION (PyPI) into /opt/ddiskqos-tools/kubernetes-validate"
+  python3 -m venv /opt/ddiskqos-tools/kubernetes-validate
+  /opt/ddiskqos-tools/kubernetes-validate/bin/pip install -q "kubernetes-validate==$KV_VERSION"
+  ln -sf /opt/ddiskqos-tools/kubernetes-validate/bin/kubernetes-validate /usr/local/bin/kubernetes-validate
+fi
+# kustomize renders the kustomization and its overlays: kubectl's built-in `kubectl kustomize` if there is a
+# kubectl, else kustomize itself through the Go module proxy (needs a Go toolchain >= 1.22 on PATH).
+if ! command -v kustomize >/dev/null 2>&1 && ! kubectl kustomize --help >/dev/null 2>&1; then
+  if command -v go >/dev/null 2>&1; then
+    log "installing kustomize v5.5.0 (go install)"
+    GOBIN=/usr/local/bin go install sigs.k8s.io/kustomize/kustomize/v5@v5.5.0
+  else
+    log "no kustomize, no kubectl and no Go toolchain: install one of them for the manifests' schema test"
+    exit 1
+  fi
 fi
 
 # Debian's docker CLI may be shadowed by another client on PATH; use the one matching the daemon.

@@ -50,7 +50,7 @@ BENCH_V2_TEST=$(cargo test -p bench --test real_run --no-run --locked --message-
 [ -x "$BENCH_V2_TEST" ] || { echo "scripts/test.sh: cannot find the bench's real_run test binary" >&2; exit 1; }
 wait_guest_image
 # Both binaries run (one boot), and either failing fails the pass.
-bash scripts/guest.sh run --dockerd --image ddiskqos-agent:latest -- sh -c \
+bash scripts/guest.sh run --dockerd --image ddiskqos-agent:0.1.0 -- sh -c \
   '"$1" --include-ignored --test-threads=1 --show-output v2_real:: systemd_real::; a=$?
    "$2" --include-ignored --test-threads=1 --show-output v2_real::; b=$?; [ "$a" = 0 ] && [ "$b" = 0 ]' sh "$V2_TEST" "$BENCH_V2_TEST"
 # The machine as it was: no guest left running.

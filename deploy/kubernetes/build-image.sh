@@ -2,11 +2,17 @@
 # Builds the agent's container image locally: a statically linked release build of ddiskqos-agent (glibc,
 # `-C target-feature=+crt-static`: no registry and no musl toolchain needed) alone in an otherwise empty image,
 # made with `docker import` (no base image to pull). Usage: deploy/kubernetes/build-image.sh [TAG]
-# (default ddiskqos-agent:latest). To run it on a node without a registry, load it into the node's containerd:
-#   docker save ddiskqos-agent:latest | ctr -n k8s.io images import -
+# (default ddiskqos-agent:<workspace version>, the tag the DaemonSet names, also tagged ddiskqos-agent:latest for
+# older scripts; with TAG only that tag). To run it on a node without a registry, load it into the node's
+# containerd:
+#   docker save ddiskqos-agent:0.1.0 | ctr -n k8s.io images import -
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-tag=${1:-ddiskqos-agent:latest}
+# The workspace's version ([workspace.package] version in Cargo.toml): what 03-daemonset.yaml's image names.
+version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' Cargo.toml)
+[ -n "$version" ] || { echo "build-image: no [workspace.package] version in Cargo.toml" >&2; exit 1; }
+tag=${1:-ddiskqos-agent:$version}
+alias_latest=$([ $# -eq 0 ] && echo yes || true)
 target=x86_64-unknown-linux-gnu
 RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
   cargo build --release --locked -p qos-agent --bin ddiskqos-agent --target "$target"
@@ -21,7 +27,7 @@ trap 'rm -rf "$root"' EXIT
 install -m 0755 "$bin" "$root/ddiskqos-agent"
 strip "$root/ddiskqos-agent" 2>/dev/null || true
 # Mount points of the DaemonSet's volumes, and /tmp for nothing in particular: the root fs is read-only.
-mkdir -p "$root/etc/ddiskqos" "$root/host/sys/fs/cgroup" "$root/run/containerd" "$root/run/ddiskqos" "$root/tmp"
+mkdir -p "$root/etc/ddiskqos" "$root/host/sys/fs/cgroup" "$root/run/cri" "$root/run/ddiskqos" "$root/tmp"
 DOCKER=${DOCKER:-/usr/bin/docker}
 [ -x "$DOCKER" ] || DOCKER=$(command -v docker)
 tar -C "$root" --owner=0 --group=0 -c . |
@@ -30,4 +36,7 @@ tar -C "$root" --owner=0 --group=0 -c . |
     -c 'CMD ["--config", "/etc/ddiskqos/agent.toml"]' \
     -c 'EXPOSE 9477' \
     - "$tag" >/dev/null
+if [ -n "$alias_latest" ]; then
+  "$DOCKER" tag "$tag" ddiskqos-agent:latest
+fi
 echo "built $tag ($(du -h "$root/ddiskqos-agent" | cut -f1) agent binary)"

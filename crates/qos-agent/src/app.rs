@@ -17,6 +17,7 @@ use crate::config::{ActuatorMode, AgentConfig, RuntimeKind};
 use crate::daemon::{Command, Daemon, RuntimeBackends, Summary};
 use crate::files::FileWriter;
 use crate::metrics::Metrics;
+use crate::readiness::{self, CheckedDevice, Readiness};
 use crate::runtime::cri::CriClient;
 use crate::runtime::{cgroup_dir, cri, docker};
 use crate::state::OriginalWeights;
@@ -65,7 +66,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             let backends = docker::backends(docker, root.clone(), cfg.actuator, devices, &metrics).await?;
             let backends = with_systemd(&cfg, &root, backends)?;
             info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
-            run_daemon(&cfg, backends, originals, metrics, systemd, config_path, tuned).await?
+            run_daemon(&cfg, backends, originals, metrics, systemd, config_path, tuned, None).await?
         }
         RuntimeKind::CgroupDir => {
             let tuned = blockdev::check::check_at_start(&cfg, &root, None)?;
@@ -73,24 +74,45 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
                 format!("cgroup.parent = {:?}: no such cgroup under {}", cfg.cgroup.parent, root.path().display())
             })?;
             info!(parent = %cfg.cgroup.parent, dry_run = cfg.dry_run, "managing child cgroups");
-            run_daemon(&cfg, backends, originals, metrics, systemd, config_path, tuned).await?
+            run_daemon(&cfg, backends, originals, metrics, systemd, config_path, tuned, None).await?
         }
         RuntimeKind::Cri => {
-            let mut client = CriClient::new(&cfg.cri.socket)?;
+            let mut client = CriClient::new(&cfg.cri.socket)?.with_metric(metrics.cri_requests.clone());
             let (name, version) = client.version().await.context("is the container runtime running?")?;
             info!(socket = %cfg.cri.socket.display(), runtime = %name, version = %version, "connected to the CRI runtime");
+            // The devices that matter: as configured, else the disks holding the kubelet's and the runtime's state.
+            let mut cfg = cfg;
+            let checked = if cfg.devices.check.is_empty() {
+                let found = readiness::state_dir_disks(&cfg.cri.state_dirs);
+                cfg.devices.check = found.iter().map(|d| d.name.clone()).collect();
+                found
+            } else {
+                let why = "[devices] check".to_string();
+                cfg.devices.check.iter().map(|name| CheckedDevice { name: name.clone(), why: why.clone() }).collect()
+            };
+            let readiness = Readiness::new(metrics.runtime_up.clone(), checked, &root);
+            for line in readiness.check().lines.iter().filter(|l| l.starts_with("device ")) {
+                info!(check = %line, "device checked for readiness");
+            }
+            if readiness.devices().is_empty() {
+                warn!(state_dirs = ?cfg.cri.state_dirs,
+                      "no device to check: none of [cri] state_dirs is visible and [devices] check is empty; \
+                       /readyz answers 503 until one is named");
+            }
             let tuned = blockdev::check::check_at_start(&cfg, &root, None)?;
             let backends = with_systemd(&cfg, &root, cri::backends(&cfg, client, root.clone(), &metrics))?;
             info!(dry_run = cfg.dry_run, "managing Kubernetes pods (one weight per pod cgroup)");
-            run_daemon(&cfg, backends, originals, metrics, systemd, config_path, tuned).await?
+            let readiness = Some(Arc::new(readiness));
+            run_daemon(&cfg, backends, originals, metrics, systemd, config_path, tuned, readiness).await?
         }
     };
     info!(restored = summary.restored, failures = summary.restore_failures, "stopped");
     Ok(summary)
 }
 
-/// The daemon over `backends`, served (metrics, status socket, signals) until it stops; then the BFQ tunables
-/// set at start are put back.
+/// The daemon over `backends`, served (metrics with `/readyz` when `readiness` is given, status socket, signals)
+/// until it stops; then the BFQ tunables set at start are put back.
+#[allow(clippy::too_many_arguments)]
 async fn run_daemon<D: Discovery, C: CounterSource, W: WeightWriter>(
     cfg: &AgentConfig,
     backends: RuntimeBackends<D, C, W>,
@@ -99,9 +121,11 @@ async fn run_daemon<D: Discovery, C: CounterSource, W: WeightWriter>(
     systemd: bool,
     config_path: Option<PathBuf>,
     mut tuned: TunedDevices,
+    readiness: Option<Arc<Readiness>>,
 ) -> Result<Summary> {
     let daemon = backends.into_daemon(cfg.clone(), originals, metrics.clone())?;
-    let summary = serve_and_run(cfg, daemon.with_systemd_notify(systemd), metrics, config_path).await?;
+    let daemon = daemon.with_systemd_notify(systemd);
+    let summary = serve_and_run_ready(cfg, daemon, metrics, config_path, readiness).await?;
     tuned.restore();
     Ok(summary)
 }
@@ -138,13 +162,14 @@ pub fn with_systemd<D, C, W: WeightWriter>(
     Ok(RuntimeBackends { discovery, counters, writer, devices })
 }
 
-/// Serves metrics and the status socket, installs the signal handlers, and runs the daemon; the control socket
-/// is removed however the daemon ends.
-async fn serve_and_run<D: Discovery, C: CounterSource, W: WeightWriter>(
+/// Serves metrics (and `GET /readyz` from `readiness` when there is one) and the status socket, installs the
+/// signal handlers, and runs the daemon; the control socket is removed however the daemon ends.
+async fn serve_and_run_ready<D: Discovery, C: CounterSource, W: WeightWriter>(
     cfg: &AgentConfig,
     daemon: Daemon<D, C, W>,
     metrics: Arc<Metrics>,
     config_path: Option<PathBuf>,
+    readiness: Option<Arc<Readiness>>,
 ) -> Result<Summary> {
     if cfg.metrics.enabled {
         let listener = metrics::bind(cfg.metrics.listen)
@@ -154,7 +179,7 @@ async fn serve_and_run<D: Discovery, C: CounterSource, W: WeightWriter>(
             warn!(listen = %cfg.metrics.listen, "metrics served on a non-loopback address, as configured");
         }
         info!(listen = %cfg.metrics.listen, "serving Prometheus metrics");
-        tokio::spawn(metrics::serve(listener, metrics));
+        tokio::spawn(metrics::serve_with_readiness(listener, metrics, readiness));
     }
     let (tx, rx) = mpsc::channel(16);
     let listener = control::bind(&cfg.control_socket)

@@ -15,6 +15,17 @@
 //! [cri]                         # runtime = "cri": the pods of a Kubernetes node
 //! socket = "/run/containerd/containerd.sock"   # CRI-O: "/var/run/crio/crio.sock"
 //! relist_interval = "2s"
+//! cgroup_root = "/"             # the kubelet's --cgroup-root (kind: "/kubelet")
+//! state_dirs = ["/var/lib/kubelet", "/var/lib/containerd", "/var/lib/containers"]   # disks checked by default
+//!
+//! [policy]                      # what pods (and Docker labels) may ask for; system pods left alone
+//! trusted_namespaces = []       # whose pods may use ddiskqos.io/weight and ddiskqos.io/exclude ("*": all)
+//! max_pinned_weight = 1000
+//! classes = {}                  # e.g. { batch = { weight = 40 } }, chosen by ddiskqos.io/class
+//! exclude_namespaces = ["kube-system"]
+//! exclude_static_pods = true
+//! exclude_pod_labels = {}
+//! docker_labels = "trusted"     # or "policy"
 //!
 //! [cgroup]
 //! root = "auto"                 # or a mount point, e.g. "/sys/fs/cgroup/blkio"
@@ -95,11 +106,23 @@ pub struct CriConfig {
     /// normally seen sooner: a change in the kubepods cgroup tree triggers a re-list at once. 2 s.
     #[serde(with = "qos_core::units::duration")]
     pub relist_interval: Duration,
+    /// The kubelet's `--cgroup-root` (`cgroupRoot`): `/` by default, `/kubelet` under kind. Pod cgroups are
+    /// looked for below it (`<root>/kubepods/...` with cgroupfs, `<root>-kubepods-....slice` with systemd).
+    pub cgroup_root: String,
+    /// The kubelet's and the runtime's state directories: with `[devices] check` empty, the disks holding those
+    /// that exist (in the agent's mount namespace) are the devices checked at start and by readiness
+    /// (`/readyz`). Default: the kubelet's, containerd's and CRI-O's (`/var/lib/containers`).
+    pub state_dirs: Vec<PathBuf>,
 }
 
 impl Default for CriConfig {
     fn default() -> Self {
-        Self { socket: PathBuf::from("/run/containerd/containerd.sock"), relist_interval: Duration::from_secs(2) }
+        Self {
+            socket: PathBuf::from("/run/containerd/containerd.sock"),
+            relist_interval: Duration::from_secs(2),
+            cgroup_root: "/".into(),
+            state_dirs: ["/var/lib/kubelet", "/var/lib/containerd", "/var/lib/containers"].map(PathBuf::from).to_vec(),
+        }
     }
 }
 
@@ -177,6 +200,8 @@ pub struct AgentConfig {
     pub cri: CriConfig,
     /// `[cgroup]`.
     pub cgroup: CgroupConfig,
+    /// `[policy]`: what pods (and Docker labels) may ask for, and which pods are never touched.
+    pub policy: crate::policy::PolicyConfig,
     /// `[devices]`.
     pub devices: DevicesConfig,
     /// `[metrics]`.
@@ -198,6 +223,7 @@ impl Default for AgentConfig {
             docker: DockerConfig::default(),
             cri: CriConfig::default(),
             cgroup: CgroupConfig::default(),
+            policy: crate::policy::PolicyConfig::default(),
             devices: DevicesConfig::default(),
             metrics: MetricsConfig::default(),
             mlfq: qos_core::Config::default(),
@@ -270,7 +296,7 @@ impl AgentConfig {
 
     /// The settings that differ in `new` and that a running agent does not apply (a reload warns about them; they
     /// need a restart), named as in the file: `runtime`, `actuator`, `state_file`, `control_socket`, `[docker]`,
-    /// `[cri]`, `[cgroup]`, `[devices]`, `[metrics]`. A reload applies the rest: `sample_interval`, `cpu_budget`,
+    /// `[cri]`, `[cgroup]`, `[devices]`, `[metrics]`, `[policy]`. A reload applies the rest: `sample_interval`, `cpu_budget`,
     /// `dry_run`, `[mlfq]`.
     pub fn needs_restart(&self, new: &AgentConfig) -> Vec<&'static str> {
         // Taken apart field by field, so a new setting does not compile until it is sorted into one group.
@@ -287,6 +313,7 @@ impl AgentConfig {
             cgroup,
             devices,
             metrics,
+            policy,
             mlfq: _,
         } = self;
         let mut changed = Vec::new();
@@ -304,6 +331,7 @@ impl AgentConfig {
         check(*cgroup != new.cgroup, "[cgroup]");
         check(*devices != new.devices, "[devices]");
         check(*metrics != new.metrics, "[metrics]");
+        check(*policy != new.policy, "[policy]");
         changed
     }
 
@@ -335,6 +363,14 @@ impl AgentConfig {
         let ri = self.cri.relist_interval;
         if ri < Duration::from_millis(100) || ri > Duration::from_secs(3600) {
             return Err(invalid("cri.relist_interval", qos_core::units::format_duration(ri), "must be 100ms..=1h"));
+        }
+        crate::runtime::cri::naming::KubeletRoot::parse(&self.cri.cgroup_root)
+            .map_err(|reason| invalid("cri.cgroup_root", &self.cri.cgroup_root, reason))?;
+        self.policy.validate()?;
+        for (i, dir) in self.cri.state_dirs.iter().enumerate() {
+            if !dir.is_absolute() {
+                return Err(invalid(&format!("cri.state_dirs[{i}]"), dir.display(), "must be an absolute path"));
+            }
         }
         if self.cgroup.parent.split('/').any(|c| c == "..") {
             return Err(invalid("cgroup.parent", &self.cgroup.parent, "must not contain '..'"));
@@ -397,6 +433,7 @@ mod tests {
         assert_eq!(one(|c| c.devices.check = vec!["sdb".into()]), ["[devices]"]);
         assert_eq!(one(|c| c.devices.switch_to_bfq = vec!["sdb".into()]), ["[devices]"]);
         assert_eq!(one(|c| c.metrics.enabled = true), ["[metrics]"]);
+        assert_eq!(one(|c| c.policy.trusted_namespaces = vec!["batch".into()]), ["[policy]"]);
         // What a reload applies.
         assert!(one(|c| c.sample_interval = Duration::from_secs(1)).is_empty());
         assert!(one(|c| c.cpu_budget = None).is_empty());

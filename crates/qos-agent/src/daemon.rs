@@ -295,7 +295,17 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     /// Starts tracking a container: fresh ones count their I/O from zero, adopted ones from their first sample.
     async fn track(&mut self, info: ContainerInfo, fresh: bool) {
         let id = info.id.clone();
-        let (policy, label_errors) = policy_from_labels(&info.labels);
+        // Docker labels under `[policy] docker_labels` (CRI discovery has applied `[policy]` to pods already).
+        let (policy, label_errors) = if self.cfg.runtime == crate::config::RuntimeKind::Docker {
+            let (labels, notes) = self.cfg.policy.decide_docker(&info.labels);
+            for n in notes {
+                warn!(container = %id.short(), name = %info.name, label = n.annotation, value = %n.value, rule = %n.rule,
+                      "label not honoured; the container is managed without it");
+            }
+            policy_from_labels(&labels)
+        } else {
+            policy_from_labels(&info.labels)
+        };
         for e in label_errors {
             warn!(container = %id.short(), name = %info.name, error = %e, "bad policy label");
         }

@@ -30,6 +30,13 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+/// Labels of the CRI request counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    /// The CRI call (`ListPodSandbox`, `PodSandboxStatus`, ...).
+    pub call: String,
+}
+
 /// Every metric the agent exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -59,6 +66,8 @@ pub struct Metrics {
     pub round_interval_seconds: Gauge<f64, AtomicU64>,
     /// Per device: 1 if a cgroup weight acts on it, 0 if not (see [`DeviceWeightEffective`]).
     pub device_weight_effective: DeviceWeightEffective,
+    /// CRI calls made, by call (`runtime = "cri"`).
+    pub cri_requests: Family<CallLabels, Counter>,
 }
 
 impl Metrics {
@@ -78,6 +87,7 @@ impl Metrics {
             round_cpu_seconds: Counter::default(),
             round_interval_seconds: Gauge::default(),
             device_weight_effective: DeviceWeightEffective::default(),
+            cri_requests: Family::default(),
         }
     }
 
@@ -100,6 +110,7 @@ impl Metrics {
             self.round_interval_seconds.clone(),
         );
         self.device_weight_effective.register(&mut r);
+        r.register("cri_requests", "CRI calls made, by call", self.cri_requests.clone());
         r
     }
 
@@ -125,17 +136,39 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 /// Serves `GET /metrics` (any path, in fact) until the task is dropped, within [`crate::limits::METRICS`]'s bounds.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    serve_with_readiness(listener, metrics, None).await
+}
+
+/// [`serve`], and `GET /readyz` answered from `readiness` (200 ready, 503 not, the reasons as text; see
+/// [`crate::readiness`]) when there is one.
+pub async fn serve_with_readiness(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    readiness: Option<Arc<crate::readiness::Readiness>>,
+) {
     crate::limits::serve(listener, crate::limits::METRICS, "metrics", move |mut stream| {
         let metrics = metrics.clone();
+        let readiness = readiness.clone();
         async move {
             let mut buf = [0u8; 1024];
             // Read the request head; the body (if any) is ignored. A client that sends nothing is cut off at the
             // connection's deadline.
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), stream.read(&mut buf)).await;
-            let body = metrics.render();
+            let n = tokio::time::timeout(std::time::Duration::from_secs(2), stream.read(&mut buf))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or(0);
+            let path = std::str::from_utf8(&buf[..n]).ok().and_then(|h| h.split(' ').nth(1)).unwrap_or("/metrics");
+            let (status, kind, body) = match (path, readiness.as_ref()) {
+                ("/readyz", Some(r)) => {
+                    let report = r.check();
+                    let status = if report.ready { "200 OK" } else { "503 Service Unavailable" };
+                    (status, "text/plain; charset=utf-8", report.lines.join("\n") + "\n")
+                }
+                _ => ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", metrics.render()),
+            };
             let head = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\n\
-                 Content-Length: {}\r\nConnection: close\r\n\r\n",
+                "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                 body.len()
             );
             let _ = stream.write_all(head.as_bytes()).await;

@@ -113,18 +113,38 @@ fn hierarchies() -> Vec<PathBuf> {
     rd.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()).collect()
 }
 
-/// The kubepods levels that exist in any hierarchy now (so teardown removes only the ones the test made).
-fn kubepods_levels_present() -> Vec<PathBuf> {
+/// The levels above pod cgroups below a kubelet cgroup root (`""` for `/`, `"kubelet"` for `/kubelet`), deepest
+/// first: `kubelet/kubepods/burstable`, ..., `kubelet`.
+fn levels(cgroup_root: &str) -> Vec<String> {
+    let prefix = if cgroup_root.is_empty() { String::new() } else { format!("{cgroup_root}/") };
+    let mut out: Vec<String> =
+        ["kubepods/burstable", "kubepods/besteffort", "kubepods"].iter().map(|l| format!("{prefix}{l}")).collect();
+    let mut root = cgroup_root.to_string();
+    while !root.is_empty() {
+        out.push(root.clone());
+        root = root.rsplit_once('/').map(|(a, _)| a.to_string()).unwrap_or_default();
+    }
+    out
+}
+
+/// The kubepods levels (below `cgroup_root`) that exist in any hierarchy now (so teardown removes only the ones
+/// the test made).
+fn kubepods_levels_present(cgroup_root: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for h in hierarchies() {
-        for rel in [
-            "kubepods",
-            "kubepods/burstable",
-            "kubepods/besteffort",
-            "kubepods.slice",
-            "kubepods.slice/kubepods-burstable.slice",
-            "kubepods.slice/kubepods-besteffort.slice",
-        ] {
+        let mut rels = levels(cgroup_root);
+        if cgroup_root.is_empty() {
+            // The systemd driver's levels (only under the default root here).
+            rels.extend(
+                [
+                    "kubepods.slice",
+                    "kubepods.slice/kubepods-burstable.slice",
+                    "kubepods.slice/kubepods-besteffort.slice",
+                ]
+                .map(String::from),
+            );
+        }
+        for rel in rels {
             let p = h.join(rel);
             if p.is_dir() {
                 out.push(p);
@@ -132,6 +152,22 @@ fn kubepods_levels_present() -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// Who a pod is, beyond its name, uid and QoS class: its namespace and labels (what [`Containerd::run_pod`] leaves
+/// at [`NAMESPACE`] and none).
+#[derive(Debug, Clone, Copy)]
+pub struct PodMeta<'a> {
+    /// The pod's namespace.
+    pub namespace: &'a str,
+    /// The pod's labels (the kubelet passes them to the sandbox).
+    pub labels: &'a [(&'a str, &'a str)],
+}
+
+impl Default for PodMeta<'_> {
+    fn default() -> Self {
+        Self { namespace: NAMESPACE, labels: &[] }
+    }
 }
 
 /// Whether the pause image exists in the host's Docker (built by [`Containerd::start`] if not).
@@ -168,6 +204,8 @@ pub struct Containerd {
     dir: tempfile::TempDir,
     child: Option<Child>,
     kubepods_before: Vec<PathBuf>,
+    /// The kubelet's `--cgroup-root` the pods are made under, without the leading `/` (`""`: `/`).
+    cgroup_root: String,
     pods: Vec<(String, Qos)>,
     driver: Driver,
 }
@@ -218,10 +256,38 @@ state = "{d}/state"
             systemd_cgroup = driver == Driver::Systemd
         );
         fs::write(d.join("config.toml"), config).unwrap();
-        let mut this = Self { dir, child: None, kubepods_before: kubepods_levels_present(), pods: Vec::new(), driver };
+        let mut this = Self {
+            dir,
+            child: None,
+            kubepods_before: kubepods_levels_present(""),
+            cgroup_root: String::new(),
+            pods: Vec::new(),
+            driver,
+        };
         this.spawn();
         this.import_image(PAUSE_IMAGE);
         this
+    }
+
+    /// Makes the pods from now on as a kubelet with `--cgroup-root=<root>` would (kind's: `/kubelet`): below
+    /// `<root>/kubepods/...`. Teardown removes the levels of that root the test made.
+    pub fn set_kubelet_cgroup_root(&mut self, root: &str) {
+        assert!(
+            self.driver == Driver::Cgroupfs && self.pods.is_empty(),
+            "a cgroup root: cgroupfs driver, before any pod"
+        );
+        self.cgroup_root = root.trim_matches('/').to_string();
+        self.kubepods_before.extend(kubepods_levels_present(&self.cgroup_root));
+    }
+
+    /// A pod's cgroup relative to a hierarchy's root, under the driver and kubelet cgroup root in use
+    /// (`kubelet/kubepods/burstable/pod<uid>`).
+    pub fn pod_rel(&self, qos: Qos, uid: &str) -> String {
+        if self.cgroup_root.is_empty() {
+            qos.pod_rel_for(uid, self.driver)
+        } else {
+            format!("{}/{}", self.cgroup_root, qos.pod_rel(uid))
+        }
     }
 
     /// Imports `image` from Docker into this containerd's `k8s.io` namespace (as an operator loads an image on a
@@ -328,21 +394,54 @@ state = "{d}/state"
         annotations: &[(&str, &str)],
         container: cri::ContainerConfig,
     ) -> (String, String) {
+        self.run_pod_as(PodMeta::default(), name, uid, qos, annotations, container)
+    }
+
+    /// [`Containerd::run_pod_with`] for a pod of namespace and labels `meta`.
+    pub fn run_pod_as(
+        &mut self,
+        meta: PodMeta<'_>,
+        name: &str,
+        uid: &str,
+        qos: Qos,
+        annotations: &[(&str, &str)],
+        container: cri::ContainerConfig,
+    ) -> (String, String) {
+        let (sandbox, ids) = self.run_pod_containers(meta, name, uid, qos, annotations, vec![container]);
+        (sandbox, ids.into_iter().next().unwrap())
+    }
+
+    /// [`Containerd::run_pod_as`] with several containers (created and started in order). Returns the sandbox
+    /// and the container ids.
+    pub fn run_pod_containers(
+        &mut self,
+        meta: PodMeta<'_>,
+        name: &str,
+        uid: &str,
+        qos: Qos,
+        annotations: &[(&str, &str)],
+        containers: Vec<cri::ContainerConfig>,
+    ) -> (String, Vec<String>) {
         self.pods.push((uid.to_string(), qos));
         let mut cri = self.cri();
         let parent = match self.driver {
-            Driver::Cgroupfs => format!("/{}", qos.pod_rel(uid)),
+            Driver::Cgroupfs => format!("/{}", self.pod_rel(qos, uid)),
             Driver::Systemd => qos.pod_slice(uid),
         };
-        let config = sandbox_config(name, uid, &parent, annotations, &self.dir.path().join("logs").join(uid));
+        let log_dir = self.dir.path().join("logs").join(uid);
+        let config = sandbox_config(meta, name, uid, &parent, annotations, &log_dir);
         let sandbox = cri
             .run_sandbox(config.clone())
             .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", self.log_tail()));
-        let id = cri
-            .create_container_from(&sandbox, config, container)
-            .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}\n{}", self.log_tail()));
-        cri.start_container(&id).unwrap_or_else(|e| panic!("StartContainer {name}: {e}\n{}", self.log_tail()));
-        (sandbox, id)
+        let mut ids = Vec::new();
+        for container in containers {
+            let id = cri
+                .create_container_from(&sandbox, config.clone(), container)
+                .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}\n{}", self.log_tail()));
+            cri.start_container(&id).unwrap_or_else(|e| panic!("StartContainer {name}: {e}\n{}", self.log_tail()));
+            ids.push(id);
+        }
+        (sandbox, ids)
     }
 
     /// Stops and removes every pod sandbox (and its containers) through CRI.
@@ -375,9 +474,11 @@ state = "{d}/state"
         }
         for h in hierarchies() {
             for (uid, qos) in &self.pods {
-                crate::blkio::remove_cgroup_tree(&h.join(qos.pod_rel(uid)));
+                crate::blkio::remove_cgroup_tree(&h.join(self.pod_rel(*qos, uid)));
             }
-            for rel in ["kubepods/burstable", "kubepods/besteffort", "kubepods"] {
+            let mut roots = vec![String::new()];
+            roots.extend((!self.cgroup_root.is_empty()).then(|| self.cgroup_root.clone()));
+            for rel in roots.iter().flat_map(|r| levels(r)) {
                 let p = h.join(rel);
                 if p.is_dir() && !self.kubepods_before.contains(&p) {
                     let _ = fs::remove_dir(&p);
@@ -418,6 +519,7 @@ impl Containerd {
 }
 
 fn sandbox_config(
+    meta: PodMeta<'_>,
     name: &str,
     uid: &str,
     cgroup_parent: &str,
@@ -429,9 +531,10 @@ fn sandbox_config(
         metadata: Some(cri::PodSandboxMetadata {
             name: name.into(),
             uid: uid.into(),
-            namespace: NAMESPACE.into(),
+            namespace: meta.namespace.into(),
             attempt: 0,
         }),
+        labels: meta.labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<HashMap<_, _>>(),
         // No hostname: a host-network pod shares the node's UTS namespace, and runc refuses to set one there.
         log_directory: log_dir.to_string_lossy().into_owned(),
         annotations: annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<HashMap<_, _>>(),

@@ -88,6 +88,18 @@ pub fn scrape(addr: SocketAddr) -> Option<String> {
     text.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
 }
 
+/// `GET <path>` on the agent's metrics listener: the status code and the body, or `None` if it does not answer.
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let code = head.split(' ').nth(1)?.parse().ok()?;
+    Some((code, body.to_string()))
+}
+
 /// The value of an unlabelled sample (`name value`) in Prometheus text.
 pub fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())

@@ -263,6 +263,20 @@ fn example_config_is_valid_and_equals_the_defaults() {
     {
         assert!(text.contains(key), "{key} not documented in deploy/agent.toml");
     }
+    for key in [
+        "cgroup_root",
+        "state_dirs",
+        "[policy]",
+        "trusted_namespaces",
+        "max_pinned_weight",
+        "classes",
+        "exclude_namespaces",
+        "exclude_static_pods",
+        "exclude_pod_labels",
+        "docker_labels",
+    ] {
+        assert!(text.contains(key), "{key} not documented in deploy/agent.toml");
+    }
 }
 
 #[test]

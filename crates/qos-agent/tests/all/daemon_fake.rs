@@ -704,6 +704,37 @@ async fn malformed_labels_are_ignored_and_the_container_is_managed() {
     assert_eq!(logs.count("bad policy label"), 4);
 }
 
+#[tokio::test(start_paused = true)]
+async fn docker_labels_under_policy_are_capped_mapped_and_cannot_exclude() {
+    use qos_agent::policy::{ClassConfig, DockerLabels, CLASS_LABEL};
+    let world = World::with_containers(&["greedy", "batch", "escape", "gold"], 700);
+    let logs = LogBuffer::default();
+    let _guard = logs.install();
+    let mut c = cfg();
+    c.policy.docker_labels = DockerLabels::Policy;
+    c.policy.max_pinned_weight = 300;
+    c.policy.classes.insert("batch".into(), ClassConfig { weight: 40 });
+    let h = Harness::start(c, &world, vec![]);
+    h.settle().await;
+    h.send(DiscoveryEvent::Started(info("greedy", &[(WEIGHT_LABEL, "1000")]))).await;
+    h.send(DiscoveryEvent::Started(info("batch", &[(CLASS_LABEL, "batch")]))).await;
+    h.send(DiscoveryEvent::Started(info("escape", &[(EXCLUDE_LABEL, "true")]))).await;
+    h.send(DiscoveryEvent::Started(info("gold", &[(CLASS_LABEL, "gold")]))).await;
+    h.rounds(1).await;
+    assert_eq!(world.writes_to("greedy"), vec![300], "capped at the ceiling");
+    assert_eq!(world.writes_to("batch"), vec![40], "the class's weight");
+    assert_eq!(world.writes_to("escape"), vec![1000], "cannot exclude itself: managed");
+    assert_eq!(world.writes_to("gold"), vec![1000], "unknown class: managed");
+    assert_eq!(logs.count("label not honoured"), 3, "one warning each for greedy, escape and gold");
+    assert_eq!(logs.count("above policy.max_pinned_weight = 300"), 1);
+    assert_eq!(logs.count("not a class of policy.classes (defined: batch)"), 1);
+    let summary = h.shutdown().await;
+    assert_eq!(summary.restore_failures, 0);
+    for id in ["greedy", "batch", "escape", "gold"] {
+        assert_eq!(world.weight(id), 700, "{id} not restored");
+    }
+}
+
 // ----- dry run, shutdown, crash recovery -----
 
 #[tokio::test(start_paused = true)]

@@ -1,9 +1,9 @@
 //! The DaemonSet for real, without a cluster: the image `deploy/kubernetes/build-image.sh` builds (`scripts/test.sh`
-//! builds it first), run as a pod through the tests' containerd the way a kubelet runs `daemonset.yaml`: its args,
+//! builds it first), run as a pod through the tests' containerd the way a kubelet runs `03-daemonset.yaml`: its args,
 //! its volume mounts (the ConfigMap's `agent.toml`, the host's cgroup tree, the runtime's socket directory, the
 //! state directory), its security context (no capabilities, read-only root filesystem, no privilege escalation,
 //! uid 0, the runtime's default seccomp profile), host network instead of a pod network (no CNI here). Everything is
-//! taken from the parsed manifests, so a change there is tested here. Checked: readiness (the metrics endpoint
+//! taken from the parsed manifests, so a change there is tested here. Checked: readiness (the probe's path
 //! answers), the agent process's capabilities, the node's other pods weighted at their pod cgroups (the agent's own
 //! pod excluded by its annotation), the liveness probe's exec, and a kubelet's stop (SIGTERM with the grace period)
 //! putting every pod's weight back. Needs root, cgroup v1 blkio, loop devices, containerd and the agent's image;
@@ -16,14 +16,14 @@ use std::time::Duration;
 
 use k8s_cri::v1 as cri;
 use testbed::blkio::BLKIO;
-use testbed::containerd::{host_network, Containerd, Qos};
+use testbed::containerd::{host_network, Containerd, PodMeta, Qos};
 use testbed::loopdev::LoopDevice;
 use testbed::probe::{free_port, scrape};
 use testbed::process::wait_for;
 use testbed::{require, Need};
 
-/// The image the DaemonSet names (and `build-image.sh` builds by default).
-const IMAGE: &str = "ddiskqos-agent:latest";
+/// The image the DaemonSet names (and `build-image.sh` builds by default): the workspace's version, never `:latest`.
+pub(crate) const IMAGE: &str = concat!("ddiskqos-agent:", env!("CARGO_PKG_VERSION"));
 
 /// Which cgroup tree the node has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +52,11 @@ impl Tree {
         let t = text.lines().next()?.trim();
         t.strip_prefix("default ").unwrap_or(t).parse().ok()
     }
+}
+
+/// Whether the agent's JSON log says `pod` is a system pod it never touches.
+fn text_has_system_pod(log: &str, pod: &str) -> bool {
+    log.lines().any(|l| l.contains("system pod: never touched") && l.contains(&format!("\"pod\":\"{pod}\"")))
 }
 
 /// The capability sets of a process (`CapEff`, `CapPrm`, `CapBnd`) and its `NoNewPrivs`, from /proc.
@@ -91,17 +96,21 @@ pub(crate) fn run_daemonset(tree: Tree) {
     // The ConfigMap's agent.toml with what differs on this node: the test pods' device, and metrics on loopback
     // (the pod shares the host's network here; in a cluster it has its own namespace and listens on 0.0.0.0).
     let port = free_port();
-    let shipped = manifests.configmaps[0].data.as_ref().unwrap()["agent.toml"].clone();
-    let mut toml = shipped
+    // On v2 the cgroup-v2 overlay's config (deploy/kubernetes-overlays/cgroup-v2), the ConfigMap's otherwise.
+    let shipped = match tree {
+        Tree::V1 => manifests.configmaps[0].data.as_ref().unwrap()["agent.toml"].clone(),
+        Tree::V2 => {
+            let overlay = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes-overlays/cgroup-v2");
+            std::fs::read_to_string(overlay.join("agent.toml")).unwrap()
+        }
+    };
+    let toml = shipped
         .replace("check = []", &format!("check = [\"{}\"]", disk.name))
         .replace("listen = \"0.0.0.0:9477\"", &format!("listen = \"127.0.0.1:{port}\""));
     assert!(toml.contains(&disk.name) && toml.contains(&port.to_string()), "ConfigMap changed shape:\n{shipped}");
-    if tree == Tree::V2 {
-        // What the ConfigMap's comment tells a v2 node to set.
-        assert!(shipped.contains("cgroup v2: \"/host/sys/fs/cgroup\""), "ConfigMap no longer documents v2:\n{shipped}");
-        toml = toml.replace("root = \"/host/sys/fs/cgroup/blkio\"", "root = \"/host/sys/fs/cgroup\"");
-        assert!(toml.contains("root = \"/host/sys/fs/cgroup\"\n"), "ConfigMap changed shape:\n{shipped}");
-    }
+    let want_root =
+        if tree == Tree::V2 { "root = \"/host/sys/fs/cgroup\"\n" } else { "root = \"/host/sys/fs/cgroup/blkio\"\n" };
+    assert!(toml.contains(want_root), "config for {tree:?} has another cgroup root:\n{shipped}");
 
     // The volumes, as the kubelet would provide them on this node.
     let host = tempfile::Builder::new().prefix("ddiskqos-deploy-").tempdir_in("/var/tmp").unwrap();
@@ -178,17 +187,31 @@ pub(crate) fn run_daemonset(tree: Tree) {
     );
     containerd.run_pod("reader", &reader, Qos::Burstable, &[], &read, &[&disk.dev]);
     containerd.run_pod("idle", &idle, Qos::BestEffort, &[], "exec sleep 100000", &[]);
+    // In the DaemonSet's namespace, which the ConfigMap's [policy] excludes (as it excludes kube-system).
+    let own_namespace = ds.metadata.namespace.clone().unwrap();
+    let meta = PodMeta { namespace: &own_namespace, labels: &[] };
     let (_sandbox, agent_id) =
-        containerd.run_pod_with("ddiskqos-agent", &agent_uid, Qos::Burstable, &annotations, container);
+        containerd.run_pod_as(meta, "ddiskqos-agent", &agent_uid, Qos::Burstable, &annotations, container);
     let log = containerd.container_log(&agent_uid, &agent.name);
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
 
-    // Readiness: the metrics endpoint answers (it is served once the CRI socket answered).
+    // Readiness: the probe's path answers 200 (the runtime answers, the loop device of [devices] check runs BFQ),
+    // and the metrics endpoint answers too.
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let probe_path = agent.readiness_probe.as_ref().and_then(|p| p.http_get.as_ref()).and_then(|h| h.path.clone());
+    let probe_path = probe_path.expect("readinessProbe.httpGet.path");
     let ready = wait_for(Duration::from_secs(20), Duration::from_millis(100), || {
-        scrape(addr).filter(|body| body.contains("ddiskqos_")).map(|_| ())
+        testbed::probe::http_get(addr, &probe_path).filter(|(code, _)| *code == 200)
     });
-    assert!(ready.is_some(), "metrics never answered on {addr}; the agent's log:\n{}", log_text());
+    let (_, body) = ready.unwrap_or_else(|| {
+        panic!(
+            "{probe_path} never answered 200 on {addr}: {:?}; the agent's log:\n{}",
+            testbed::probe::http_get(addr, &probe_path),
+            log_text()
+        )
+    });
+    assert!(body.contains(&format!("device {} ", disk.name)) && body.contains("bfq: weights act"), "{body}");
+    assert!(scrape(addr).is_some_and(|m| m.contains("ddiskqos_runtime_up 1")), "metrics do not answer");
     let mut cri = containerd.cri();
     let (state, _, pid) = cri.container_state(&agent_id).unwrap();
     assert_eq!(state, cri::ContainerState::ContainerRunning);
@@ -221,7 +244,10 @@ pub(crate) fn run_daemonset(tree: Tree) {
     let (code, out, err) = cri.exec_sync(&agent_id, &probe, Duration::from_secs(5)).unwrap();
     assert_eq!(code, 0, "liveness probe {probe:?} failed: {out}{err}");
     assert!(out.contains("ddiskqos-test/reader") && out.contains("ddiskqos-test/idle"), "status:\n{out}");
-    assert!(!out.contains("ddiskqos-test/ddiskqos-agent"), "the agent lists its own (excluded) pod:\n{out}");
+    // Its own pod: listed as excluded (the status table's name column is 24 wide, enough for this name).
+    let own_row = out.lines().find(|l| l.contains(&format!("{own_namespace}/ddiskqos-agent")));
+    assert!(own_row.is_some_and(|r| r.contains("excluded")), "the agent's own pod not excluded:\n{out}");
+    assert!(text_has_system_pod(&log_text(), &format!("{own_namespace}/ddiskqos-agent")), "{}", log_text());
 
     // The kubelet stops the pod: SIGTERM with the grace period; every pod's weight back to 100.
     let grace = Duration::from_secs(pod_spec.termination_grace_period_seconds.unwrap_or(30) as u64);

@@ -366,6 +366,15 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
         (prop::collection::vec(device, 0..3), prop::collection::vec(device, 0..3)),
         (any::<bool>(), listen, prop::option::of(1u32..=1_000_000)),
         mlfq,
+        (
+            prop::collection::vec(prop_oneof!["[a-z][a-z0-9-]{0,10}[a-z0-9]", Just("*".to_string())], 0..3),
+            1u32..=1000,
+            prop::collection::btree_map("[a-z][a-z0-9]{0,8}", 1u32..=1000, 0..3),
+            prop::collection::vec("[a-z][a-z0-9-]{0,10}[a-z0-9]", 0..3),
+            any::<bool>(),
+            prop::collection::btree_map("[a-z./]{1,12}", "[a-z0-9]{0,8}", 0..2),
+            (any::<bool>(), "(/[a-z_]{1,6}){0,2}"),
+        ),
     )
         .prop_map(
             |(
@@ -375,8 +384,20 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
                 devs,
                 m,
                 mlfq,
+                (trusted, ceiling, classes, exclude_ns, statics, exclude_labels, (docker_policy, kubelet_root)),
             )| {
-                use qos_agent::config::{CgroupConfig, DevicesConfig, DockerConfig, MetricsConfig};
+                use qos_agent::config::{CgroupConfig, CriConfig, DevicesConfig, DockerConfig, MetricsConfig};
+                use qos_agent::policy::{ClassConfig, DockerLabels, PolicyConfig};
+                let policy = PolicyConfig {
+                    trusted_namespaces: trusted,
+                    max_pinned_weight: ceiling,
+                    classes: classes.into_iter().map(|(k, weight)| (k, ClassConfig { weight })).collect(),
+                    exclude_namespaces: exclude_ns,
+                    exclude_static_pods: statics,
+                    exclude_pod_labels: exclude_labels,
+                    docker_labels: if docker_policy { DockerLabels::Policy } else { DockerLabels::Trusted },
+                };
+                let kubelet_root = if kubelet_root.is_empty() { "/".to_string() } else { kubelet_root };
                 AgentConfig {
                     runtime: if docker { RuntimeKind::Docker } else { RuntimeKind::CgroupDir },
                     sample_interval,
@@ -390,8 +411,9 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
                     state_file: state,
                     control_socket: control,
                     docker: DockerConfig { socket },
-                    cri: Default::default(),
+                    cri: CriConfig { cgroup_root: kubelet_root, ..Default::default() },
                     cgroup: CgroupConfig { root, parent },
+                    policy,
                     devices: DevicesConfig { check: devs.0, switch_to_bfq: devs.1, bfq_tunables: Default::default() },
                     metrics: MetricsConfig { enabled: m.0, listen: m.1 },
                     mlfq,
@@ -490,6 +512,62 @@ proptest! {
             let text = e.to_string();
             prop_assert!(text.contains(e.label), "{}", text);
             prop_assert!(text.contains(&format!("{:?}", e.value)), "{}", text);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// `[policy]` on arbitrary pods: never a panic; the labels it hands the daemon always parse without an error
+    /// (nothing a tenant wrote reaches the daemon unchecked); a pin is never above the ceiling unless an operator's
+    /// class says so; a pod of an untrusted namespace is excluded only as a system pod and pinned only by a class;
+    /// everything not honoured is named in a note.
+    #[test]
+    fn the_pod_policy_holds_whatever_a_pod_says(
+        namespace in prop_oneof![Just("trusted".to_string()), Just("kube-system".to_string()), "\\PC{0,12}"],
+        weight in prop::option::of(label_value()),
+        exclude in prop::option::of(label_value()),
+        class in prop::option::of(prop_oneof![Just("batch".to_string()), "\\PC{0,8}"]),
+        source in prop::option::of(prop_oneof![Just("api".to_string()), Just("file".to_string()), "\\PC{0,6}"]),
+        ceiling in 1u32..=1000,
+    ) {
+        use qos_agent::policy::{ClassConfig, PodFacts, PolicyConfig, CLASS_ANNOTATION, CONFIG_SOURCE_ANNOTATION};
+        use qos_agent::labels::{EXCLUDE_ANNOTATION, WEIGHT_ANNOTATION};
+        let cfg = PolicyConfig {
+            trusted_namespaces: vec!["trusted".into()],
+            max_pinned_weight: ceiling,
+            classes: BTreeMap::from([("batch".to_string(), ClassConfig { weight: 40 })]),
+            ..Default::default()
+        };
+        let mut annotations = std::collections::HashMap::new();
+        for (k, v) in [(WEIGHT_ANNOTATION, &weight), (EXCLUDE_ANNOTATION, &exclude), (CLASS_ANNOTATION, &class), (CONFIG_SOURCE_ANNOTATION, &source)] {
+            if let Some(v) = v {
+                annotations.insert(k.to_string(), v.clone());
+            }
+        }
+        let labels = std::collections::HashMap::new();
+        let d = cfg.decide_pod(&PodFacts { namespace: &namespace, annotations: &annotations, labels: &labels });
+        let (policy, errors) = policy_from_labels(&d.labels);
+        prop_assert!(errors.is_empty(), "{:?}", errors);
+        let system = namespace == "kube-system" || source.as_deref().is_some_and(|s| s != "api");
+        prop_assert_eq!(d.system.is_some(), system);
+        let class_ok = class.as_deref().is_some_and(|c| c.trim() == "batch");
+        match policy {
+            Policy::Excluded => prop_assert!(system || (namespace == "trusted" && exclude.is_some())),
+            Policy::Pinned(w) => {
+                prop_assert!(!system);
+                prop_assert!(w.get() <= ceiling || (class_ok && w.get() == 40), "{w:?}");
+                if namespace != "trusted" {
+                    prop_assert!(class_ok && w.get() == 40);
+                }
+            }
+            Policy::Managed => prop_assert!(!system),
+        }
+        if !system && namespace != "trusted" {
+            let asked = usize::from(weight.is_some()) + usize::from(exclude.is_some());
+            let refused = d.notes.iter().filter(|n| n.rule.contains("not in policy.trusted_namespaces")).count();
+            prop_assert_eq!(refused, asked, "{:?}", d.notes);
         }
     }
 }

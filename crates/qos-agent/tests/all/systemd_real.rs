@@ -402,7 +402,8 @@ fn pod_slices_of_the_kubelets_systemd_driver_are_weighted_through_systemd() {
         &config,
         format!(
             "runtime = \"cri\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/state.json\"\n\
-             control_socket = \"{0}/agent.sock\"\n[cri]\nsocket = \"{1}\"\n[devices]\ncheck = [\"{2}\", \"{3}\"]\n\
+             control_socket = \"{0}/agent.sock\"\n[cri]\nsocket = \"{1}\"\n\
+             [policy]\ntrusted_namespaces = [\"ddiskqos-test\"]\n[devices]\ncheck = [\"{2}\", \"{3}\"]\n\
              [mlfq]\nboost_after = \"10m\"\nidle_promote_after = \"off\"\n",
             tmp.display(),
             containerd.socket().display(),

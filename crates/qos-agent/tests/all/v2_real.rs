@@ -752,7 +752,8 @@ fn agent_on_v2_weights_pod_cgroups_through_cri() {
         &config,
         format!(
             "runtime = \"cri\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/cri-state.json\"\n\
-             control_socket = \"{0}/cri-agent.sock\"\n[cri]\nsocket = \"{1}\"\n[devices]\ncheck = [\"{2}\", \"{3}\"]\n\
+             control_socket = \"{0}/cri-agent.sock\"\n[cri]\nsocket = \"{1}\"\n\
+             [policy]\ntrusted_namespaces = [\"ddiskqos-test\"]\n[devices]\ncheck = [\"{2}\", \"{3}\"]\n\
              [mlfq]\nboost_after = \"10m\"\nidle_promote_after = \"off\"\n",
             tmp.display(),
             containerd.socket().display(),
@@ -1035,7 +1036,7 @@ fn the_daemonset_on_cgroup_v2() {
         testbed::Need::Program("containerd"),
         testbed::Need::Program("ctr"),
         testbed::Need::Program("runc"),
-        testbed::Need::DockerImage("ddiskqos-agent:latest"),
+        testbed::Need::DockerImage(crate::deploy_real::IMAGE),
     ];
     if !testbed::require("v2_real::the_daemonset_on_cgroup_v2", &needs) {
         return;

@@ -9,7 +9,11 @@ use k8s_cri::v1::{
     GetEventsRequest, ListPodSandboxRequest, PodSandbox, PodSandboxFilter, PodSandboxState, PodSandboxStateValue,
     PodSandboxStatusRequest, VersionRequest,
 };
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::sync::mpsc;
+
+use crate::metrics::CallLabels;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::backend::DiscoveryError;
@@ -79,6 +83,8 @@ pub struct CriClient {
     /// response headers only with the first event).
     events: RuntimeServiceClient<Channel>,
     socket: PathBuf,
+    /// Calls made, by name (`ddiskqos_cri_requests_total{call}`), if the caller exports them.
+    requests: Option<Family<CallLabels, Counter>>,
 }
 
 /// How long connecting to a CRI socket may take.
@@ -129,7 +135,20 @@ impl CriClient {
             rt: RuntimeServiceClient::new(unix_channel(socket, CONNECT_TIMEOUT, Some(CALL_TIMEOUT))),
             events: RuntimeServiceClient::new(unix_channel(socket, CONNECT_TIMEOUT, None)),
             socket: socket.to_path_buf(),
+            requests: None,
         })
+    }
+
+    /// Counts every call in `requests` (by call name).
+    pub fn with_metric(mut self, requests: Family<CallLabels, Counter>) -> Self {
+        self.requests = Some(requests);
+        self
+    }
+
+    fn count(&self, call: &'static str) {
+        if let Some(r) = &self.requests {
+            r.get_or_create(&CallLabels { call: call.into() }).inc();
+        }
     }
 
     /// The socket this client talks to.
@@ -146,6 +165,7 @@ impl CriClient {
 
     /// `Version`: the runtime's name and version (e.g. `containerd`, `v1.6.20`).
     pub async fn version(&mut self) -> Result<(String, String), DiscoveryError> {
+        self.count("Version");
         let resp = self
             .rt
             .version(VersionRequest { version: "v1".into() })
@@ -161,6 +181,7 @@ impl CriClient {
             state: Some(PodSandboxStateValue { state: PodSandboxState::SandboxReady as i32 }),
             ..Default::default()
         };
+        self.count("ListPodSandbox");
         let resp = self
             .rt
             .list_pod_sandbox(ListPodSandboxRequest { filter: Some(filter) })
@@ -176,6 +197,7 @@ impl CriClient {
         &mut self,
         sandbox_id: &str,
     ) -> Result<std::collections::HashMap<String, String>, DiscoveryError> {
+        self.count("PodSandboxStatus");
         let resp = self
             .rt
             .pod_sandbox_status(PodSandboxStatusRequest { pod_sandbox_id: sandbox_id.into(), verbose: true })
@@ -188,6 +210,7 @@ impl CriClient {
     /// `GetContainerEvents` (CRI v1, containerd 1.7+, CRI-O with evented PLEG), forwarded by a task: see
     /// [`SandboxSource::watch_events`]. Wake-ups are coalesced (a channel of one: a re-list sees every change).
     pub fn watch_events(&mut self) -> mpsc::Receiver<EventWake> {
+        self.count("GetContainerEvents");
         let (tx, rx) = mpsc::channel(1);
         let mut rt = self.events.clone();
         let socket = self.socket.clone();

@@ -12,7 +12,8 @@
 //! A new sandbox costs one verbose `PodSandboxStatus`, for its cgroup parent.
 //!
 //! The entry's id is the pod uid (stable across sandbox re-creation, and the name of its cgroup), its name
-//! `namespace/name`, its labels the pod's `ddiskqos.io/*` annotations, its cgroup the pod cgroup.
+//! `namespace/name`, its labels the policy `[policy]` decided from the pod's namespace, labels and annotations
+//! ([`crate::policy`]: what was not honoured is logged once per sandbox), its cgroup the pod cgroup.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::PathBuf;
@@ -26,9 +27,10 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::client::{CriClient, EventWake, SandboxSource};
-use super::naming::{cgroup_parent_from_info, pod_cgroup};
+use super::naming::{cgroup_parent_from_info, pod_cgroup_under, KubeletRoot};
 use crate::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
 use crate::cgroup::CgroupRoot;
+use crate::policy::{PodFacts, PolicyConfig};
 use crate::runtime::support::{Backoff, DirWatch};
 
 /// Annotations copied into an entry's labels: the policy keys and anything else of ours.
@@ -39,21 +41,16 @@ const BURST_INTERVAL: Duration = Duration::from_millis(200);
 /// ... for this long.
 const BURST_FOR: Duration = Duration::from_secs(2);
 
-/// The cgroups whose children are pod cgroups (both drivers), and the root (where kubepods itself appears).
-const WATCHED: [&str; 7] = [
-    "",
-    "kubepods",
-    "kubepods/burstable",
-    "kubepods/besteffort",
-    "kubepods.slice",
-    "kubepods.slice/kubepods-burstable.slice",
-    "kubepods.slice/kubepods-besteffort.slice",
-];
-
 /// Discovers the pods of a CRI runtime (`S`: the CRI client; a fake in tests).
 pub struct CriDiscovery<S = CriClient> {
     client: S,
     root: Arc<CgroupRoot>,
+    /// The kubelet's `--cgroup-root`.
+    kubelet_root: KubeletRoot,
+    /// The cgroups watched with inotify (relative to `root`): the kubepods levels of both drivers.
+    watched: Vec<String>,
+    /// `[policy]`: what a pod's annotations may ask for, and which pods are left alone.
+    policy: Arc<PolicyConfig>,
     relist_interval: Duration,
     /// Pods managed now: uid → (sandbox id, what was reported for it).
     known: BTreeMap<String, (String, ContainerInfo)>,
@@ -94,6 +91,9 @@ impl<S: SandboxSource> CriDiscovery<S> {
         Self {
             client,
             root,
+            watched: KubeletRoot::default().watched(),
+            kubelet_root: KubeletRoot::default(),
+            policy: Arc::new(PolicyConfig::default()),
             relist_interval,
             known: BTreeMap::new(),
             refused: HashSet::new(),
@@ -108,6 +108,19 @@ impl<S: SandboxSource> CriDiscovery<S> {
         }
     }
 
+    /// Pods of a kubelet whose `--cgroup-root` is `root` (default `/`).
+    pub fn with_kubelet_root(mut self, root: KubeletRoot) -> Self {
+        self.watched = root.watched();
+        self.kubelet_root = root;
+        self
+    }
+
+    /// Pods under the operator's `policy` (default: [`PolicyConfig::default`]).
+    pub fn with_policy(mut self, policy: Arc<PolicyConfig>) -> Self {
+        self.policy = policy;
+        self
+    }
+
     /// Subscribes to the runtime's container events (see the module doc).
     fn subscribe(&mut self) {
         self.events = Some(self.client.watch_events());
@@ -118,7 +131,7 @@ impl<S: SandboxSource> CriDiscovery<S> {
     /// may create them later). Re-adding an existing watch only refreshes it.
     fn watch_tree(&self) {
         let Some(watch) = self.watch.as_ref() else { return };
-        for rel in WATCHED {
+        for rel in &self.watched {
             let path: PathBuf = self.root.path().join(rel);
             if path.is_dir() {
                 if let Err(e) = watch.add(&path) {
@@ -216,13 +229,13 @@ impl<S: SandboxSource> CriDiscovery<S> {
             }
         };
         let parent = cgroup_parent_from_info(&info).unwrap_or_default();
-        match pod_cgroup(&self.root, &parent, uid) {
+        match pod_cgroup_under(&self.root, &self.kubelet_root, &parent, uid) {
             Ok((path, dir)) => {
                 debug!(pod = uid, qos = %path.qos, cgroup = %path.rel, "pod cgroup");
                 Some(ContainerInfo {
                     id: ContainerId::new(uid),
                     name: pod_name(sb),
-                    labels: policy_annotations(sb),
+                    labels: self.decide(sb),
                     cgroup: Some(dir),
                 })
             }
@@ -244,13 +257,23 @@ fn pod_name(sb: &PodSandbox) -> String {
     sb.metadata.as_ref().map_or_else(|| sb.id.clone(), |m| format!("{}/{}", m.namespace, m.name))
 }
 
-/// The pod's `ddiskqos.io/*` annotations, read as policy labels.
-fn policy_annotations(sb: &PodSandbox) -> BTreeMap<String, String> {
-    sb.annotations
-        .iter()
-        .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
+impl<S: SandboxSource> CriDiscovery<S> {
+    /// The policy labels `[policy]` gives the pod; called once per sandbox (when its cgroup is first usable), so
+    /// each note is logged once.
+    fn decide(&self, sb: &PodSandbox) -> BTreeMap<String, String> {
+        let namespace = sb.metadata.as_ref().map_or("", |m| m.namespace.as_str());
+        let facts = PodFacts { namespace, annotations: &sb.annotations, labels: &sb.labels };
+        let decision = self.policy.decide_pod(&facts);
+        let pod = pod_name(sb);
+        if let Some(rule) = &decision.system {
+            info!(pod = %pod, rule = %rule, "system pod: never touched");
+        }
+        for note in &decision.notes {
+            warn!(pod = %pod, annotation = note.annotation, value = %note.value, rule = %note.rule,
+                  "pod annotation not honoured; the pod is managed without it");
+        }
+        decision.labels
+    }
 }
 
 impl<S: SandboxSource> Discovery for CriDiscovery<S> {
@@ -425,7 +448,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let root = Arc::new(CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap());
         let world = Arc::new(Mutex::new(World { has_events, ..World::default() }));
-        let discovery = CriDiscovery::new(Fake(world.clone()), root.clone(), relist);
+        let policy = PolicyConfig { trusted_namespaces: vec!["ns".into()], ..Default::default() };
+        let discovery = CriDiscovery::new(Fake(world.clone()), root.clone(), relist).with_policy(Arc::new(policy));
         Setup { _tmp: tmp, root, world, discovery }
     }
 

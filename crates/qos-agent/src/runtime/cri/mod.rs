@@ -33,6 +33,10 @@ pub fn backends(
     root: Arc<CgroupRoot>,
     metrics: &Metrics,
 ) -> RuntimeBackends<CriDiscovery, FileCounters, FileWriter> {
-    let discovery = CriDiscovery::new(client, root.clone(), cfg.cri.relist_interval);
+    // Validated with the config (`AgentConfig::validate`); the default root if it somehow is not.
+    let kubelet_root = naming::KubeletRoot::parse(&cfg.cri.cgroup_root).unwrap_or_default();
+    let discovery = CriDiscovery::new(client, root.clone(), cfg.cri.relist_interval)
+        .with_kubelet_root(kubelet_root)
+        .with_policy(Arc::new(cfg.policy.clone()));
     backends_on_files(discovery, cfg, &root, metrics)
 }

@@ -108,9 +108,102 @@ fn check_uid(uid: &str) -> Result<(), PodCgroupError> {
     }
 }
 
-/// Checks `parent` (the sandbox's `linux.cgroup_parent`) against the kubelet's naming for pod `uid` and returns
-/// the pod cgroup's path relative to the cgroup root. Touches no file.
+/// The kubelet's `--cgroup-root` (`cgroupRoot` in its config file, `[cri] cgroup_root` here), below which it
+/// makes `kubepods`: `/` by default; kind runs its kubelets with `/kubelet`. With the cgroupfs driver it prefixes
+/// the path (`/kubelet/kubepods/burstable/pod<uid>`); with the systemd driver every slice name
+/// (`kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/kubelet-kubepods-burstable-pod<uid_>.slice`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KubeletRoot {
+    /// The root's components: none for `/`, `["kubelet"]` for `/kubelet`.
+    parts: Vec<String>,
+}
+
+impl KubeletRoot {
+    /// Parses a cgroup root such as `/` or `/kubelet`; the error says what is wrong.
+    pub fn parse(root: &str) -> Result<Self, &'static str> {
+        let Some(rest) = root.strip_prefix('/') else {
+            return Err("must be an absolute cgroup path such as \"/\" or \"/kubelet\" (the kubelet's --cgroup-root)");
+        };
+        let mut parts = Vec::new();
+        for c in rest.split('/').filter(|c| !c.is_empty()) {
+            let ok = c.len() <= 64
+                && !c.ends_with(".slice")
+                && c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+                && c != "kubepods";
+            if !ok {
+                return Err("each component must be letters, digits, '_' or '-' (no '.', no \"kubepods\"), at most 64");
+            }
+            parts.push(c.to_string());
+        }
+        if parts.len() > 8 {
+            return Err("at most 8 components");
+        }
+        Ok(Self { parts })
+    }
+
+    /// `kubepods` relative to the cgroup root, with the cgroupfs driver (`kubelet/kubepods`).
+    fn cgroupfs_kubepods(&self) -> String {
+        self.parts.iter().map(String::as_str).chain(["kubepods"]).collect::<Vec<_>>().join("/")
+    }
+
+    /// The slice-name prefix of the systemd driver (`kubelet-`, or empty for `/`).
+    fn slice_prefix(&self) -> String {
+        self.parts.iter().map(|p| format!("{p}-")).collect()
+    }
+
+    /// `kubepods.slice` relative to the cgroup root, with the systemd driver
+    /// (`kubelet.slice/kubelet-kubepods.slice`).
+    fn systemd_kubepods(&self) -> String {
+        let mut out = Vec::new();
+        let mut name = String::new();
+        for p in self.parts.iter().map(String::as_str).chain(["kubepods"]) {
+            name = if name.is_empty() { p.to_string() } else { format!("{name}-{p}") };
+            out.push(format!("{name}.slice"));
+        }
+        out.join("/")
+    }
+
+    /// The cgroups (relative to the cgroup root) whose children are pod cgroups or lead to them, both drivers:
+    /// what discovery watches with inotify. The root's own levels come first.
+    pub fn watched(&self) -> Vec<String> {
+        let mut out = vec![String::new()];
+        for i in 1..=self.parts.len() {
+            out.push(self.parts[..i].join("/"));
+        }
+        let (fs, sd, pre) = (self.cgroupfs_kubepods(), self.systemd_kubepods(), self.slice_prefix());
+        out.extend([fs.clone(), format!("{fs}/burstable"), format!("{fs}/besteffort")]);
+        if !self.parts.is_empty() {
+            let mut name = String::new();
+            let mut path = Vec::new();
+            for p in &self.parts {
+                name = if name.is_empty() { p.clone() } else { format!("{name}-{p}") };
+                path.push(format!("{name}.slice"));
+                out.push(path.join("/"));
+            }
+        }
+        out.extend([
+            sd.clone(),
+            format!("{sd}/{pre}kubepods-burstable.slice"),
+            format!("{sd}/{pre}kubepods-besteffort.slice"),
+        ]);
+        out
+    }
+}
+
+impl fmt::Display for KubeletRoot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "/{}", self.parts.join("/"))
+    }
+}
+
+/// Checks `parent` (the sandbox's `linux.cgroup_parent`) against the kubelet's naming for pod `uid` with the
+/// default cgroup root `/`, and returns the pod cgroup's path relative to the cgroup root. Touches no file.
 pub fn pod_cgroup_path(parent: &str, uid: &str) -> Result<PodCgroupPath, PodCgroupError> {
+    pod_cgroup_path_under(&KubeletRoot::default(), parent, uid)
+}
+
+/// [`pod_cgroup_path`] for a kubelet whose `--cgroup-root` is `root`.
+pub fn pod_cgroup_path_under(root: &KubeletRoot, parent: &str, uid: &str) -> Result<PodCgroupPath, PodCgroupError> {
     check_uid(uid)?;
     if parent.is_empty() {
         return Err(PodCgroupError::NoParent { uid: uid.into() });
@@ -121,33 +214,55 @@ pub fn pod_cgroup_path(parent: &str, uid: &str) -> Result<PodCgroupPath, PodCgro
             return Err(refuse("a systemd slice name contains no '/'"));
         }
         let uid_ = uid.replace('-', "_");
-        let (qos, rel) = if unit == format!("kubepods-pod{uid_}") {
-            (QosClass::Guaranteed, format!("kubepods.slice/{parent}"))
-        } else if unit == format!("kubepods-burstable-pod{uid_}") {
-            (QosClass::Burstable, format!("kubepods.slice/kubepods-burstable.slice/{parent}"))
-        } else if unit == format!("kubepods-besteffort-pod{uid_}") {
-            (QosClass::BestEffort, format!("kubepods.slice/kubepods-besteffort.slice/{parent}"))
+        let (pre, sd) = (root.slice_prefix(), root.systemd_kubepods());
+        let (qos, rel) = if unit == format!("{pre}kubepods-pod{uid_}") {
+            (QosClass::Guaranteed, format!("{sd}/{parent}"))
+        } else if unit == format!("{pre}kubepods-burstable-pod{uid_}") {
+            (QosClass::Burstable, format!("{sd}/{pre}kubepods-burstable.slice/{parent}"))
+        } else if unit == format!("{pre}kubepods-besteffort-pod{uid_}") {
+            (QosClass::BestEffort, format!("{sd}/{pre}kubepods-besteffort.slice/{parent}"))
         } else {
             return Err(refuse(
-                "not the kubelet's slice for this pod (kubepods[-burstable|-besteffort]-pod<uid with _>.slice)",
+                "not the kubelet's slice for this pod (<cgroup_root->kubepods[-burstable|-besteffort]-pod<uid with _>.slice; \
+                 is [cri] cgroup_root the kubelet's --cgroup-root?)",
             ));
         };
         return Ok(PodCgroupPath { qos, driver: KubeletDriver::Systemd, rel });
     }
     let rel = parent.strip_prefix('/').unwrap_or(parent).trim_end_matches('/');
     let pod = format!("pod{uid}");
-    let qos = match rel.split('/').collect::<Vec<_>>().as_slice() {
-        ["kubepods", p] if *p == pod => QosClass::Guaranteed,
-        ["kubepods", "burstable", p] if *p == pod => QosClass::Burstable,
-        ["kubepods", "besteffort", p] if *p == pod => QosClass::BestEffort,
-        _ => return Err(refuse("not the kubelet's cgroup for this pod (/kubepods[/burstable|/besteffort]/pod<uid>)")),
+    let Some(below) = rel.strip_prefix(&root.cgroupfs_kubepods()).and_then(|r| r.strip_prefix('/')) else {
+        return Err(refuse(
+            "not below the kubelet's kubepods (<cgroup_root>/kubepods[/burstable|/besteffort]/pod<uid>; is [cri] \
+             cgroup_root the kubelet's --cgroup-root?)",
+        ));
+    };
+    let qos = match below.split('/').collect::<Vec<_>>().as_slice() {
+        [p] if *p == pod => QosClass::Guaranteed,
+        ["burstable", p] if *p == pod => QosClass::Burstable,
+        ["besteffort", p] if *p == pod => QosClass::BestEffort,
+        _ => {
+            return Err(refuse(
+                "not the kubelet's cgroup for this pod (<cgroup_root>/kubepods[/burstable|/besteffort]/pod<uid>)",
+            ))
+        }
     };
     Ok(PodCgroupPath { qos, driver: KubeletDriver::Cgroupfs, rel: rel.to_string() })
 }
 
 /// The pod's cgroup directory: [`pod_cgroup_path`], then resolved (and confined) under `root`.
 pub fn pod_cgroup(root: &CgroupRoot, parent: &str, uid: &str) -> Result<(PodCgroupPath, CgroupDir), PodCgroupError> {
-    let path = pod_cgroup_path(parent, uid)?;
+    pod_cgroup_under(root, &KubeletRoot::default(), parent, uid)
+}
+
+/// [`pod_cgroup`] for a kubelet whose `--cgroup-root` is `kubelet`.
+pub fn pod_cgroup_under(
+    root: &CgroupRoot,
+    kubelet: &KubeletRoot,
+    parent: &str,
+    uid: &str,
+) -> Result<(PodCgroupPath, CgroupDir), PodCgroupError> {
+    let path = pod_cgroup_path_under(kubelet, parent, uid)?;
     let dir = root.resolve_relative(&path.rel)?;
     Ok((path, dir))
 }
@@ -245,6 +360,71 @@ mod tests {
             assert!(e.to_string().contains(UID) && e.to_string().contains(&parent), "{e}");
         }
         assert!(matches!(pod_cgroup_path("", UID), Err(PodCgroupError::NoParent { .. })));
+    }
+
+    #[test]
+    fn a_custom_cgroup_root_like_kinds_prefixes_both_drivers() {
+        let kind = KubeletRoot::parse("/kubelet").unwrap();
+        assert_eq!(kind.to_string(), "/kubelet");
+        for (parent, qos, rel) in [
+            (format!("/kubelet/kubepods/pod{UID}"), QosClass::Guaranteed, format!("kubelet/kubepods/pod{UID}")),
+            (
+                format!("/kubelet/kubepods/besteffort/pod{UID}"),
+                QosClass::BestEffort,
+                format!("kubelet/kubepods/besteffort/pod{UID}"),
+            ),
+            (
+                format!("kubelet-kubepods-burstable-pod{UID_}.slice"),
+                QosClass::Burstable,
+                format!(
+                    "kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/\
+                     kubelet-kubepods-burstable-pod{UID_}.slice"
+                ),
+            ),
+            (
+                format!("kubelet-kubepods-pod{UID_}.slice"),
+                QosClass::Guaranteed,
+                format!("kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{UID_}.slice"),
+            ),
+        ] {
+            let p = pod_cgroup_path_under(&kind, &parent, UID).unwrap();
+            assert_eq!((p.qos, p.rel), (qos, rel), "{parent}");
+            // The default root refuses them (and says to check cgroup_root), and vice versa.
+            let e = pod_cgroup_path(&parent, UID).unwrap_err().to_string();
+            assert!(e.contains("cgroup_root") || e.contains("not the kubelet's"), "{e}");
+        }
+        for parent in [format!("/kubepods/pod{UID}"), format!("kubepods-pod{UID_}.slice")] {
+            assert!(pod_cgroup_path_under(&kind, &parent, UID).is_err(), "{parent}");
+        }
+        let two = KubeletRoot::parse("/a/b/").unwrap();
+        let p = pod_cgroup_path_under(&two, &format!("a-b-kubepods-besteffort-pod{UID_}.slice"), UID).unwrap();
+        assert_eq!(
+            p.rel,
+            format!("a.slice/a-b.slice/a-b-kubepods.slice/a-b-kubepods-besteffort.slice/a-b-kubepods-besteffort-pod{UID_}.slice")
+        );
+        assert_eq!(
+            pod_cgroup_path_under(&two, &format!("/a/b/kubepods/pod{UID}"), UID).unwrap().rel,
+            format!("a/b/kubepods/pod{UID}")
+        );
+        assert_eq!(
+            kind.watched(),
+            [
+                "",
+                "kubelet",
+                "kubelet/kubepods",
+                "kubelet/kubepods/burstable",
+                "kubelet/kubepods/besteffort",
+                "kubelet.slice",
+                "kubelet.slice/kubelet-kubepods.slice",
+                "kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice",
+                "kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice",
+            ]
+        );
+        assert_eq!(KubeletRoot::parse("/").unwrap(), KubeletRoot::default());
+        assert_eq!(KubeletRoot::parse("").unwrap_err(), KubeletRoot::parse("kubelet").unwrap_err());
+        for bad in ["kubelet", "/../x", "/a.slice", "/kubepods", "/a b", "/a/./b"] {
+            assert!(KubeletRoot::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
