@@ -1,13 +1,15 @@
 //! [`SystemdActuator`]: weights of systemd units through systemd, every other cgroup through the runtime's own
 //! writer; every weight read back from the files that govern the devices.
 
+use std::collections::HashMap;
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use qos_core::Weight;
+use qos_core::{ContainerId, Weight};
 use tracing::{debug, info};
 
-use super::bus::{BusError, SystemdBus};
+use super::bus::{BusError, SystemdBus, UnitIoProperties, IO_WEIGHT_UNSET};
 use super::mapping::UnitIoWeights;
 use super::unit::UnitName;
 use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
@@ -32,6 +34,8 @@ pub struct SystemdActuator<W> {
     files: FileWriter,
     v2_root: PathBuf,
     said_hello: bool,
+    /// Each unit's `IOWeight`/`IODeviceWeight` as the first read found them: what a restore puts back.
+    unit_originals: HashMap<ContainerId, UnitIoProperties>,
 }
 
 impl<W> std::fmt::Debug for SystemdActuator<W> {
@@ -43,7 +47,15 @@ impl<W> std::fmt::Debug for SystemdActuator<W> {
 impl<W: WeightWriter> SystemdActuator<W> {
     /// Around `inner`; `files` reads the weights back (give it the same `[devices] check` as the inner writer's).
     pub fn new(inner: W, enabled: bool, files: FileWriter, v2_root: PathBuf) -> Self {
-        Self { inner, enabled, bus: SystemdBus::new(), files, v2_root, said_hello: false }
+        Self {
+            inner,
+            enabled,
+            bus: SystemdBus::new(),
+            files,
+            v2_root,
+            said_hello: false,
+            unit_originals: HashMap::new(),
+        }
     }
 
     /// Whether units go through systemd.
@@ -96,6 +108,92 @@ impl<W: WeightWriter> SystemdActuator<W> {
         }
     }
 
+    /// Puts a unit's own properties back: as the first read found them, or — with no record (an agent restarted
+    /// after a crash) and the default weight as the original — unset, which is what an untouched unit has. The
+    /// `io.weight` lines systemd leaves behind when `IODeviceWeight` entries are dropped (measured: it does not
+    /// remove them) are removed (`MAJ:MIN default`), so the files are what systemd itself would write for the unit.
+    /// `None`: nothing on record and a non-default original: the caller writes the original as a weight.
+    async fn put_back_unit(
+        &mut self,
+        info: &ContainerInfo,
+        unit: &UnitName,
+        original: Weight,
+    ) -> Option<Result<(), BackendError>> {
+        let props = match self.unit_originals.get(&info.id) {
+            Some(p) => p.clone(),
+            None if original.get() == 100 => {
+                UnitIoProperties { io_weight: IO_WEIGHT_UNSET, device_weights: Vec::new() }
+            }
+            None => return None,
+        };
+        let runtime_err =
+            |detail: String| BackendError::Runtime { id: info.id.clone(), what: "systemd SetUnitProperties", detail };
+        Some(
+            async {
+                match self.bus.put_back(unit, &props).await {
+                    Ok(()) => {}
+                    Err(BusError::NoSuchUnit(_)) if info.cgroup.as_ref().is_some_and(|d| !d.path().exists()) => {
+                        let path = info.cgroup.as_ref().map(|d| d.path().to_owned()).unwrap_or_default();
+                        let source = std::io::Error::from_raw_os_error(libc::ENOENT);
+                        return Err(CgroupError::Vanished { path, source }.into());
+                    }
+                    Err(e) => return Err(runtime_err(e.to_string())),
+                }
+                let dir = info.cgroup.as_ref().ok_or_else(|| BackendError::NoCgroup(info.id.clone()))?;
+                let kept: Vec<blockdev::DevNum> = props
+                    .device_weights
+                    .iter()
+                    .filter_map(|(node, _)| blockdev::DevNum::of_node(std::path::Path::new(node)).ok())
+                    .collect();
+                let io_weight = dir.path().join(crate::cgroup::V2_IO_WEIGHT);
+                if let Some(file) = WeightFile::open_kind(dir, WeightFileKind::V2Io)? {
+                    for dev in file.read_lines()?.devices.keys().filter(|d| !kept.contains(d)) {
+                        let line = format!("{dev} default");
+                        std::fs::OpenOptions::new()
+                            .write(true)
+                            .open(&io_weight)
+                            .and_then(|mut f| f.write_all(line.as_bytes()))
+                            .map_err(|e| CgroupError::on_cgroup_file("write", &io_weight, dir.path(), e))?;
+                    }
+                }
+                // Read back: the defaults systemd writes for these properties, and no override left but the unit's.
+                let want_io = if props.io_weight == IO_WEIGHT_UNSET { 100 } else { props.io_weight };
+                let want =
+                    [(WeightFileKind::V2Io, want_io), (WeightFileKind::V2Bfq, super::mapping::bfq_weight_of(want_io))];
+                let mut tries = 0;
+                loop {
+                    tries += 1;
+                    let mut wrong = None;
+                    for (kind, value) in want {
+                        if let Some(file) = WeightFile::open_kind(dir, kind)? {
+                            let lines = file.read_lines()?;
+                            let stale =
+                                lines.devices.keys().find(|d| kind == WeightFileKind::V2Io && !kept.contains(d));
+                            if u64::from(lines.default) != value || stale.is_some() {
+                                wrong = Some(CgroupError::DeviceMismatch {
+                                    path: file.path().to_owned(),
+                                    device: stale.map_or_else(|| "default".to_string(), |d| d.to_string()),
+                                    wrote: value as u32,
+                                    read: stale.map_or(lines.default, |d| lines.effective(*d)),
+                                    what: if stale.is_some() { "its MAJ:MIN override" } else { "the default" },
+                                });
+                            }
+                        }
+                    }
+                    match wrong {
+                        None => break,
+                        Some(e) if tries >= READ_BACK_TRIES => return Err(e.into()),
+                        Some(_) => tokio::time::sleep(READ_BACK_PAUSE).await,
+                    }
+                }
+                debug!(unit = %unit, io_weight = props.io_weight, "unit's own I/O weight properties put back");
+                self.unit_originals.remove(&info.id);
+                Ok(())
+            }
+            .await,
+        )
+    }
+
     /// The weight in force: on the devices the container used or `[devices] check` names (the file writer's
     /// rule), and in `io.weight` on every io.cost device, which it may use next.
     fn read_back(
@@ -133,7 +231,19 @@ impl<W: WeightWriter> SystemdActuator<W> {
 
 impl<W: WeightWriter> WeightWriter for SystemdActuator<W> {
     async fn read(&mut self, info: &ContainerInfo) -> Result<Weight, BackendError> {
-        self.inner.read(info).await
+        let weight = self.inner.read(info).await?;
+        if let Some(unit) = self.unit_of(info) {
+            if !self.unit_originals.contains_key(&info.id) {
+                // Best effort: without the record a restore falls back to the weight (see `put_back_unit`).
+                match self.bus.io_properties(&unit).await {
+                    Ok(props) => {
+                        self.unit_originals.insert(info.id.clone(), props);
+                    }
+                    Err(e) => debug!(unit = %unit, error = %e, "cannot read the unit's I/O properties"),
+                }
+            }
+        }
+        Ok(weight)
     }
 
     async fn write(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
@@ -146,12 +256,16 @@ impl<W: WeightWriter> WeightWriter for SystemdActuator<W> {
         }
     }
 
-    /// A unit's original goes back through systemd as its weight (as before restores were their own operation);
-    /// any other cgroup's through the runtime's writer, which may put its files back as it found them.
+    /// A unit gets its own properties back through systemd (unset, for a unit nobody had weighted; see
+    /// `put_back_unit`), else its original as a weight; any other cgroup goes through the runtime's writer, which
+    /// may put its files back as it found them.
     async fn restore(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
         match self.unit_of(info) {
             Some(unit) => {
-                self.via_systemd(info, &unit, original).await?;
+                match self.put_back_unit(info, &unit, original).await {
+                    Some(done) => done?,
+                    None => self.via_systemd(info, &unit, original).await?,
+                }
                 Ok(AppliedVia::Systemd)
             }
             None => self.inner.restore(info, original).await,

@@ -234,6 +234,15 @@ fn docker_scopes_are_weighted_through_systemd_and_keep_their_weights_over_reload
     assert!(status.success(), "agent exit {status}:\n{}", agent.log_text());
     assert_eq!(weights(&heavy_dir, &bfq, &cost), Some((100, 100)), "heavy reader not restored");
     assert_eq!(weights(&fresh_dir, &bfq, &cost), Some((100, 100)), "new container not restored");
+    // Restored as the units had it: the properties unset again, the files as systemd writes them for that.
+    for id in [&heavy, &fresh] {
+        let unit = format!("docker-{id}.scope");
+        assert_eq!(unit_prop(&unit, "IOWeight"), "[not set]", "{unit}: IOWeight after stop");
+        assert_eq!(unit_prop(&unit, "IODeviceWeight"), "", "{unit}: IODeviceWeight after stop");
+        let dir = scope_dir(id);
+        assert_eq!(read(&dir.join("io.weight")), "default 100\n", "{unit}: io.weight after stop");
+        assert_eq!(read(&dir.join("io.bfq.weight")), "default 100\n", "{unit}: io.bfq.weight after stop");
+    }
     systemctl(&["daemon-reload"]);
     assert_eq!(weights(&heavy_dir, &bfq, &cost), Some((100, 100)), "heavy reader after stop and a reload");
     eprintln!("restored: files before the agent {before:?}, after stop {:?}", weights(&heavy_dir, &bfq, &cost));
@@ -435,8 +444,10 @@ fn pod_slices_of_the_kubelets_systemd_driver_are_weighted_through_systemd() {
 
     let status = agent.sigterm_and_wait(patience(Duration::from_secs(10)));
     assert!(status.success(), "agent exit {status}:\n{}", agent.log_text());
-    for (what, dir, _, _, _) in &want {
+    for (what, dir, slice, _, _) in &want {
         assert_eq!(weights(dir, &bfq, &cost), Some((100, 100)), "{what} pod not restored");
+        assert_eq!(unit_prop(slice, "IOWeight"), "[not set]", "{what} pod's slice: IOWeight after stop");
+        assert_eq!(read(&dir.join("io.weight")), "default 100\n", "{what} pod's slice: io.weight after stop");
     }
     eprintln!("after SIGTERM every pod slice reads 100 on both devices again");
     drop(containerd);
