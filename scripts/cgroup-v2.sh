@@ -239,13 +239,7 @@ inside() {
 }
 
 import_test_image() {
-  [ -x /bin/busybox ] || die "busybox-static is missing (scripts/setup-host.sh installs it)"
-  local root; root=$(mktemp -d)
-  mkdir -p "$root/bin" "$root/tmp" "$root/dev" "$root/proc" "$root/sys"
-  cp /bin/busybox "$root/bin/busybox"
-  for applet in sh dd cat sleep echo seq true ls head; do ln -s busybox "$root/bin/$applet"; done
-  tar -C "$root" -c . | "$DOCKER_CLI" import -c 'ENV PATH=/bin' -c 'CMD ["/bin/sh"]' - ddiskqos-test:latest >/dev/null
-  rm -rf "$root"
+  bash "$(dirname "$0")/test-image.sh" || die "building the test image failed"
 }
 
 run() {

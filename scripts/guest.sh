@@ -298,12 +298,7 @@ inside() {
     local i
     for i in $(seq 1 240); do "$DOCKER_CLI" version >/dev/null 2>&1 && break; sleep 0.5; done
     "$DOCKER_CLI" version >/dev/null 2>&1 || { tail -20 "$d/dockerd.log"; echo "[guest] error: dockerd did not come up"; return 1; }
-    local root; root=$(mktemp -d)
-    mkdir -p "$root/bin" "$root/tmp" "$root/dev" "$root/proc" "$root/sys"
-    cp /bin/busybox "$root/bin/busybox"
-    for i in sh dd cat sleep echo seq true ls head; do ln -s busybox "$root/bin/$i"; done
-    tar -C "$root" -c . | "$DOCKER_CLI" import -c 'ENV PATH=/bin' -c 'CMD ["/bin/sh"]' - ddiskqos-test:latest >/dev/null
-    rm -rf "$root"
+    bash "$HERE/test-image.sh"
     local tar
     for tar in "$run"/images/*.tar; do
       [ -f "$tar" ] && "$DOCKER_CLI" load -q -i "$tar"

@@ -70,11 +70,6 @@ fi
 
 if ! "$DOCKER" image inspect ddiskqos-test:latest >/dev/null 2>&1; then
   log "building image ddiskqos-test:latest from busybox-static"
-  root=$(mktemp -d)
-  mkdir -p "$root/bin" "$root/tmp" "$root/dev" "$root/proc" "$root/sys"
-  cp /bin/busybox "$root/bin/busybox"
-  for applet in sh dd cat sleep echo seq true ls head; do ln -s busybox "$root/bin/$applet"; done
-  tar -C "$root" -c . | "$DOCKER" import -c 'ENV PATH=/bin' -c 'CMD ["/bin/sh"]' - ddiskqos-test:latest >/dev/null
-  rm -rf "$root"
+  bash "$(dirname "$0")/test-image.sh"
 fi
 log "ready: dockerd $("$DOCKER" version --format '{{.Server.Version}}'), image ddiskqos-test:latest"

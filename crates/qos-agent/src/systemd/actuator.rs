@@ -10,11 +10,11 @@ use qos_core::{ContainerId, Weight};
 use tracing::{debug, info};
 
 use super::bus::{BusError, SystemdBus, UnitIoProperties, IO_WEIGHT_UNSET};
-use super::mapping::UnitIoWeights;
+use super::mapping::{bfq_weight_of, UnitIoWeights};
 use super::unit::UnitName;
 use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
-use crate::blockdev;
-use crate::cgroup::{CgroupError, CgroupVersion, WeightFile, WeightFileKind};
+use crate::blockdev::{self, DevNum};
+use crate::cgroup::{CgroupDir, CgroupError, CgroupVersion, WeightFile, WeightFileKind};
 use crate::files::FileWriter;
 
 /// systemd applies a unit's new properties from its event loop, possibly just after answering the call: the
@@ -72,136 +72,71 @@ impl<W: WeightWriter> SystemdActuator<W> {
     }
 
     async fn via_systemd(&mut self, info: &ContainerInfo, unit: &UnitName, weight: Weight) -> Result<(), BackendError> {
-        let runtime_err =
-            |detail: String| BackendError::Runtime { id: info.id.clone(), what: "systemd SetUnitProperties", detail };
-        let io_cost = blockdev::io_cost_devices(&self.v2_root).map_err(|e| runtime_err(e.to_string()))?;
+        let io_cost = blockdev::io_cost_devices(&self.v2_root).map_err(|e| runtime_error(info, e.to_string()))?;
         let props = UnitIoWeights::for_weight(weight, &io_cost);
         let started = std::time::Instant::now();
-        match self.bus.set_io_weights(unit, &props).await {
-            Ok(()) => {}
-            // A unit that is gone with its cgroup is a removal, like any vanished cgroup.
-            Err(BusError::NoSuchUnit(_)) if info.cgroup.as_ref().is_some_and(|d| !d.path().exists()) => {
-                let path = info.cgroup.as_ref().map(|d| d.path().to_owned()).unwrap_or_default();
-                let source = std::io::Error::from_raw_os_error(libc::ENOENT);
-                return Err(CgroupError::Vanished { path, source }.into());
-            }
-            Err(e) => return Err(runtime_err(e.to_string())),
-        }
+        self.bus.set_io_weights(unit, &props).await.map_err(|e| bus_error(info, e))?;
         if !self.said_hello {
             self.said_hello = true;
             info!(unit = %unit, io_weight = props.io_weight, device_weights = ?props.device_weights,
                 "actuator: weights of systemd units go through systemd (SetUnitProperties, runtime), which keeps \
                  them over daemon-reload; read back from the files that govern each device");
         }
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            match self.read_back(info, weight, &io_cost) {
-                Ok(()) => {
-                    debug!(unit = %unit, weight = weight.get(), tries, took_ms = started.elapsed().as_millis() as u64,
-                        "weight set through systemd and read back");
-                    return Ok(());
-                }
-                Err(e) if e.is_vanished() || tries >= READ_BACK_TRIES => return Err(e),
-                Err(_) => tokio::time::sleep(READ_BACK_PAUSE).await,
+        let tries = read_back_until(|| self.read_back(info, weight, &io_cost)).await?;
+        debug!(unit = %unit, weight = weight.get(), tries, took_ms = started.elapsed().as_millis() as u64,
+            "weight set through systemd and read back");
+        Ok(())
+    }
+
+    /// What a restore of `unit` puts back: its properties as the first read found them, or — with no record (an
+    /// agent restarted after a crash) and the default weight as the original — unset, which is what an untouched
+    /// unit has. `None`: nothing on record and a non-default original, which is then written as a weight.
+    fn unit_original(&self, info: &ContainerInfo, original: Weight) -> Option<UnitIoProperties> {
+        match self.unit_originals.get(&info.id) {
+            Some(p) => Some(p.clone()),
+            None if original.get() == 100 => {
+                Some(UnitIoProperties { io_weight: IO_WEIGHT_UNSET, device_weights: Vec::new() })
             }
+            None => None,
         }
     }
 
-    /// Puts a unit's own properties back: as the first read found them, or — with no record (an agent restarted
-    /// after a crash) and the default weight as the original — unset, which is what an untouched unit has. The
-    /// `io.weight` lines systemd leaves behind when `IODeviceWeight` entries are dropped (measured: it does not
-    /// remove them) are removed (`MAJ:MIN default`), so the files are what systemd itself would write for the unit.
-    /// `None`: nothing on record and a non-default original: the caller writes the original as a weight.
+    /// Puts a unit's own properties back. The `io.weight` lines systemd leaves behind when `IODeviceWeight`
+    /// entries are dropped (measured: it does not remove them) are removed (`MAJ:MIN default`), so the files are
+    /// what systemd itself writes for the unit; then both files are read back.
     async fn put_back_unit(
         &mut self,
         info: &ContainerInfo,
         unit: &UnitName,
-        original: Weight,
-    ) -> Option<Result<(), BackendError>> {
-        let props = match self.unit_originals.get(&info.id) {
-            Some(p) => p.clone(),
-            None if original.get() == 100 => {
-                UnitIoProperties { io_weight: IO_WEIGHT_UNSET, device_weights: Vec::new() }
+        props: &UnitIoProperties,
+    ) -> Result<(), BackendError> {
+        self.bus.put_back(unit, props).await.map_err(|e| bus_error(info, e))?;
+        let dir = info.cgroup.as_ref().ok_or_else(|| BackendError::NoCgroup(info.id.clone()))?;
+        let kept: Vec<DevNum> = props
+            .device_weights
+            .iter()
+            .filter_map(|(node, _)| DevNum::of_node(std::path::Path::new(node)).ok())
+            .collect();
+        let io_weight = dir.path().join(crate::cgroup::V2_IO_WEIGHT);
+        if let Some(file) = WeightFile::open_kind(dir, WeightFileKind::V2Io)? {
+            for dev in file.read_lines()?.devices.keys().filter(|d| !kept.contains(d)) {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&io_weight)
+                    .and_then(|mut f| f.write_all(format!("{dev} default").as_bytes()))
+                    .map_err(|e| CgroupError::on_cgroup_file("write", &io_weight, dir.path(), e))?;
             }
-            None => return None,
-        };
-        let runtime_err =
-            |detail: String| BackendError::Runtime { id: info.id.clone(), what: "systemd SetUnitProperties", detail };
-        Some(
-            async {
-                match self.bus.put_back(unit, &props).await {
-                    Ok(()) => {}
-                    Err(BusError::NoSuchUnit(_)) if info.cgroup.as_ref().is_some_and(|d| !d.path().exists()) => {
-                        let path = info.cgroup.as_ref().map(|d| d.path().to_owned()).unwrap_or_default();
-                        let source = std::io::Error::from_raw_os_error(libc::ENOENT);
-                        return Err(CgroupError::Vanished { path, source }.into());
-                    }
-                    Err(e) => return Err(runtime_err(e.to_string())),
-                }
-                let dir = info.cgroup.as_ref().ok_or_else(|| BackendError::NoCgroup(info.id.clone()))?;
-                let kept: Vec<blockdev::DevNum> = props
-                    .device_weights
-                    .iter()
-                    .filter_map(|(node, _)| blockdev::DevNum::of_node(std::path::Path::new(node)).ok())
-                    .collect();
-                let io_weight = dir.path().join(crate::cgroup::V2_IO_WEIGHT);
-                if let Some(file) = WeightFile::open_kind(dir, WeightFileKind::V2Io)? {
-                    for dev in file.read_lines()?.devices.keys().filter(|d| !kept.contains(d)) {
-                        let line = format!("{dev} default");
-                        std::fs::OpenOptions::new()
-                            .write(true)
-                            .open(&io_weight)
-                            .and_then(|mut f| f.write_all(line.as_bytes()))
-                            .map_err(|e| CgroupError::on_cgroup_file("write", &io_weight, dir.path(), e))?;
-                    }
-                }
-                // Read back: the defaults systemd writes for these properties, and no override left but the unit's.
-                let want_io = if props.io_weight == IO_WEIGHT_UNSET { 100 } else { props.io_weight };
-                let want =
-                    [(WeightFileKind::V2Io, want_io), (WeightFileKind::V2Bfq, super::mapping::bfq_weight_of(want_io))];
-                let mut tries = 0;
-                loop {
-                    tries += 1;
-                    let mut wrong = None;
-                    for (kind, value) in want {
-                        if let Some(file) = WeightFile::open_kind(dir, kind)? {
-                            let lines = file.read_lines()?;
-                            let stale =
-                                lines.devices.keys().find(|d| kind == WeightFileKind::V2Io && !kept.contains(d));
-                            if u64::from(lines.default) != value || stale.is_some() {
-                                wrong = Some(CgroupError::DeviceMismatch {
-                                    path: file.path().to_owned(),
-                                    device: stale.map_or_else(|| "default".to_string(), |d| d.to_string()),
-                                    wrote: value as u32,
-                                    read: stale.map_or(lines.default, |d| lines.effective(*d)),
-                                    what: if stale.is_some() { "its MAJ:MIN override" } else { "the default" },
-                                });
-                            }
-                        }
-                    }
-                    match wrong {
-                        None => break,
-                        Some(e) if tries >= READ_BACK_TRIES => return Err(e.into()),
-                        Some(_) => tokio::time::sleep(READ_BACK_PAUSE).await,
-                    }
-                }
-                debug!(unit = %unit, io_weight = props.io_weight, "unit's own I/O weight properties put back");
-                self.unit_originals.remove(&info.id);
-                Ok(())
-            }
-            .await,
-        )
+        }
+        let want_io = if props.io_weight == IO_WEIGHT_UNSET { 100 } else { props.io_weight };
+        read_back_until(|| unit_files_read(dir, want_io, &kept).map_err(Into::into)).await?;
+        debug!(unit = %unit, io_weight = props.io_weight, "unit's own I/O weight properties put back");
+        self.unit_originals.remove(&info.id);
+        Ok(())
     }
 
     /// The weight in force: on the devices the container used or `[devices] check` names (the file writer's
     /// rule), and in `io.weight` on every io.cost device, which it may use next.
-    fn read_back(
-        &mut self,
-        info: &ContainerInfo,
-        weight: Weight,
-        io_cost: &[blockdev::DevNum],
-    ) -> Result<(), BackendError> {
+    fn read_back(&mut self, info: &ContainerInfo, weight: Weight, io_cost: &[DevNum]) -> Result<(), BackendError> {
         self.files.verify_weight(info, weight)?;
         let dir = info.cgroup.as_ref().ok_or_else(|| BackendError::NoCgroup(info.id.clone()))?;
         if io_cost.is_empty() {
@@ -262,13 +197,64 @@ impl<W: WeightWriter> WeightWriter for SystemdActuator<W> {
     async fn restore(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
         match self.unit_of(info) {
             Some(unit) => {
-                match self.put_back_unit(info, &unit, original).await {
-                    Some(done) => done?,
+                match self.unit_original(info, original) {
+                    Some(props) => self.put_back_unit(info, &unit, &props).await?,
                     None => self.via_systemd(info, &unit, original).await?,
                 }
                 Ok(AppliedVia::Systemd)
             }
             None => self.inner.restore(info, original).await,
         }
+    }
+}
+
+/// Calls `check` until it passes, [`READ_BACK_TRIES`] times at most, [`READ_BACK_PAUSE`] apart (systemd applies a
+/// unit's properties from its event loop, possibly just after answering); a vanished cgroup ends it at once.
+/// Returns how many tries it took.
+async fn read_back_until(mut check: impl FnMut() -> Result<(), BackendError>) -> Result<u32, BackendError> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match check() {
+            Ok(()) => return Ok(tries),
+            Err(e) if e.is_vanished() || tries >= READ_BACK_TRIES => return Err(e),
+            Err(_) => tokio::time::sleep(READ_BACK_PAUSE).await,
+        }
+    }
+}
+
+/// The files of a unit whose properties were put back: the defaults systemd writes for `IOWeight` `io_weight` in
+/// both files, and no `io.weight` override but those of `kept` (the unit's own `IODeviceWeight` entries).
+fn unit_files_read(dir: &CgroupDir, io_weight: u64, kept: &[DevNum]) -> Result<(), CgroupError> {
+    for (kind, value) in [(WeightFileKind::V2Io, io_weight), (WeightFileKind::V2Bfq, bfq_weight_of(io_weight))] {
+        let Some(file) = WeightFile::open_kind(dir, kind)? else { continue };
+        let lines = file.read_lines()?;
+        let stale = lines.devices.keys().find(|d| kind == WeightFileKind::V2Io && !kept.contains(d));
+        if u64::from(lines.default) != value || stale.is_some() {
+            return Err(CgroupError::DeviceMismatch {
+                path: file.path().to_owned(),
+                device: stale.map_or_else(|| "default".to_string(), |d| d.to_string()),
+                wrote: value as u32,
+                read: stale.map_or(lines.default, |d| lines.effective(*d)),
+                what: if stale.is_some() { "its MAJ:MIN override" } else { "the default" },
+            });
+        }
+    }
+    Ok(())
+}
+
+fn runtime_error(info: &ContainerInfo, detail: String) -> BackendError {
+    BackendError::Runtime { id: info.id.clone(), what: "systemd SetUnitProperties", detail }
+}
+
+/// A failed call: a unit that is gone with its cgroup is a removal, like any vanished cgroup; anything else a
+/// runtime error (retried next round).
+fn bus_error(info: &ContainerInfo, e: BusError) -> BackendError {
+    match (&e, info.cgroup.as_ref()) {
+        (BusError::NoSuchUnit(_), Some(dir)) if !dir.path().exists() => {
+            let source = std::io::Error::from_raw_os_error(libc::ENOENT);
+            CgroupError::Vanished { path: dir.path().to_owned(), source }.into()
+        }
+        _ => runtime_error(info, e.to_string()),
     }
 }

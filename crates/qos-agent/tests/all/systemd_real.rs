@@ -57,11 +57,8 @@ impl SystemDocker {
             .is_ok_and(|o| !o.status.success())
         {
             // The test image from the guest's busybox-static, as scripts/setup-host.sh builds it on the host.
-            let script = "set -e; r=$(mktemp -d); mkdir -p $r/bin; cp /bin/busybox $r/bin/; \
-                for a in sh dd cat sleep; do ln -s busybox $r/bin/$a; done; \
-                tar -C $r -c . | docker -H unix:///var/run/docker.sock import -c 'ENV PATH=/bin' - ddiskqos-test:latest \
-                >/dev/null; rm -rf $r";
-            run("sh", &["-c", script]);
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-image.sh");
+            run("bash", &[script.to_str().unwrap(), "-H", SYSTEM_DOCKER]);
         }
         Self { containers: Vec::new() }
     }
