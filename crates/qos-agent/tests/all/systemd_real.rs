@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use testbed::process::patience;
 
-use crate::v2_real::{effective, poll, read, rounds, run, Agent, Loop, TmpDir};
+use crate::v2_real::{pod_weights as weights, poll, read, rounds, run, Agent, Loop, TmpDir};
 
 const CGROUP: &str = "/sys/fs/cgroup";
 /// The guest's own dockerd, started by systemd (docker.service): the systemd cgroup driver.
@@ -83,11 +83,6 @@ impl Drop for SystemDocker {
 
 fn scope_dir(id: &str) -> PathBuf {
     Path::new(CGROUP).join("system.slice").join(format!("docker-{id}.scope"))
-}
-
-/// (io.bfq.weight on the BFQ device, io.weight on the io.cost device) of a scope.
-fn weights(dir: &Path, bfq: &Loop, cost: &Loop) -> Option<(u32, u32)> {
-    Some((effective(&dir.join("io.bfq.weight"), &bfq.num)?, effective(&dir.join("io.weight"), &cost.num)?))
 }
 
 fn weight_decisions(log: &str) -> usize {

@@ -676,7 +676,8 @@ fn io_stat_counters_of_real_containers_hold_their_own_bytes_only() {
 }
 
 /// Effective weights of a pod cgroup on the BFQ device (`io.bfq.weight`) and the io.cost device (`io.weight`).
-fn pod_weights(dir: &Path, bfq: &Loop, cost: &Loop) -> Option<(u32, u32)> {
+/// (io.bfq.weight on the BFQ device, io.weight on the io.cost device) of a cgroup.
+pub(crate) fn pod_weights(dir: &Path, bfq: &Loop, cost: &Loop) -> Option<(u32, u32)> {
     Some((effective(&dir.join("io.bfq.weight"), &bfq.num)?, effective(&dir.join("io.weight"), &cost.num)?))
 }
 
