@@ -59,8 +59,15 @@ DOCKER=/usr/bin/docker
 if ! "$DOCKER" version >/dev/null 2>&1; then
   log "starting dockerd"
   mkdir -p /var/log
-  # setsid: the daemon must outlive the shell (and its process group) that started it.
-  setsid nohup /usr/sbin/dockerd --host unix:///var/run/docker.sock >/var/log/ddiskqos-dockerd.log 2>&1 </dev/null &
+  # setsid: the daemon must outlive the shell (and its process group) that started it. It must not inherit the
+  # caller's other descriptors either: a `flock LOCK ./scripts/...` caller's lock would be held by dockerd for good.
+  (
+    for fd in /proc/$BASHPID/fd/*; do
+      n=${fd##*/}
+      if [ "$n" -gt 2 ]; then eval "exec $n>&-" 2>/dev/null || true; fi
+    done
+    exec setsid nohup /usr/sbin/dockerd --host unix:///var/run/docker.sock >/var/log/ddiskqos-dockerd.log 2>&1 </dev/null
+  ) &
   for _ in $(seq 1 60); do
     "$DOCKER" version >/dev/null 2>&1 && break
     sleep 0.5

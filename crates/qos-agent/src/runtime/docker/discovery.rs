@@ -5,13 +5,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bollard::models::{ContainerInspectResponse, EventMessage};
+use bollard::models::{ContainerInspectResponse, ContainerSummaryStateEnum, EventMessage};
 use bollard::query_parameters::{EventsOptions, ListContainersOptions};
 use bollard::Docker;
 use futures_util::{Stream, StreamExt};
 use qos_core::ContainerId;
 use tracing::{debug, info, warn};
 
+use super::cgroup_watch::{CgroupWatch, Created};
 use super::naming::{container_cgroup, CgroupDriver};
 use crate::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
 use crate::cgroup::{CgroupDir, CgroupError, CgroupRoot};
@@ -28,6 +29,8 @@ pub struct DockerDiscovery {
     /// before the listing, and those of listed containers are already reflected in it.
     listed: HashSet<ContainerId>,
     listed_at_ns: i64,
+    /// New containers seen by their cgroup's creation, before Docker's `start` event.
+    cgroups: CgroupWatch,
 }
 
 /// The `Sync` half of discovery (API client and cgroup layout), so its futures stay `Send` while the event
@@ -60,7 +63,13 @@ impl DockerDiscovery {
             _ => CgroupDriver::Cgroupfs,
         };
         info!(?driver, version = info.server_version.as_deref().unwrap_or("?"), "connected to dockerd");
+        let cgroups = CgroupWatch::start(root.clone(), driver).unwrap_or_else(|e| {
+            warn!(error = %e, "cannot watch for new container cgroups; new containers are seen by Docker's start \
+                               event only (after their process started)");
+            CgroupWatch::off(root.clone(), driver)
+        });
         Ok(Self {
+            cgroups,
             api: Inspector { docker, root, driver },
             events: None,
             backoff: Backoff::new(),
@@ -75,7 +84,7 @@ impl DockerDiscovery {
         let since = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()).saturating_sub(1);
         let filters: HashMap<String, Vec<String>> = HashMap::from([
             ("type".into(), vec!["container".into()]),
-            ("event".into(), ["start", "die", "destroy", "update"].map(String::from).to_vec()),
+            ("event".into(), ["create", "start", "die", "destroy", "update"].map(String::from).to_vec()),
         ]);
         let opts = EventsOptions { since: Some(since.to_string()), until: None, filters: Some(filters) };
         self.events = Some(Box::pin(self.api.docker.events(Some(opts))));
@@ -107,9 +116,19 @@ impl DockerDiscovery {
         self.listed_at_ns = unix_ns();
         // Every running container the listing saw, also those it refused (a moved process): a replayed start of
         // one of them must not bring it in through the event path.
-        let (list, seen) = self.api.list().await?;
-        self.listed = seen;
-        Ok(list)
+        let listing = self.api.list().await?;
+        self.listed = listing.running;
+        for (id, created) in listing.created {
+            self.cgroups.created(id, created);
+        }
+        for info in &listing.managed {
+            if let Some(parent) = info.cgroup.as_ref().and_then(|c| c.path().parent()) {
+                self.cgroups.watch_parent(parent);
+            }
+        }
+        // Containers started between the listing and now whose cgroups the listing already showed.
+        self.cgroups.scan();
+        Ok(listing.managed)
     }
 
     /// Whether an event is one `since` replayed from before the last listing, about a container the listing
@@ -152,23 +171,34 @@ impl Inspector {
         })
     }
 
-    /// The running containers the agent may manage, and the ids of every running container listed.
-    async fn list(&self) -> Result<(Vec<ContainerInfo>, HashSet<ContainerId>), DiscoveryError> {
+    /// The running containers the agent may manage, the ids of every running container listed, and the name and
+    /// labels of those created and not yet started (for [`CgroupWatch`]).
+    async fn list(&self) -> Result<Listing, DiscoveryError> {
         let list = self
             .docker
-            .list_containers(Some(ListContainersOptions { all: false, ..Default::default() }))
+            .list_containers(Some(ListContainersOptions { all: true, ..Default::default() }))
             .await
             .map_err(|e| DiscoveryError::Runtime { what: "list containers".into(), detail: e.to_string() })?;
-        let mut out = Vec::with_capacity(list.len());
-        let mut seen = HashSet::with_capacity(list.len());
+        let mut out = Listing::default();
         for c in list {
             let Some(id) = c.id else { continue };
-            seen.insert(ContainerId::from(id.clone()));
-            if let Some(info) = self.inspect(&id).await {
-                out.push(info);
+            match c.state {
+                Some(ContainerSummaryStateEnum::RUNNING) => {
+                    out.running.insert(ContainerId::from(id.clone()));
+                    if let Some(info) = self.inspect(&id).await {
+                        out.managed.push(info);
+                    }
+                }
+                Some(ContainerSummaryStateEnum::CREATED) => {
+                    let name = c.names.and_then(|n| n.into_iter().next()).unwrap_or_default();
+                    let labels = c.labels.unwrap_or_default().into_iter().collect();
+                    let created = Created { name: name.trim_start_matches('/').to_string(), labels };
+                    out.created.push((ContainerId::from(id), created));
+                }
+                _ => {}
             }
         }
-        Ok((out, seen))
+        Ok(out)
     }
 
     /// One API call per container when it appears (never per round). `None` for a container that is already gone
@@ -229,10 +259,23 @@ impl Discovery for DockerDiscovery {
 
     async fn next_event(&mut self) -> Result<DiscoveryEvent, DiscoveryError> {
         loop {
+            if let Some(ev) = self.cgroups.next_ready() {
+                return Ok(ev);
+            }
             let Some(events) = self.events.as_mut() else {
                 return Ok(self.reconnect().await);
             };
-            let msg = match events.next().await {
+            // Both are cancel-safe: a message or a wake-up not taken now is there next time.
+            let next = tokio::select! {
+                biased;
+                () = self.cgroups.changed() => None,
+                next = events.next() => Some(next),
+            };
+            let Some(next) = next else {
+                self.cgroups.scan();
+                continue;
+            };
+            let msg = match next {
                 Some(Ok(msg)) => msg,
                 Some(Err(e)) => {
                     self.events = None;
@@ -248,8 +291,21 @@ impl Discovery for DockerDiscovery {
                 debug!(container = %id, action = ?msg.action, "replayed event of a listed container; already known");
                 continue;
             }
+            let cid = ContainerId::from(id.clone());
             match msg.action.as_deref() {
+                Some("create") => {
+                    let mut attributes = msg.actor.and_then(|a| a.attributes).unwrap_or_default();
+                    let name = attributes.remove("name").unwrap_or_default();
+                    attributes.remove("image");
+                    self.cgroups.created(cid, Created { name, labels: attributes.into_iter().collect() });
+                    // Its cgroup may be there already (the event came late).
+                    self.cgroups.scan();
+                }
                 Some("start") => {
+                    if self.cgroups.confirm_started(&cid) {
+                        debug!(container = %cid.short(), "start event of a container already seen by its cgroup");
+                        continue;
+                    }
                     // Fast path for the < 100 ms promise: the event carries name and labels, and the cgroup sits
                     // where the daemon's driver puts it; only an unusual layout costs an inspect call.
                     let attributes = msg.actor.and_then(|a| a.attributes).unwrap_or_default();
@@ -257,15 +313,37 @@ impl Discovery for DockerDiscovery {
                         return Ok(DiscoveryEvent::Started(info));
                     }
                     if let Some(info) = self.api.inspect(&id).await {
+                        // Its parent is watched from now on: the next container there is seen at its creation.
+                        if let Some(parent) = info.cgroup.as_ref().and_then(|c| c.path().parent()) {
+                            self.cgroups.watch_parent(parent);
+                        }
                         return Ok(DiscoveryEvent::Started(info));
                     }
                 }
-                Some("die") | Some("destroy") => return Ok(DiscoveryEvent::Stopped(ContainerId::from(id))),
-                Some("update") => return Ok(DiscoveryEvent::Updated(ContainerId::from(id))),
+                Some("die") => {
+                    self.cgroups.died(&cid);
+                    return Ok(DiscoveryEvent::Stopped(cid));
+                }
+                Some("destroy") => {
+                    self.cgroups.destroyed(&cid);
+                    return Ok(DiscoveryEvent::Stopped(cid));
+                }
+                Some("update") => return Ok(DiscoveryEvent::Updated(cid)),
                 _ => {}
             }
         }
     }
+}
+
+/// What a listing found.
+#[derive(Debug, Default)]
+struct Listing {
+    /// The running containers the agent may manage.
+    managed: Vec<ContainerInfo>,
+    /// Every running container listed (also those refused).
+    running: HashSet<ContainerId>,
+    /// Containers created and not started: name and labels.
+    created: Vec<(ContainerId, Created)>,
 }
 
 /// Where a container's cgroup is, decided from the runtime's own naming (the documented path), with the

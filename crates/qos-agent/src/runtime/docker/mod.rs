@@ -2,11 +2,13 @@
 //! counters (cgroup files, Docker stats only as a logged fallback) and the weight actuator (`docker update
 //! --blkio-weight`, verified in the cgroup file, falling back to the file where Docker discards the weight).
 //!
-//! - `discovery.rs`: [`DockerDiscovery`]; `naming.rs`: where Docker puts a container's cgroup
+//! - `discovery.rs`: [`DockerDiscovery`]; `cgroup_watch.rs`: new containers seen by their cgroup's creation, before
+//!   Docker's `start` event; `naming.rs`: where Docker puts a container's cgroup
 //!   ([`container_cgroup`], [`CgroupDriver`]);
 //! - `counters.rs`: [`DockerCounters`] (the files layer's counters plus the stats fallback);
 //! - `writer.rs`: [`DockerWriter`] (per [`ActuatorMode`](crate::config::ActuatorMode)).
 
+mod cgroup_watch;
 mod counters;
 mod discovery;
 mod naming;

@@ -1,0 +1,382 @@
+//! [`CgroupWatch`]: a container seen the moment runc creates its cgroup, before its process runs.
+//!
+//! Docker's `start` event comes after the container's process has started (and after dockerd's own bookkeeping,
+//! tens to hundreds of milliseconds), so a container that reads at once would do its first I/O at whatever weight
+//! its cgroup had. The cgroup itself appears earlier, at `runc create`: inotify on the directories where Docker's
+//! driver puts container cgroups tells the agent then. A directory alone is not enough to manage a container (its
+//! name and labels decide its policy, and a name that looks like an id proves nothing), so a new cgroup is
+//! announced only for a container Docker has told about: its `create` event (name and labels), or a listing that
+//! showed it created and not yet running. Others wait for their `start` event, as before.
+//!
+//! The cgroup path is Docker's naming for the id under a watched parent, the same path the documented lookup
+//! gives, so nothing a container's process does can steer it elsewhere.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use qos_core::ContainerId;
+use tracing::debug;
+
+use super::naming::{container_cgroup, CgroupDriver};
+use crate::backend::{ContainerInfo, DiscoveryError, DiscoveryEvent};
+use crate::cgroup::CgroupRoot;
+use crate::runtime::support::DirWatch;
+
+/// At most this many created-but-not-started containers are remembered (oldest forgotten first; a forgotten one
+/// is announced by its `start` event instead).
+const CREATED_CAP: usize = 4096;
+
+/// Name and labels of a container Docker created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Created {
+    /// The container's name (without the leading `/`).
+    pub name: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A container cgroup directory seen in a watched parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    /// The directory's inode: a restarted container gets a new directory under the same name.
+    ino: u64,
+    /// Announced here and not yet confirmed by Docker's `start` event (which is then not announced again).
+    early: bool,
+    /// Docker said it died: not announced again for this directory.
+    dead: bool,
+}
+
+/// New container cgroups, from inotify on the parents where Docker's driver puts them.
+#[derive(Debug)]
+pub(super) struct CgroupWatch {
+    watch: Option<DirWatch>,
+    root: Arc<CgroupRoot>,
+    driver: CgroupDriver,
+    /// Parents watched (absolute paths under the root), and the parent expected to appear (cgroupfs' `docker`).
+    parents: BTreeSet<PathBuf>,
+    created: HashMap<ContainerId, Created>,
+    created_order: VecDeque<ContainerId>,
+    seen: HashMap<ContainerId, Seen>,
+    /// Announcements found by the last scan, handed out one per [`CgroupWatch::next_ready`].
+    ready: VecDeque<DiscoveryEvent>,
+}
+
+impl CgroupWatch {
+    /// Watches the driver's default parents (cgroupfs: the root, for `--cgroup-parent=/`, and `docker`; systemd:
+    /// `system.slice`) once they exist. Without inotify (an error) discovery works as before, on events alone.
+    pub fn start(root: Arc<CgroupRoot>, driver: CgroupDriver) -> Result<Self, DiscoveryError> {
+        let watch = DirWatch::start("ddiskqos-docker-cgroups")?;
+        let mut this = Self {
+            watch: Some(watch),
+            root,
+            driver,
+            parents: BTreeSet::new(),
+            created: HashMap::new(),
+            created_order: VecDeque::new(),
+            seen: HashMap::new(),
+            ready: VecDeque::new(),
+        };
+        for parent in this.default_parents() {
+            this.watch_parent(&parent);
+        }
+        Ok(this)
+    }
+
+    /// A watch that never wakes (hosts without inotify; tests).
+    pub fn off(root: Arc<CgroupRoot>, driver: CgroupDriver) -> Self {
+        Self {
+            watch: None,
+            root,
+            driver,
+            parents: BTreeSet::new(),
+            created: HashMap::new(),
+            created_order: VecDeque::new(),
+            seen: HashMap::new(),
+            ready: VecDeque::new(),
+        }
+    }
+
+    fn default_parents(&self) -> Vec<PathBuf> {
+        let root = self.root.path();
+        match self.driver {
+            CgroupDriver::Cgroupfs => vec![root.to_path_buf(), root.join("docker")],
+            CgroupDriver::Systemd => vec![root.join("system.slice")],
+        }
+    }
+
+    /// Watches `dir` (a container cgroup's parent) too, if it is a directory under the root.
+    pub fn watch_parent(&mut self, dir: &Path) {
+        if !dir.starts_with(self.root.path()) || !dir.is_dir() {
+            return;
+        }
+        let Some(watch) = &self.watch else { return };
+        match watch.add(dir) {
+            Ok(()) => {
+                if self.parents.insert(dir.to_path_buf()) {
+                    debug!(dir = %dir.display(), "watching for new container cgroups");
+                }
+            }
+            Err(e) => debug!(dir = %dir.display(), error = %e, "cannot watch for new container cgroups"),
+        }
+    }
+
+    /// Remembers a container Docker created (its `create` event, or a listing showing it created).
+    pub fn created(&mut self, id: ContainerId, created: Created) {
+        if self.created.insert(id.clone(), created).is_none() {
+            self.created_order.push_back(id);
+            while self.created_order.len() > CREATED_CAP {
+                if let Some(old) = self.created_order.pop_front() {
+                    self.created.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// Docker's `start` event for `id`: `true` when this watch announced it already (the event is then dropped).
+    pub fn confirm_started(&mut self, id: &ContainerId) -> bool {
+        match self.seen.get_mut(id) {
+            Some(s) if s.early && !s.dead => {
+                s.early = false;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Docker's `die`: the directory still there is not announced again.
+    pub fn died(&mut self, id: &ContainerId) {
+        if let Some(s) = self.seen.get_mut(id) {
+            s.dead = true;
+            s.early = false;
+        }
+    }
+
+    /// Docker's `destroy`: the container is gone for good.
+    pub fn destroyed(&mut self, id: &ContainerId) {
+        self.created.remove(id);
+        self.created_order.retain(|c| c != id);
+    }
+
+    /// Waits for inotify to report a change (forever, when the watch is off).
+    pub async fn changed(&mut self) {
+        match self.watch.as_mut() {
+            Some(w) => {
+                if w.changed().await.is_none() {
+                    self.watch = None;
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending::<()>().await,
+        }
+    }
+
+    /// The next announcement found by a scan, if any.
+    pub fn next_ready(&mut self) -> Option<DiscoveryEvent> {
+        self.ready.pop_front()
+    }
+
+    /// Reads the watched parents: a new directory of a container Docker created is queued as `Started`; a
+    /// directory announced early that vanished before Docker confirmed the start is queued as `Stopped`.
+    pub fn scan(&mut self) {
+        // A parent that appeared since (cgroupfs' `docker` at the first container) is watched from now on.
+        for parent in self.default_parents() {
+            if !self.parents.contains(&parent) {
+                self.watch_parent(&parent);
+            }
+        }
+        let mut present: HashMap<ContainerId, (u64, PathBuf)> = HashMap::new();
+        for parent in &self.parents {
+            let Ok(entries) = std::fs::read_dir(parent) else { continue };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let Some(id) = name.to_str().and_then(|n| container_id_of(self.driver, n)) else { continue };
+                let Ok(meta) = entry.metadata() else { continue };
+                if meta.is_dir() {
+                    present.insert(id, (meta.ino(), parent.clone()));
+                }
+            }
+        }
+        // Gone: forget; announced early and never confirmed (runc failed, or it exited at once): stopped.
+        let gone: Vec<ContainerId> = self.seen.keys().filter(|id| !present.contains_key(*id)).cloned().collect();
+        for id in gone {
+            if let Some(s) = self.seen.remove(&id) {
+                if s.early && !s.dead {
+                    self.ready.push_back(DiscoveryEvent::Stopped(id));
+                }
+            }
+        }
+        for (id, (ino, parent)) in present {
+            if matches!(self.seen.get(&id), Some(s) if s.ino == ino) {
+                continue;
+            }
+            let Some(created) = self.created.get(&id) else { continue };
+            let Some(info) = self.info(&id, &parent, created) else { continue };
+            self.seen.insert(id, Seen { ino, early: true, dead: false });
+            self.ready.push_back(DiscoveryEvent::Started(info));
+        }
+    }
+
+    /// The container's info, its cgroup by Docker's naming under `parent` (the root-relative `--cgroup-parent`).
+    fn info(&self, id: &ContainerId, parent: &Path, created: &Created) -> Option<ContainerInfo> {
+        let cgroup = match self.driver {
+            CgroupDriver::Cgroupfs => {
+                let rel = parent.strip_prefix(self.root.path()).ok()?.to_str()?;
+                container_cgroup(&self.root, id.as_str(), self.driver, Some(&format!("/{rel}"))).ok()?
+            }
+            // system.slice (the default) is the only systemd parent watched.
+            CgroupDriver::Systemd => container_cgroup(&self.root, id.as_str(), self.driver, None).ok()?,
+        };
+        // The documented path must be the directory seen (a parent by another name would not be).
+        (cgroup.path().parent() == Some(parent)).then(|| ContainerInfo {
+            id: id.clone(),
+            name: created.name.clone(),
+            labels: created.labels.clone(),
+            cgroup: Some(cgroup),
+        })
+    }
+}
+
+/// The container id a directory name stands for under `driver`'s naming: the 64-hex id itself (cgroupfs) or
+/// `docker-<id>.scope` (systemd).
+fn container_id_of(driver: CgroupDriver, name: &str) -> Option<ContainerId> {
+    let id = match driver {
+        CgroupDriver::Cgroupfs => name,
+        CgroupDriver::Systemd => name.strip_prefix("docker-")?.strip_suffix(".scope")?,
+    };
+    let hex = id.len() == 64 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    hex.then(|| ContainerId::from(id.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroup::CgroupVersion;
+
+    fn id(c: char) -> String {
+        std::iter::repeat_n(c, 64).collect()
+    }
+
+    fn created(name: &str) -> Created {
+        Created { name: name.into(), labels: BTreeMap::from([("tier".into(), "web".into())]) }
+    }
+
+    fn fixture(driver: CgroupDriver) -> (tempfile::TempDir, CgroupWatch) {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = Arc::new(CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap());
+        let mut w = CgroupWatch::off(root, driver);
+        // Without inotify the parents are added by hand (the real watch adds them at start and on a scan).
+        for p in w.default_parents() {
+            std::fs::create_dir_all(&p).unwrap();
+            w.parents.insert(p);
+        }
+        (tmp, w)
+    }
+
+    fn drain(w: &mut CgroupWatch) -> Vec<String> {
+        std::iter::from_fn(|| w.next_ready())
+            .map(|ev| match ev {
+                DiscoveryEvent::Started(info) => format!(
+                    "started {} {} {}",
+                    &info.id.as_str()[..1],
+                    info.name,
+                    info.cgroup.unwrap().path().display()
+                ),
+                DiscoveryEvent::Stopped(id) => format!("stopped {}", &id.as_str()[..1]),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_created_containers_cgroup_is_announced_once_with_its_labels() {
+        let (tmp, mut w) = fixture(CgroupDriver::Cgroupfs);
+        let a = ContainerId::from(id('a'));
+        w.created(a.clone(), created("web"));
+        std::fs::create_dir(tmp.path().join("docker").join(id('a'))).unwrap();
+        w.scan();
+        let root = tmp.path().display();
+        assert_eq!(drain(&mut w), vec![format!("started a web {root}/docker/{}", id('a'))]);
+        // Another change (anything) rescans: nothing new.
+        w.scan();
+        assert!(drain(&mut w).is_empty());
+        // Docker's start event for it is dropped, once.
+        assert!(w.confirm_started(&a));
+        assert!(!w.confirm_started(&a));
+    }
+
+    #[test]
+    fn a_cgroup_docker_never_announced_is_left_to_the_start_event() {
+        let (tmp, mut w) = fixture(CgroupDriver::Cgroupfs);
+        // A directory named like an id, with no create event (made by someone else, or created before the agent).
+        std::fs::create_dir(tmp.path().join("docker").join(id('b'))).unwrap();
+        std::fs::create_dir(tmp.path().join("docker").join("not-an-id")).unwrap();
+        w.scan();
+        assert!(drain(&mut w).is_empty());
+        assert!(!w.confirm_started(&ContainerId::from(id('b'))));
+    }
+
+    #[test]
+    fn flat_parent_and_restart_and_a_failed_start() {
+        let (tmp, mut w) = fixture(CgroupDriver::Cgroupfs);
+        let c = ContainerId::from(id('c'));
+        w.created(c.clone(), created("flat"));
+        let dir = tmp.path().join(id('c'));
+        std::fs::create_dir(&dir).unwrap();
+        w.scan();
+        assert_eq!(drain(&mut w), vec![format!("started c flat {}", dir.display())]);
+        assert!(w.confirm_started(&c));
+        // It dies; until its directory is gone nothing is announced; restarted: a new directory, announced.
+        w.died(&c);
+        w.scan();
+        assert!(drain(&mut w).is_empty());
+        std::fs::remove_dir(&dir).unwrap();
+        w.scan();
+        assert!(drain(&mut w).is_empty(), "confirmed and died: Docker's die event stopped it");
+        std::fs::create_dir(&dir).unwrap();
+        w.scan();
+        assert_eq!(drain(&mut w), vec![format!("started c flat {}", dir.display())]);
+        // runc fails before Docker confirms the start: the directory goes, the container is stopped.
+        std::fs::remove_dir(&dir).unwrap();
+        w.scan();
+        assert_eq!(drain(&mut w), vec!["stopped c".to_string()]);
+        // Removed for good: its name and labels are forgotten.
+        w.destroyed(&c);
+        std::fs::create_dir(&dir).unwrap();
+        w.scan();
+        assert!(drain(&mut w).is_empty());
+    }
+
+    #[test]
+    fn systemd_scopes_in_system_slice() {
+        let (tmp, mut w) = fixture(CgroupDriver::Systemd);
+        w.created(ContainerId::from(id('d')), created("svc"));
+        let scope = tmp.path().join("system.slice").join(format!("docker-{}.scope", id('d')));
+        std::fs::create_dir(&scope).unwrap();
+        std::fs::create_dir(tmp.path().join("system.slice").join(id('d'))).unwrap();
+        w.scan();
+        assert_eq!(drain(&mut w), vec![format!("started d svc {}", scope.display())]);
+    }
+
+    #[test]
+    fn the_created_map_is_bounded() {
+        let (_tmp, mut w) = fixture(CgroupDriver::Cgroupfs);
+        for i in 0..CREATED_CAP + 10 {
+            w.created(ContainerId::from(format!("{i:064x}")), created("x"));
+        }
+        assert_eq!(w.created.len(), CREATED_CAP);
+        assert!(!w.created.contains_key(&ContainerId::from(format!("{:064x}", 0))));
+        assert!(w.created.contains_key(&ContainerId::from(format!("{:064x}", CREATED_CAP + 9))));
+    }
+
+    #[test]
+    fn directory_names() {
+        let i = id('e');
+        assert!(container_id_of(CgroupDriver::Cgroupfs, &i).is_some());
+        assert!(container_id_of(CgroupDriver::Cgroupfs, &format!("docker-{i}.scope")).is_none());
+        assert!(container_id_of(CgroupDriver::Systemd, &format!("docker-{i}.scope")).is_some());
+        assert!(container_id_of(CgroupDriver::Systemd, &i).is_none());
+        assert!(container_id_of(CgroupDriver::Cgroupfs, &"A".repeat(64)).is_none());
+    }
+}
