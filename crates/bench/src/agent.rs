@@ -165,8 +165,16 @@ pub struct WeightRead {
     /// The weight the file held (on cgroup v2: the effective value on the test device of the file that governs
     /// it, on that file's scale).
     pub weight: u32,
-    /// How long the bench waited for it, from the reader's cgroup existing (0 when read once, not awaited).
+    /// How long the bench waited for it, from the reader's cgroup existing (0 when read once, not awaited). For a
+    /// reader that reads at once (Docker), the agent's reaction time.
     pub waited_ms: f64,
+    /// Bytes the reader's cgroup had been charged when the weight was read (Docker: how much of the read came
+    /// before the top weight was in force); `None` where not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_before: Option<u64>,
+    /// Awaited: whether the top weight arrived before the reader finished (`None`: read once, not awaited).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reached: Option<bool>,
 }
 
 /// One switch of the daemon's dry run (a `Command::Reload`).
@@ -454,9 +462,11 @@ impl Agent {
     }
 
     /// Waits until the weight file of `dir` that governs the test device reads `want` (the daemon wrote it), at
-    /// most [`WEIGHT_TIMEOUT`].
+    /// most [`WEIGHT_TIMEOUT`]. A reader that finished first (its cgroup removed) is not an error: the weight
+    /// returned is the last one read, not `want`.
     pub fn wait_for_weight(&self, dir: &CgroupDir, want: Weight, since: Instant) -> Result<WeightRead> {
         let value = self.probe.file_value(want);
+        let mut last = None;
         loop {
             // A regular file standing in for a cgroup file (the fixtures) is truncated, then written: a read between
             // the two finds it empty. Such a read is retried until the deadline; a real cgroup file never reads torn,
@@ -465,8 +475,25 @@ impl Agent {
             let waited = since.elapsed();
             if let Ok((have, _)) = &have {
                 if *have == value {
-                    return Ok(WeightRead { weight: *have, waited_ms: waited.as_secs_f64() * 1e3 });
+                    let bytes = qos_agent::cgroup::CounterReader::open(dir).and_then(|mut c| c.read()).ok();
+                    let bytes_before = bytes.map(|c| c.read);
+                    return Ok(WeightRead {
+                        weight: *have,
+                        waited_ms: waited.as_secs_f64() * 1e3,
+                        bytes_before,
+                        reached: Some(true),
+                    });
                 }
+                last = Some(*have);
+            }
+            if !dir.path().exists() {
+                let waited_ms = waited.as_secs_f64() * 1e3;
+                return Ok(WeightRead {
+                    weight: last.unwrap_or(0),
+                    waited_ms,
+                    bytes_before: None,
+                    reached: Some(false),
+                });
             }
             if waited > WEIGHT_TIMEOUT {
                 let (have, path) = have?;
@@ -524,7 +551,7 @@ impl Drop for Agent {
 
 /// Reads the weight of `dir` from the file `probe` names, once.
 pub fn read_weight(probe: &WeightProbe, dir: &CgroupDir) -> Result<WeightRead> {
-    Ok(WeightRead { weight: probe.read(dir)?.0, waited_ms: 0.0 })
+    Ok(WeightRead { weight: probe.read(dir)?.0, waited_ms: 0.0, bytes_before: None, reached: None })
 }
 
 /// The agent's configuration for the bench: the defaults, the bench's engine and sampling interval, the state file

@@ -103,14 +103,15 @@ pub struct Common {
     /// `--runtime cri`: the CRI runtime's socket (containerd's by default; CRI-O's is /var/run/crio/crio.sock).
     #[arg(long, env = "DDISKQOS_CRI_SOCKET", default_value = crate::runtime::cri::DEFAULT_SOCKET)]
     pub cri_socket: PathBuf,
-    /// Readers' cgroups directly under the blkio root (flat; Docker with `--cgroup-parent=/`) or under one common
-    /// parent (nested: Docker's default `docker/<id>`). BFQ lets a new cgroup preempt the one in service only
-    /// between top-level groups, so the layout decides whether a new high-weight container gets the disk at once.
-    #[arg(long, value_enum, default_value = "flat")]
+    /// Readers' cgroups under one common parent (nested: Docker's default `docker/<id>`, the layout users run) or
+    /// directly under the blkio root (flat: Docker with `--cgroup-parent=/`, an operator's choice). On cgroup v1,
+    /// BFQ lets a new cgroup preempt the one in service only between top-level groups, so the layout decides
+    /// whether a new high-weight container gets the disk at once (`strict-tuned` is the remedy for nested).
+    #[arg(long, value_enum, default_value = "nested")]
     pub cgroup_layout: CgroupLayout,
-    /// BFQ modes to run, in order: the two (BFQ defaults; strict_guarantees=1) and strict_guarantees=1
-    /// with BFQ's low-latency heuristics off.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "default,strict,strict-nolowlat")]
+    /// BFQ modes to run, in order: BFQ defaults; strict_guarantees=1; the same with the agent's short BFQ slots
+    /// (`strict-tuned`); strict_guarantees=1 with BFQ's low-latency heuristics off.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "default,strict,strict-tuned,strict-nolowlat")]
     pub modes: Vec<BfqMode>,
     /// Use this (unmounted) block device instead of a loop device; needs --format.
     #[arg(long, conflicts_with = "dir")]
@@ -270,7 +271,11 @@ mod tests {
     #[test]
     fn run_without_flags_is_quick_both_modes_with_the_papers_engine() {
         let Cmd::Run(run) = parse(&["run"]).command else { panic!() };
-        assert_eq!(run.common.modes, vec![BfqMode::Default, BfqMode::Strict, BfqMode::StrictNoLowLatency]);
+        assert_eq!(
+            run.common.modes,
+            vec![BfqMode::Default, BfqMode::Strict, BfqMode::StrictTuned, BfqMode::StrictNoLowLatency]
+        );
+        assert_eq!(run.common.cgroup_layout, CgroupLayout::Nested);
         assert_eq!(run.plan().unwrap(), Plan::quick());
         assert_eq!(run.common.engine_config().unwrap(), Config::default());
         assert_eq!(run.common.out, PathBuf::from("bench-out"));

@@ -153,7 +153,7 @@ impl Disk {
         };
         let (strict, low_latency) = match mode {
             BfqMode::Default => ("0", base.as_str()),
-            BfqMode::Strict => ("1", base.as_str()),
+            BfqMode::Strict | BfqMode::StrictTuned => ("1", base.as_str()),
             BfqMode::StrictNoLowLatency => ("1", "0"),
             BfqMode::IocostKernel | BfqMode::IocostCalibrated => unreachable!("handled above"),
         };

@@ -5,8 +5,9 @@
 //! A variant block: Alone stops the background (SIGSTOP, waits for its in-flight I/O to drain); Original lets it
 //! run; dDiskQoS lets it run with the daemon out of dry run (its weights written). In Alone and Original blocks the
 //! daemon is in dry run: it has restored every original weight and keeps sampling and deciding, writing nothing.
-//! Each read is a new cgroup/container; in dDiskQoS blocks the bench waits before its first I/O until its weight
-//! file reads the top weight.
+//! Each read is a new cgroup/container. A Docker reader reads as soon as its container starts, while the bench
+//! times the agent's reaction (its cgroup's appearance to the top weight in its file); cgroup and CRI readers wait,
+//! in dDiskQoS blocks, until their weight file reads the top weight.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -147,14 +148,13 @@ fn run_mode_on_device(
         env.disk.info.maj_min.parse().with_context(|| format!("device number {}", env.disk.info.maj_min))?;
     let probe = WeightProbe::for_device(&env.root, dev);
     let bg_file = env.file(workload::BACKGROUND_FILE)?;
-    let reads = (if cfg.exp1 { cfg.plan.exp1.iter().map(|c| c.reps as usize).sum::<usize>() } else { 0 }
-        + if cfg.exp2 { cfg.plan.exp2_reps as usize * cfg.plan.exp2.len() } else { 0 })
-        * 3;
+    let reads = planned_reads(env, cfg)?;
     progress.set_message(format!("{}: starting the agent", mode.name()));
     let v2 = env.root.version() == qos_agent::cgroup::CgroupVersion::V2;
     let test_disk = v2.then_some(env.disk.info.disk_name.as_str());
     let mut agent_cfg = crate::agent::config(cfg.engine.clone(), cfg.sample_interval, &env.work, test_disk);
-    for assignment in &cfg.agent_bfq {
+    let mode_tunables = mode.agent_tunables().iter().map(|(k, v)| format!("{k}={v}"));
+    for assignment in cfg.agent_bfq.iter().cloned().chain(mode_tunables) {
         let Some((key, value)) = assignment.split_once('=') else {
             anyhow::bail!("--agent-bfq-tunable wants KEY=VALUE, got {assignment:?}");
         };
@@ -168,8 +168,8 @@ fn run_mode_on_device(
     let agent = Agent::start(agent_cfg, env.backends.clone(), env.root.clone(), probe)?;
     // After the agent's start: the report shows what the agent set too.
     let iosched = env.disk.iosched();
-    progress.set_message(format!("{}: starting {reads} readers", mode.name()));
-    let bg = env.runtime.prepare(reads).and_then(|()| {
+    progress.set_message(format!("{}: preparing {} readers", mode.name(), reads.len()));
+    let bg = env.runtime.prepare(&reads).and_then(|()| {
         progress.set_message(format!("{}: starting the background", mode.name()));
         env.runtime.start_background(bg_file, cfg.background, &AgentHooks { agent: &agent, wait_top: false })
     });
@@ -383,6 +383,28 @@ impl ModeRun<'_, '_> {
             handles.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("reader thread panicked"))?).collect()
         })
     }
+}
+
+/// The file of every read a mode does, in the order it reads them (so a runtime can prepare each reader ahead).
+fn planned_reads(env: &Env<'_>, cfg: &RunConfig) -> Result<Vec<PathBuf>> {
+    let mut reads = Vec::new();
+    if cfg.exp1 {
+        for round in workload::exp1_rounds(&cfg.plan.exp1) {
+            for _ in round.order {
+                for &size in &round.sizes {
+                    reads.push(env.file(&workload::exp1_file(size))?.to_path_buf());
+                }
+            }
+        }
+    }
+    if cfg.exp2 {
+        for _ in 0..cfg.plan.exp2_reps as usize * Variant::ALL.len() {
+            for (i, r) in cfg.plan.exp2.iter().enumerate() {
+                reads.push(env.file(&workload::exp2_file(i, r))?.to_path_buf());
+            }
+        }
+    }
+    Ok(reads)
 }
 
 /// The device's `cost.vrate=P` (percent) in the v2 root's `io.stat` (the kernel prints it for the root cgroup of a

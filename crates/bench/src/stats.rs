@@ -155,6 +155,44 @@ pub fn mib_per_s(bytes: u64, secs: f64) -> f64 {
     }
 }
 
+/// The spread of a quantity over repetitions: how many, the median, the least and the most.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Spread {
+    /// Repetitions.
+    pub n: usize,
+    /// Median (the mean of the middle two for an even count).
+    pub median: f64,
+    /// Smallest.
+    pub min: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Spread {
+    /// Of `values` (`None` when empty; NaNs are left out).
+    pub fn of(values: impl IntoIterator<Item = f64>) -> Option<Self> {
+        let mut v: Vec<f64> = values.into_iter().filter(|x| !x.is_nan()).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+        Some(Self { n, median, min: v[0], max: v[n - 1] })
+    }
+
+    /// The p-th percentile by nearest rank (`p` in 0..=100).
+    pub fn percentile(values: &[f64], p: f64) -> Option<f64> {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let rank = ((p / 100.0) * v.len() as f64).ceil().max(1.0) as usize;
+        Some(v[rank.min(v.len()) - 1])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

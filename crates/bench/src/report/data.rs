@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::agent::{AgentReport, WeightRead};
 use crate::disk::{DiskInfo, IoCostSetting};
-use crate::stats::{mib_per_s, Latency, Ratios, Summary};
+use crate::stats::{mib_per_s, Latency, Ratios, Spread, Summary};
 use crate::workload::{BfqMode, PaperRow, Plan, Variant};
 
 /// A whole run.
@@ -176,6 +176,13 @@ pub struct CaseReport {
     pub ddiskqos_over_original: Ratios,
     /// dDiskQoS / Alone, from the histograms.
     pub ddiskqos_over_alone: Ratios,
+    /// dDiskQoS / Original per repetition (the two reads of the same round, whose blocks ran back to back): the
+    /// median and range. Targets are judged on its median.
+    #[serde(default)]
+    pub reps_over_original: Option<Spread>,
+    /// dDiskQoS / Alone per repetition.
+    #[serde(default)]
+    pub reps_over_alone: Option<Spread>,
 }
 
 impl CaseReport {
@@ -206,6 +213,8 @@ impl CaseReport {
             variants,
             ddiskqos_over_original: Ratios::of(&Summary::empty(), &Summary::empty()),
             ddiskqos_over_alone: Ratios::of(&Summary::empty(), &Summary::empty()),
+            reps_over_original: None,
+            reps_over_alone: None,
         };
         row.recompute_ratios();
         row
@@ -217,6 +226,17 @@ impl CaseReport {
         let (alone, orig, ddq) = (get(Variant::Alone), get(Variant::Original), get(Variant::DDiskQos));
         self.ddiskqos_over_original = Ratios::of(&ddq, &orig);
         self.ddiskqos_over_alone = Ratios::of(&ddq, &alone);
+        self.reps_over_original = self.per_rep(Variant::Original);
+        self.reps_over_alone = self.per_rep(Variant::Alone);
+    }
+
+    /// dDiskQoS / `base` read time per round in which both ran (a round's reads of one case, one per variant).
+    fn per_rep(&self, base: Variant) -> Option<Spread> {
+        let by_round = |v: Variant| -> BTreeMap<usize, f64> {
+            self.variant(v).map(|c| c.samples.iter().map(|s| (s.round, s.read_ms)).collect()).unwrap_or_default()
+        };
+        let (ddq, base) = (by_round(Variant::DDiskQos), by_round(base));
+        Spread::of(ddq.iter().filter_map(|(r, d)| base.get(r).filter(|b| **b > 0.0).map(|b| d / b)))
     }
 
     /// One variant's results.

@@ -555,7 +555,8 @@ impl Runtime for CriRuntime {
         }
     }
 
-    fn prepare(&self, readers: usize) -> Result<()> {
+    fn prepare(&self, reads: &[std::path::PathBuf]) -> Result<()> {
+        let readers = reads.len();
         // Every reader pod of the mode now, before the background runs (see the module doc).
         let started = super::start_all(readers, "pod", || self.start_pooled())?;
         self.pool.lock().unwrap_or_else(|e| e.into_inner()).extend(started);

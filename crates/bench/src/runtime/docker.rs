@@ -1,23 +1,24 @@
-//! The Docker runtime: every reader is a real container (`docker run`) from an image the bench builds
-//! locally (no pull): busybox plus this binary, with the host's `/usr` mounted read-only for its shared libraries
-//! and for fio. The test files are bind-mounted read-only at `/data`.
+//! The Docker runtime: every reader is a real container from an image the bench builds locally (no pull):
+//! busybox plus this binary, with the host's `/usr` mounted read-only for its shared libraries and for fio. The
+//! test files are bind-mounted read-only at `/data`.
 //!
-//! With `--cgroup-layout flat` (the default) containers run with `--cgroup-parent=/`, so their blkio cgroups are
-//! top-level groups; `nested` keeps Docker's `docker/<id>`.
+//! With `--cgroup-layout nested` (the default) containers keep Docker's own layout, `docker/<id>`; `flat` runs
+//! them with `--cgroup-parent=/`, so their blkio cgroups are top-level groups (an operator's choice).
 //!
-//! Reader containers are started ahead of each BFQ mode, before the background runs ([`Runtime::prepare`]): each
-//! blocks on its own FIFO in `/ctl`. A read takes the next one, calls the hooks (the engine sees a new container
-//! and writes its weight), then writes the file's path into its FIFO; the reader reads the file and leaves its
-//! report in `/ctl/result-<n>`. Its first I/O comes after the hooks, as for a container the agent saw start. The
-//! read time is the reader's own (first read to last). Starting containers ahead keeps `docker run` (which writes
-//! to the root disk, seconds per container while the background loads that disk in BFQ's default mode) out of the
-//! measurements; exited readers are removed at the end of the mode for the same reason.
+//! **Readers read at once, as real containers do.** Each read is a container created ahead of the mode
+//! ([`Runtime::prepare`], before the background runs: `docker create` writes to the root disk) with its file on
+//! its command line, and started (`docker start`) when its read is due: its process reads as soon as it runs, at
+//! whatever weight its cgroup has then. The bench does not wait for the agent; it watches the reader's cgroup
+//! appear and measures how long the agent took to put the top weight in the file that governs the device (the
+//! reaction time, reported beside the read times), and how many bytes the reader had read by then. The read time
+//! is the reader's own (first read to last). Exited readers are removed at the end of the mode (no container
+//! removal overlaps a measurement).
 //!
 //! The bench writes no weight: the agent's daemon (with the agent binary's Docker backends, see `crate::agent`)
-//! discovers the containers from Docker's events and applies weights; the bench finds each container's cgroup with
-//! the agent's own naming (`qos_agent::runtime::docker::container_cgroup`) and reads its weight file.
+//! discovers the containers itself and applies weights; the bench finds each container's cgroup with the agent's
+//! own naming (`qos_agent::runtime::docker::container_cgroup`) and reads its weight file.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -32,7 +33,7 @@ use qos_core::ContainerId;
 
 use super::cgroup::CgroupLayout;
 use super::{fio_args, parse_report, Background, BackgroundKind, ReadOutcome, ReaderHooks, Runtime};
-use crate::agent::container_info;
+use crate::agent::{container_info, WeightRead};
 use crate::cleanup::Cleanup;
 use crate::sys;
 
@@ -68,8 +69,8 @@ pub struct DockerRuntime {
     next: AtomicU64,
     cleanup: &'static Cleanup,
     label: String,
-    /// Reader containers started ahead of time (see [`Runtime::prepare`]).
-    pool: Mutex<VecDeque<Pooled>>,
+    /// Reader containers created ahead of time, by the file they read (see [`Runtime::prepare`]).
+    pool: Mutex<HashMap<PathBuf, VecDeque<Pooled>>>,
     /// The background container, kept when exited readers are removed.
     bg_id: Mutex<Option<String>>,
 }
@@ -130,7 +131,7 @@ impl DockerRuntime {
             next: AtomicU64::new(0),
             cleanup,
             label,
-            pool: Mutex::new(VecDeque::new()),
+            pool: Mutex::new(HashMap::new()),
             bg_id: Mutex::new(None),
         })
     }
@@ -152,9 +153,9 @@ impl DockerRuntime {
             args.push("-v".into());
             args.push(m.clone());
         }
-        if self.layout == CgroupLayout::Flat {
+        if let Some(parent) = self.parent() {
             // /sys/fs/cgroup/blkio/<id> instead of docker/<id>.
-            args.push("--cgroup-parent=/".into());
+            args.push(format!("--cgroup-parent={parent}"));
         }
         args
     }
@@ -197,18 +198,23 @@ impl DockerRuntime {
     /// `--cgroup-parent` (flat: `/`; nested: Docker's default), waiting until it exists (runc creates it when the
     /// container starts).
     fn container_cgroup(&self, id: &str, timeout: Duration) -> Result<CgroupDir> {
-        let parent = match self.layout {
-            CgroupLayout::Flat => Some("/"),
-            CgroupLayout::Nested => None,
-        };
         let start = Instant::now();
         loop {
-            match qos_agent::runtime::docker::container_cgroup(&self.root, id, self.driver, parent) {
+            match qos_agent::runtime::docker::container_cgroup(&self.root, id, self.driver, self.parent()) {
                 Ok(dir) => return Ok(dir),
                 Err(e) if e.is_vanished() && start.elapsed() <= timeout => {}
                 Err(e) => return Err(e).with_context(|| format!("no cgroup of container {id} within {timeout:?}")),
             }
-            std::thread::sleep(Duration::from_millis(1));
+            // Fine-grained: a reader's cgroup is watched for from `docker start` on, and its appearance timed.
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    /// The `--cgroup-parent` of the layout (`None`: Docker's default).
+    fn parent(&self) -> Option<&'static str> {
+        match self.layout {
+            CgroupLayout::Flat => Some("/"),
+            CgroupLayout::Nested => None,
         }
     }
 }
@@ -257,11 +263,18 @@ impl Runtime for DockerRuntime {
         sys::run("docker", &["rm", "-f", &bg.id]).map(|_| ())
     }
 
-    fn prepare(&self, readers: usize) -> Result<()> {
-        // Start every reader container of the mode now, before the background runs: container start-up writes to
-        // the root disk, which the background loads heavily in BFQ's default mode (seconds per `docker run`).
-        let started = super::start_all(readers, "container", || self.start_pooled())?;
-        self.pool.lock().unwrap_or_else(|e| e.into_inner()).extend(started);
+    fn prepare(&self, reads: &[PathBuf]) -> Result<()> {
+        // Create every reader container of the mode now, before the background runs: `docker create` writes to
+        // the root disk, which the background loads heavily in BFQ's default mode (seconds per container).
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let created = super::start_all(reads.len(), "container", || {
+            let file = &reads[next.fetch_add(1, Ordering::Relaxed)];
+            Ok((file.clone(), self.create_reader(file)?))
+        })?;
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        for (file, p) in created {
+            pool.entry(file).or_default().push_back(p);
+        }
         Ok(())
     }
 
@@ -280,88 +293,71 @@ impl Runtime for DockerRuntime {
     }
 
     fn run_reader(&self, file: &Path, hooks: &dyn ReaderHooks) -> Result<ReadOutcome> {
-        let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+        let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).get_mut(file).and_then(VecDeque::pop_front);
         let p = match pooled {
             Some(p) => p,
-            None => self.start_pooled()?,
+            None => self.create_reader(file)?,
         };
-        let t0 = Instant::now();
         let cid = ContainerId::new(&p.id);
-        let result = (|| -> Result<ReadOutcome> {
-            let weight = hooks.created(&container_info(&p.id, p.cgroup.clone()), t0)?;
-            // Opening the FIFO for writing completes once the reader has it open for reading (it does at start).
-            let mut go = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&p.go)
-                .with_context(|| format!("cannot open {}", p.go.display()))?;
-            use std::io::Write;
-            writeln!(go, "{}", self.in_container(file)?).with_context(|| format!("cannot write {}", p.go.display()))?;
-            drop(go);
-            let deadline = Duration::from_secs(600);
-            while !p.result.exists() {
-                if t0.elapsed() > deadline {
-                    bail!("reader container {} gave no result within {deadline:?}", p.id);
-                }
-                if !p.cgroup.path().exists() && !p.result.exists() {
-                    // Exited without a result: its logs say why.
-                    std::thread::sleep(Duration::from_millis(50));
-                    if !p.result.exists() {
-                        let logs = sys::run("docker", &["logs", &p.id]).unwrap_or_default();
-                        bail!("reader container {} exited without a result: {logs}", p.id);
-                    }
-                }
-                std::thread::sleep(Duration::from_micros(500));
-            }
-            let wall = t0.elapsed();
-            let text =
-                std::fs::read_to_string(&p.result).with_context(|| format!("cannot read {}", p.result.display()))?;
-            let report = parse_report(&text)?;
-            Ok(ReadOutcome { id: p.id.clone(), report, wall, charged_bytes: None, weight })
-        })();
+        let t0 = Instant::now();
+        let result = std::thread::scope(|scope| -> Result<ReadOutcome> {
+            // From `docker start` on: the cgroup's appearance, then the agent's reaction, timed by the hooks while
+            // the reader already reads.
+            let watcher = scope.spawn(|| -> Result<WeightRead> {
+                let dir = self.container_cgroup(&p.id, Duration::from_secs(30))?;
+                hooks.created(&container_info(&p.id, dir), Instant::now())
+            });
+            let started = sys::run("docker", &["start", &p.id]);
+            let waited = self.wait_result(&p, t0);
+            let weight = watcher.join().map_err(|_| anyhow::anyhow!("reaction watcher panicked"))?;
+            started?;
+            let (report, wall) = waited?;
+            Ok(ReadOutcome { id: p.id.clone(), report, wall, charged_bytes: None, weight: weight? })
+        });
         hooks.finished(&cid);
-        let _ = std::fs::remove_file(&p.go);
         let _ = std::fs::remove_file(&p.result);
         result
     }
 }
 
-/// A reader container started ahead of time, blocked on its go FIFO.
+impl DockerRuntime {
+    /// Waits for a reader's result file; its report and the time from `t0`.
+    fn wait_result(&self, p: &Pooled, t0: Instant) -> Result<(crate::reader::ReadReport, Duration)> {
+        let deadline = Duration::from_secs(600);
+        while !p.result.exists() {
+            if t0.elapsed() > deadline {
+                bail!("reader container {} gave no result within {deadline:?}", p.id);
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        let wall = t0.elapsed();
+        // The reader writes its report to a temporary name and renames it: an existing result is whole.
+        let text = std::fs::read_to_string(&p.result).with_context(|| format!("cannot read {}", p.result.display()))?;
+        Ok((parse_report(&text)?, wall))
+    }
+
+    /// Creates (does not start) a reader container whose command reads `file` at once and leaves its report in
+    /// `/ctl/result-<n>`.
+    fn create_reader(&self, file: &Path) -> Result<Pooled> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let name = format!("ddqb-{}-fg-{n}", std::process::id());
+        let result = self.ctl_dir.join(format!("result-{n}"));
+        let _ = std::fs::remove_file(&result);
+        let mut args: Vec<String> = vec!["create".into()];
+        args.extend(self.base_args(&name));
+        args.push(self.image.clone());
+        let result_in = format!("/ctl/result-{n}");
+        let file_in = self.in_container(file)?;
+        args.extend(["/bench/ddiskqos-bench", "read-file", "--result", &result_in, &file_in].map(String::from));
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let id = sys::run("docker", &argv)?.trim().to_string();
+        Ok(Pooled { id, result })
+    }
+}
+
+/// A reader container created ahead of time, not started.
 #[derive(Debug)]
 struct Pooled {
     id: String,
-    cgroup: CgroupDir,
-    go: PathBuf,
     result: PathBuf,
-}
-
-impl DockerRuntime {
-    /// Starts one reader container that waits (blocked, no CPU) for a file path on its FIFO.
-    fn start_pooled(&self) -> Result<Pooled> {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let name = format!("ddqb-{}-fg-{n}", std::process::id());
-        let go = self.ctl_dir.join(format!("go-{n}"));
-        let result = self.ctl_dir.join(format!("result-{n}"));
-        let _ = std::fs::remove_file(&go);
-        nix::unistd::mkfifo(&go, nix::sys::stat::Mode::from_bits_truncate(0o600))
-            .with_context(|| format!("cannot create FIFO {}", go.display()))?;
-        let mut args: Vec<String> = vec!["run".into(), "-d".into()];
-        args.extend(self.base_args(&name));
-        args.push(self.image.clone());
-        args.extend(
-            [
-                "/bench/ddiskqos-bench",
-                "read-file",
-                "--go-fifo",
-                &format!("/ctl/go-{n}"),
-                "--result",
-                &format!("/ctl/result-{n}"),
-            ]
-            .iter()
-            .map(|s| s.to_string()),
-        );
-        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        let id = sys::run("docker", &argv)?.trim().to_string();
-        let cgroup = self.container_cgroup(&id, Duration::from_secs(30))?;
-        Ok(Pooled { id, cgroup, go, result })
-    }
 }

@@ -2,10 +2,11 @@
 //! real Docker containers from a locally built image ([`docker::DockerRuntime`]), or as Kubernetes pods made
 //! through a CRI socket ([`cri::CriRuntime`]).
 //!
-//! All three start every foreground reader as a *new* cgroup (container, pod) and call [`ReaderHooks::created`] after the
-//! cgroup exists and before the reader's first I/O (the bench then announces it to the agent where the agent cannot
-//! see it by itself, and reads its weight file, in dDiskQoS blocks until the agent's top weight is there), and
-//! [`ReaderHooks::finished`] after it exited.
+//! All three start every foreground reader as a *new* cgroup (container, pod) and call [`ReaderHooks::created`] once
+//! the cgroup exists (the bench then announces it to the agent where the agent cannot see it by itself, and reads
+//! its weight file, in dDiskQoS blocks until the agent's top weight is there), and [`ReaderHooks::finished`] after
+//! it exited. Docker readers read at once, while the hooks time the agent's reaction; cgroup and CRI readers wait
+//! for the hooks before their first I/O (their reaction time is the bench's announcement, not the agent's).
 
 pub mod cgroup;
 pub mod cri;
@@ -87,8 +88,9 @@ pub fn fio_args(file: &str) -> Vec<String> {
 
 /// Notified around each reader's life.
 pub trait ReaderHooks: Sync {
-    /// The reader's cgroup exists; its first I/O comes after this returns. Returns its weight as read from the
-    /// cgroup's weight file just before that I/O.
+    /// The reader's cgroup exists (since `since`). Returns its weight as read from the cgroup's weight file: for
+    /// readers held until this returns, just before their first I/O; for readers that read at once (Docker), when
+    /// the agent's top weight arrived (or the last value before the reader finished).
     fn created(&self, info: &ContainerInfo, since: Instant) -> Result<WeightRead>;
     /// The reader exited (its cgroup still exists).
     fn finished(&self, id: &ContainerId);
@@ -186,8 +188,8 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     fn stop_background(&self, bg: &Background) -> Result<()>;
     /// Runs one foreground reader of `file` as a new cgroup/container and waits for it.
     fn run_reader(&self, file: &Path, hooks: &dyn ReaderHooks) -> Result<ReadOutcome>;
-    /// Called before a mode (before its background starts) with the number of reads it will do.
-    fn prepare(&self, _readers: usize) -> Result<()> {
+    /// Called before a mode (before its background starts) with the files of every read it will do, in order.
+    fn prepare(&self, _reads: &[std::path::PathBuf]) -> Result<()> {
         Ok(())
     }
     /// Called after a mode (after its background stopped).
