@@ -196,6 +196,14 @@ impl FileWriter {
         }
     }
 
+    /// Whether a v2 write to `info`'s cgroup would govern some device (one of its `io.stat` or `[devices] check`
+    /// under BFQ or io.cost). When none is, [`Self::verify_weight`] wants the weight in both files' defaults.
+    pub fn governs_a_device(&mut self, info: &ContainerInfo) -> Result<bool, BackendError> {
+        let dir = cgroup_of(info)?;
+        let plan = self.plan(info, dir)?;
+        Ok(plan.files().iter().any(|k| plan.governed_by(*k).next().is_some()))
+    }
+
     /// Checks, without writing, that `weight` is in force: v1 the file's value; v2 the effective value of every
     /// governed device in the file that governs it (what `docker update --blkio-weight` must have achieved).
     pub fn verify_weight(&mut self, info: &ContainerInfo, weight: Weight) -> Result<(), BackendError> {

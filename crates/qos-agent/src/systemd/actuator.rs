@@ -58,6 +58,12 @@ impl<W: WeightWriter> SystemdActuator<W> {
         }
     }
 
+    /// With `bus` instead of a client of the system bus (an embedder's or a test's manager, another deadline).
+    pub fn with_bus(mut self, bus: SystemdBus) -> Self {
+        self.bus = bus;
+        self
+    }
+
     /// Whether units go through systemd.
     pub fn enabled(&self) -> bool {
         self.enabled
@@ -82,7 +88,7 @@ impl<W: WeightWriter> SystemdActuator<W> {
                 "actuator: weights of systemd units go through systemd (SetUnitProperties, runtime), which keeps \
                  them over daemon-reload; read back from the files that govern each device");
         }
-        let tries = read_back_until(|| self.read_back(info, weight, &io_cost)).await?;
+        let tries = read_back_until(|| self.read_back(info, weight, &io_cost, &props)).await?;
         debug!(unit = %unit, weight = weight.get(), tries, took_ms = started.elapsed().as_millis() as u64,
             "weight set through systemd and read back");
         Ok(())
@@ -135,10 +141,23 @@ impl<W: WeightWriter> SystemdActuator<W> {
     }
 
     /// The weight in force: on the devices the container used or `[devices] check` names (the file writer's
-    /// rule), and in `io.weight` on every io.cost device, which it may use next.
-    fn read_back(&mut self, info: &ContainerInfo, weight: Weight, io_cost: &[DevNum]) -> Result<(), BackendError> {
-        self.files.verify_weight(info, weight)?;
+    /// rule), and in `io.weight` on every io.cost device, which it may use next. With no such device (a container
+    /// that has done no I/O, no `[devices] check`), the files as systemd writes them for `props`: the file
+    /// writer's rule would want the weight in `io.weight`'s default too, which no `IOWeight` chosen for BFQ gives
+    /// above 100.
+    fn read_back(
+        &mut self,
+        info: &ContainerInfo,
+        weight: Weight,
+        io_cost: &[DevNum],
+        props: &UnitIoWeights,
+    ) -> Result<(), BackendError> {
         let dir = info.cgroup.as_ref().ok_or_else(|| BackendError::NoCgroup(info.id.clone()))?;
+        if self.files.governs_a_device(info)? {
+            self.files.verify_weight(info, weight)?;
+        } else {
+            unit_files_read(dir, props.io_weight, io_cost)?;
+        }
         if io_cost.is_empty() {
             return Ok(());
         }
@@ -197,6 +216,8 @@ impl<W: WeightWriter> WeightWriter for SystemdActuator<W> {
     async fn restore(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
         match self.unit_of(info) {
             Some(unit) => {
+                // A stop during a short stall of the bus still puts the units back (once per outage; see there).
+                self.bus.wait_out_backoff().await;
                 match self.unit_original(info, original) {
                     Some(props) => self.put_back_unit(info, &unit, &props).await?,
                     None => self.via_systemd(info, &unit, original).await?,

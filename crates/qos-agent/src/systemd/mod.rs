@@ -17,7 +17,7 @@ pub mod mapping;
 pub mod unit;
 
 pub use actuator::SystemdActuator;
-pub use bus::{BusError, SystemdBus};
+pub use bus::{BusAddress, BusError, SystemdBus};
 pub use mapping::UnitIoWeights;
 pub use unit::UnitName;
 

@@ -411,7 +411,7 @@ impl Harness {
 /// callsite first hit on a thread without a subscriber could be cached as "never", and a line was lost: 1 run in
 /// 16); with a single global subscriber every callsite is enabled the same way for the whole run.
 #[derive(Clone, Default)]
-struct LogBuffer(Arc<Mutex<Vec<u8>>>);
+pub(crate) struct LogBuffer(Arc<Mutex<Vec<u8>>>);
 
 thread_local! {
     /// The buffer of the test running on this thread, if it captures.
@@ -437,7 +437,7 @@ impl io::Write for ThreadCapture {
 }
 
 /// Stops capturing on this thread when dropped.
-struct CaptureGuard;
+pub(crate) struct CaptureGuard;
 
 impl Drop for CaptureGuard {
     fn drop(&mut self) {
@@ -447,7 +447,7 @@ impl Drop for CaptureGuard {
 
 impl LogBuffer {
     /// Captures this thread's log lines (text, no colours) into this buffer until the guard is dropped.
-    fn install(&self) -> CaptureGuard {
+    pub(crate) fn install(&self) -> CaptureGuard {
         static GLOBAL: std::sync::OnceLock<()> = std::sync::OnceLock::new();
         GLOBAL.get_or_init(|| {
             let sub = tracing_subscriber::fmt().with_ansi(false).with_writer(|| ThreadCapture).finish();
@@ -458,7 +458,11 @@ impl LogBuffer {
     }
 
     fn count(&self, needle: &str) -> usize {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).matches(needle).count()
+        self.text().matches(needle).count()
+    }
+
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
 }
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Namespace, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use qos_agent::config::{AgentConfig, RuntimeKind};
+use qos_agent::config::{ActuatorMode, AgentConfig, RuntimeKind};
 use serde::Deserialize;
 
 fn dir() -> PathBuf {
@@ -211,10 +211,11 @@ fn a_config_change_rolls_the_pods_and_the_overlays_differ_from_the_base_only_whe
     let overlays = dir().join("../kubernetes-overlays");
     let base_cfg = AgentConfig::from_toml(&base, Path::new("agent.toml")).unwrap();
     let code = |t: &str| t.lines().filter(|l| !l.trim_start().starts_with('#')).map(str::to_string).collect::<Vec<_>>();
-    for (overlay, root, socket) in [
-        ("cgroup-v2", "/host/sys/fs/cgroup", "/run/cri/containerd.sock"),
-        ("cri-o", "/host/sys/fs/cgroup/blkio", "/run/cri/crio.sock"),
-        ("cri-o-cgroup-v2", "/host/sys/fs/cgroup", "/run/cri/crio.sock"),
+    for (overlay, root, socket, actuator) in [
+        ("cgroup-v2", "/host/sys/fs/cgroup", "/run/cri/containerd.sock", ActuatorMode::Auto),
+        ("cri-o", "/host/sys/fs/cgroup/blkio", "/run/cri/crio.sock", ActuatorMode::Auto),
+        ("cri-o-cgroup-v2", "/host/sys/fs/cgroup", "/run/cri/crio.sock", ActuatorMode::Auto),
+        ("systemd-driver", "/host/sys/fs/cgroup", "/run/cri/containerd.sock", ActuatorMode::Systemd),
     ] {
         let path = overlays.join(overlay).join("agent.toml");
         let text = std::fs::read_to_string(&path).unwrap();
@@ -223,11 +224,46 @@ fn a_config_change_rolls_the_pods_and_the_overlays_differ_from_the_base_only_whe
         let mut want = base_cfg.clone();
         want.cgroup.root = root.into();
         want.cri.socket = socket.into();
+        want.actuator = actuator;
         assert_eq!(cfg, want, "{overlay}: differs from the base elsewhere too");
-        let (a, b) = (code(&base), code(&text));
+        // The base leaves `actuator` at its default; an overlay that sets it has that one line more.
+        let set_actuator = |t: &str| t.lines().filter(|l| l.starts_with("actuator =")).count();
+        assert_eq!(set_actuator(&text), usize::from(actuator != ActuatorMode::Auto), "{overlay}: actuator lines");
+        let without = |t: &str| t.lines().filter(|l| !l.starts_with("actuator =")).collect::<Vec<_>>().join("\n");
+        let (a, b) = (code(&base), code(&without(&text)));
         let differing = a.iter().zip(&b).filter(|(x, y)| x != y).count();
         assert!(a.len() == b.len() && differing <= 2, "{overlay}: {differing} lines differ from the base");
     }
+}
+
+/// The rendered systemd-driver overlay: the agent's container mounts the host's D-Bus socket directory and
+/// `/run/systemd/system` read-only from hostPaths, and points the system bus address at the socket; nothing else
+/// about its privileges changes (no capability, not privileged).
+fn systemd_driver_mounts_the_bus_read_only(rendered: &str) {
+    let ds: DaemonSet = serde_yaml::Deserializer::from_str(rendered)
+        .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+        .find(|v| v["kind"] == "DaemonSet")
+        .map(|v| serde_yaml::from_value(v).unwrap())
+        .expect("systemd-driver: no DaemonSet rendered");
+    let c = agent_container(&ds);
+    let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    for (mount, host) in [("/run/dbus", "/run/dbus"), ("/run/systemd/system", "/run/systemd/system")] {
+        let m = c.volume_mounts.iter().flatten().find(|m| m.mount_path == mount);
+        let m = m.unwrap_or_else(|| panic!("systemd-driver: no mount at {mount}"));
+        assert_eq!(m.read_only, Some(true), "systemd-driver: {mount} not read-only");
+        let v = pod.volumes.iter().flatten().find(|v| v.name == m.name).expect("the mount's volume");
+        assert_eq!(v.host_path.as_ref().map(|h| h.path.as_str()), Some(host), "systemd-driver: {mount}'s volume");
+    }
+    let env = c.env.iter().flatten().find(|e| e.name == "DBUS_SYSTEM_BUS_ADDRESS");
+    assert_eq!(
+        env.and_then(|e| e.value.as_deref()),
+        Some("unix:path=/run/dbus/system_bus_socket"),
+        "systemd-driver: the system bus address"
+    );
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.capabilities.as_ref().and_then(|c| c.drop.clone()), Some(vec!["ALL".to_string()]));
+    assert!(sc.capabilities.as_ref().unwrap().add.is_none(), "systemd-driver adds a capability");
 }
 
 /// The program that renders a kustomization here: `kustomize build DIR`, or kubectl's built-in `kubectl kustomize
@@ -273,6 +309,9 @@ fn every_manifest_and_overlay_passes_the_kubernetes_schema() {
             .unwrap_or_else(|| panic!("{name}: no generated ConfigMap with a hash suffix:\n{text}"));
         assert_eq!(text.matches(&format!("name: ddiskqos-agent-{cm}")).count(), 2, "{name}: DaemonSet not using it");
         names.insert(name.clone(), cm.to_string());
+        if name == "systemd-driver" {
+            systemd_driver_mounts_the_bus_read_only(&text);
+        }
         let file = tmp.path().join(format!("rendered-{name}.yaml"));
         std::fs::write(&file, &text).unwrap();
         files.push(file);

@@ -7,6 +7,8 @@
 //! - `confinement`: writes only to managed weight files, paths leading outside the root refused, metrics on
 //!   loopback.
 //! - `fuzz_parsers`: property tests of everything parsed from outside.
+//! - `systemd_fake`: the systemd actuator's failure paths (bus down, slow, refusing; a unit vanishing mid-call)
+//!   against a fake systemd manager on a private peer-to-peer D-Bus socket.
 //! - `k8s_manifests`: `deploy/kubernetes/` parsed into the Kubernetes API types, its key fields checked; every
 //!   manifest and rendered overlay through `kubernetes-validate --strict` (a missing tool fails under CI).
 //!
@@ -51,6 +53,7 @@ mod faults_real;
 mod fuzz_parsers;
 mod k8s_manifests;
 mod scale_real;
+mod systemd_fake;
 mod systemd_real;
 mod tunables_real;
 mod v2_real;

@@ -130,6 +130,11 @@ impl Agent {
         Self { child, log }
     }
 
+    /// Whether the agent process is still running.
+    pub(crate) fn child_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
     pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
