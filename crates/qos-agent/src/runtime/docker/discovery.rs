@@ -92,7 +92,12 @@ impl DockerDiscovery {
 
     async fn reconnect(&mut self) -> DiscoveryEvent {
         loop {
-            self.backoff.wait().await;
+            // A new container cgroup means dockerd is back (it makes them): ask at once rather than after the rest
+            // of a backoff that may have grown to seconds while it restarted.
+            tokio::select! {
+                () = self.backoff.wait() => {}
+                () = self.cgroups.changed() => debug!("a container cgroup appeared; trying dockerd now"),
+            }
             if let Err(e) = self.api.docker.ping().await {
                 debug!(error = %e, retry_in = ?self.backoff.next(), "docker still unreachable");
                 continue;
