@@ -179,7 +179,7 @@ pub trait DeviceMonitor: Send + std::fmt::Debug {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceWeight {
     /// The device.
-    pub dev: crate::blockdev::DevNum,
+    pub dev: crate::kernel::DevNum,
     /// What acts on it (BFQ, io.cost, both, nothing).
     pub governor: crate::blockdev::Governor,
     /// For each file that acts on the device (`io.bfq.weight` for BFQ, `io.weight` for io.cost), the effective
