@@ -186,7 +186,7 @@ pub fn with_systemd<D, C, W: WeightWriter>(
             root.version(),
             root.path().display()
         ),
-        ActuatorMode::Docker | ActuatorMode::Cgroupfs => false,
+        ActuatorMode::Docker | ActuatorMode::Files => false,
     };
     if enabled {
         info!("systemd host on cgroup v2: the weights of cgroups that are systemd units go through systemd");
