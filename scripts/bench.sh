@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: replays the dDiskQoS paper's experiments (Tables 3-5) on this machine in quick mode, both BFQ
 # modes, Alone vs Original vs dDiskQoS, and writes the table, JSON and charts to ./bench-out. Root needed (loop
-# device, cgroups, dockerd). Extra arguments go to `ddiskqos-bench run` (e.g. --full, --runtime cgroup).
+# device, cgroups, dockerd). Extra arguments go to `ddiskqos-bench run` (e.g. --full, --runtime cgroup-dir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-host.sh

@@ -154,7 +154,7 @@ pub fn set_up(common: &Common, plan: &Plan, cleanup: &'static Cleanup) -> Result
             let reason = format!("runtime cri (asked for: {})", rt.describe());
             (Box::new(rt) as Box<dyn Runtime>, reason, Backends::Cri { socket })
         }
-        RuntimeChoice::Cgroup => cgroup("asked for")?,
+        RuntimeChoice::CgroupDir => cgroup("asked for")?,
         RuntimeChoice::Docker => docker("asked for")?,
         RuntimeChoice::Auto if docker::daemon_answers() => docker("a daemon answers")?,
         RuntimeChoice::Auto => cgroup("no Docker daemon answers")?,

@@ -11,8 +11,8 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use crate::backend::{CounterSource, Discovery, WeightWriter};
-use crate::blockdev::tune::TunedDevices;
-use crate::cgroup::CgroupRoot;
+use crate::blockdev::tune::{self, TunedDevices};
+use crate::cgroup::{CgroupRoot, CgroupVersion};
 use crate::config::{ActuatorMode, AgentConfig, RuntimeKind};
 use crate::daemon::{Command, Daemon, RuntimeBackends, Summary};
 use crate::files::FileWriter;
@@ -62,14 +62,14 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             } else {
                 cfg.devices.check.clone()
             };
-            let tuned = blockdev::check::check_at_start(&cfg, &root, data_disk)?;
+            let tuned = devices_at_start(&cfg, &root, data_disk)?;
             let backends = docker::backends(docker, root.clone(), cfg.actuator, devices, &metrics).await?;
             let backends = with_systemd(&cfg, &root, backends)?;
             info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
             run_daemon(&cfg, backends, originals, metrics, systemd, config_path, tuned, None).await?
         }
         RuntimeKind::CgroupDir => {
-            let tuned = blockdev::check::check_at_start(&cfg, &root, None)?;
+            let tuned = devices_at_start(&cfg, &root, None)?;
             let backends = cgroup_dir::backends(&cfg, root.clone(), &metrics).with_context(|| {
                 format!("cgroup.parent = {:?}: no such cgroup under {}", cfg.cgroup.parent, root.path().display())
             })?;
@@ -99,7 +99,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
                       "no device to check: none of [cri] state_dirs is visible and [devices] check is empty; \
                        /readyz answers 503 until one is named");
             }
-            let tuned = blockdev::check::check_at_start(&cfg, &root, None)?;
+            let tuned = devices_at_start(&cfg, &root, None)?;
             let backends = with_systemd(&cfg, &root, cri::backends(&cfg, client, root.clone(), &metrics))?;
             info!(dry_run = cfg.dry_run, "managing Kubernetes pods (one weight per pod cgroup)");
             let readiness = Some(Arc::new(readiness));
@@ -130,6 +130,43 @@ async fn run_daemon<D: Discovery, C: CounterSource, W: WeightWriter>(
     Ok(summary)
 }
 
+/// Switches the opted-in devices and sets their opted-in BFQ tunables, then, on cgroup v1, checks the devices that
+/// matter and warns about each one where weights cannot act. `runtime_disk` is the disk holding the runtime's data
+/// (Docker's data root), checked when the config names no device. The returned [`TunedDevices`] puts the tunables
+/// back when restored or dropped: keep it until the agent stops.
+///
+/// On cgroup v2 the devices are checked by the weight writer's device table instead
+/// ([`crate::files::FileWriter::check_configured`], called by [`crate::files::agent_writer`]): it is the one place
+/// that warns about a device no weight acts on, once per device, whether the device comes from the config or from a
+/// container's `io.stat`. (This was `blockdev::check`: it reads the config and the cgroup version, so it sits here,
+/// above both `blockdev` and `cgroup`, which no longer import each other.)
+fn devices_at_start(cfg: &AgentConfig, root: &CgroupRoot, runtime_disk: Option<String>) -> Result<TunedDevices> {
+    for name in &cfg.devices.switch_to_bfq {
+        blockdev::switch_to_bfq(name, &cfg.devices.switch_to_bfq)
+            .with_context(|| format!("devices.switch_to_bfq: cannot switch {name} to bfq"))?;
+        info!(device = %name, "scheduler is bfq, as configured");
+    }
+    let originals = tune::originals_path(&cfg.state_file);
+    let tuned = TunedDevices::apply(&cfg.devices.bfq_tunables, (!cfg.dry_run).then_some(originals.as_path()))?;
+    if root.version() == CgroupVersion::V2 {
+        return Ok(tuned);
+    }
+    let mut check = cfg.devices.check.clone();
+    if check.is_empty() {
+        check.extend(runtime_disk);
+    }
+    for name in check {
+        match blockdev::scheduler(&name) {
+            Ok(s) if s.active == "bfq" => info!(device = %name, "scheduler is bfq: weights act on this device"),
+            Ok(s) => warn!(device = %name, scheduler = %s.active,
+                "BLOCK-I/O WEIGHTS HAVE NO EFFECT ON THIS DEVICE: it does not use the bfq scheduler. \
+                 Fix: `echo bfq > /sys/block/{name}/queue/scheduler`, or add \"{name}\" to [devices] switch_to_bfq"),
+            Err(e) => warn!(device = %name, error = %e, "cannot read the device's scheduler"),
+        }
+    }
+    Ok(tuned)
+}
+
 /// The backends' writer inside the systemd actuator, which sends the weights of cgroups that are systemd units
 /// through systemd: on for `auto` and `systemd` on a cgroup-v2 host whose PID 1 is systemd (`systemd` elsewhere is
 /// an error), off otherwise (then it is the writer itself).
@@ -138,7 +175,7 @@ pub fn with_systemd<D, C, W: WeightWriter>(
     root: &CgroupRoot,
     backends: RuntimeBackends<D, C, W>,
 ) -> Result<RuntimeBackends<D, C, SystemdActuator<W>>> {
-    let v2 = root.version() == crate::cgroup::CgroupVersion::V2;
+    let v2 = root.version() == CgroupVersion::V2;
     let host = systemd::is_systemd_host();
     let enabled = match cfg.actuator {
         ActuatorMode::Auto => host && v2,
@@ -149,7 +186,7 @@ pub fn with_systemd<D, C, W: WeightWriter>(
             root.version(),
             root.path().display()
         ),
-        ActuatorMode::Docker | ActuatorMode::Cgroupfs => false,
+        ActuatorMode::Docker | ActuatorMode::Files => false,
     };
     if enabled {
         info!("systemd host on cgroup v2: the weights of cgroups that are systemd units go through systemd");

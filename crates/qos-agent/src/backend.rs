@@ -119,8 +119,9 @@ pub enum AppliedVia {
     /// is: only the Docker runtime has an API actuator.)
     #[serde(rename = "docker")]
     DockerApi,
-    /// By writing the cgroup weight file directly, confirmed by reading it back.
-    #[serde(rename = "cgroupfs")]
+    /// By writing the cgroup weight file directly, confirmed by reading it back. Named `files` like the actuator
+    /// mode; `cgroupfs` (its first name, an older agent's answer) still reads.
+    #[serde(rename = "files", alias = "cgroupfs")]
     CgroupFile,
     /// As properties of the container's systemd unit (`SetUnitProperties`), confirmed in the cgroup files.
     #[serde(rename = "systemd")]
@@ -128,11 +129,11 @@ pub enum AppliedVia {
 }
 
 impl AppliedVia {
-    /// The actuator's name in logs and status: `docker`, `cgroupfs` or `systemd`.
+    /// The actuator's name in logs and status: `docker`, `files` or `systemd`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::DockerApi => "docker",
-            Self::CgroupFile => "cgroupfs",
+            Self::CgroupFile => "files",
             Self::Systemd => "systemd",
         }
     }
@@ -179,7 +180,7 @@ pub trait DeviceMonitor: Send + std::fmt::Debug {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceWeight {
     /// The device.
-    pub dev: crate::blockdev::DevNum,
+    pub dev: crate::kernel::DevNum,
     /// What acts on it (BFQ, io.cost, both, nothing).
     pub governor: crate::blockdev::Governor,
     /// For each file that acts on the device (`io.bfq.weight` for BFQ, `io.weight` for io.cost), the effective

@@ -4,7 +4,7 @@
 //! runtime = "docker"            # docker | cgroup-dir | cri
 //! sample_interval = "500ms"
 //! cpu_budget = "0.8%"           # of one core, for sampling rounds; "off" never stretches the interval
-//! actuator = "auto"             # auto | docker | cgroupfs
+//! actuator = "auto"             # auto | docker | files | systemd ("cgroupfs": the old name of files)
 //! dry_run = false
 //! state_file = "/run/ddiskqos/state.json"
 //! control_socket = "/run/ddiskqos/agent.sock"
@@ -74,12 +74,23 @@ pub enum ActuatorMode {
     Auto,
     /// Docker API only (`docker update --blkio-weight`), verified in the cgroup file.
     Docker,
-    /// The cgroup weight file only.
-    Cgroupfs,
+    /// The cgroup weight files only (the files layer, [`crate::files::FileWriter`]). Its first name, `cgroupfs`,
+    /// is still accepted in the config and on the command line; it named the cgroup drivers too, and it is no
+    /// file system the agent mounts.
+    #[serde(alias = "cgroupfs")]
+    #[value(alias = "cgroupfs")]
+    Files,
     /// Cgroups that are systemd units (Docker's and the kubelet's systemd cgroup driver) through systemd's D-Bus
     /// API, every other cgroup through its file. `auto` does this too on a systemd host with cgroup v2; this mode
     /// makes a host without systemd as PID 1 an error at start.
     Systemd,
+}
+
+impl ActuatorMode {
+    /// [`ActuatorMode::Files`] by its first name, for code not moved over yet (`runtime/docker/writer.rs`, being
+    /// rewritten on main); remove once nothing uses it.
+    #[allow(non_upper_case_globals)]
+    pub const Cgroupfs: Self = Self::Files;
 }
 
 /// `[docker]`.
@@ -406,10 +417,27 @@ impl AgentConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::AppliedVia;
     use crate::blockdev::tune::TunableValue;
 
     fn parse(text: &str) -> Result<AgentConfig, String> {
         AgentConfig::from_toml(text, Path::new("agent.toml")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn files_actuator_keeps_its_first_name_cgroupfs() {
+        use clap::ValueEnum;
+        assert_eq!(parse("actuator = \"files\"").unwrap().actuator, ActuatorMode::Files);
+        assert_eq!(parse("actuator = \"cgroupfs\"").unwrap().actuator, ActuatorMode::Files);
+        assert_eq!(ActuatorMode::from_str("cgroupfs", false).unwrap(), ActuatorMode::Files);
+        assert_eq!(ActuatorMode::Files.to_possible_value().unwrap().get_name(), "files");
+        let written =
+            toml::to_string(&AgentConfig { actuator: ActuatorMode::Files, ..AgentConfig::default() }).unwrap();
+        assert!(written.contains("actuator = \"files\""), "{written}");
+        assert_eq!(ActuatorMode::Cgroupfs, ActuatorMode::Files);
+        // The status socket's `in_use`: written as `files`, an older agent's `cgroupfs` still read.
+        assert_eq!(serde_json::to_value(AppliedVia::CgroupFile).unwrap(), "files");
+        assert_eq!(serde_json::from_value::<AppliedVia>("cgroupfs".into()).unwrap(), AppliedVia::CgroupFile);
     }
 
     #[test]
@@ -423,7 +451,7 @@ mod tests {
             old.needs_restart(&new)
         };
         assert_eq!(one(|c| c.runtime = RuntimeKind::Cri), ["runtime"]);
-        assert_eq!(one(|c| c.actuator = ActuatorMode::Cgroupfs), ["actuator"]);
+        assert_eq!(one(|c| c.actuator = ActuatorMode::Files), ["actuator"]);
         assert_eq!(one(|c| c.state_file = "/run/other.json".into()), ["state_file"]);
         assert_eq!(one(|c| c.control_socket = "/run/other.sock".into()), ["control_socket"]);
         assert_eq!(one(|c| c.docker.socket = "/run/d.sock".into()), ["[docker]"]);

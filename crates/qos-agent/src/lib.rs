@@ -19,10 +19,12 @@
 //! - [`cgroup`]: runtime-agnostic cgroup v1/v2 file primitives: mount detection (once), confined directories,
 //!   counter-file parsers and reader, weight files with verified writes, errors naming files.
 //! - [`blockdev`]: block-device facts (scheduler, io.cost, the disk of a path or device number) and the guarded
-//!   switch; the start-up check that weights can act ([`blockdev::check`]). The bench uses it too.
+//!   switch. The bench uses it too.
+//! - [`kernel`]: the bottom that [`cgroup`] and [`blockdev`] share and neither imports from the other: device
+//!   numbers ([`kernel::DevNum`]) and mountinfo parsing.
 //! - [`config`], [`labels`], [`state`], [`metrics`], [`control`], [`limits`], [`app`]: configuration,
 //!   per-container policy labels, the originals file, Prometheus, the status socket, the bounds on their
-//!   connections, and the wiring used by the binary.
+//!   connections, and the wiring used by the binary (with the start-up device check: switch, tune, warn).
 //!
 //! ## Embedding
 //! Another runtime implements [`backend::Discovery`] (and, if its containers are not plain cgroups, the other two
@@ -39,6 +41,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod files;
+pub mod kernel;
 pub mod labels;
 pub mod limits;
 pub mod metrics;

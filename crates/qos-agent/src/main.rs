@@ -324,7 +324,8 @@ fn iocost(
     apply: bool,
 ) -> anyhow::Result<ExitCode> {
     use anyhow::Context;
-    use qos_agent::blockdev::{self, iocost, DevNum};
+    use qos_agent::blockdev::{self, iocost};
+    use qos_agent::kernel::DevNum;
     if !(1..=600).contains(&seconds) {
         anyhow::bail!("--seconds {seconds}: must be 1..=600");
     }

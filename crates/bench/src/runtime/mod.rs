@@ -30,12 +30,15 @@ use crate::reader::ReadReport;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum RuntimeChoice {
-    /// Docker if a daemon answers, else cgroup.
+    /// Docker if a daemon answers, else cgroup-dir.
     Auto,
     /// Each reader a container (`docker run`).
     Docker,
-    /// Each reader a process in its own blkio cgroup.
-    Cgroup,
+    /// Each reader a process in its own blkio cgroup, all children of one cgroup: the agent's `cgroup-dir`
+    /// runtime, and named so. `cgroup`, the bench's first name for it, is still accepted.
+    #[value(name = "cgroup-dir", alias = "cgroup")]
+    #[serde(rename = "cgroup-dir")]
+    CgroupDir,
     /// Each reader (and the background) a Kubernetes pod made through a CRI socket (`--cri-socket`), in the
     /// kubelet's cgroup layout (`kubepods/burstable/pod<uid>`); never chosen by `auto`.
     Cri,
@@ -243,6 +246,17 @@ mod tests {
         assert!(start_all(0, "thing", || Ok(1)).unwrap().is_empty());
         let err = start_all(5, "thing", || -> Result<u8> { anyhow::bail!("no room") }).unwrap_err();
         assert_eq!(err.to_string(), "no room");
+    }
+
+    #[test]
+    fn cgroup_dir_is_the_runtime_name_and_cgroup_still_parses() {
+        use clap::ValueEnum;
+        for (arg, want) in [("cgroup-dir", RuntimeChoice::CgroupDir), ("cgroup", RuntimeChoice::CgroupDir)] {
+            assert_eq!(RuntimeChoice::from_str(arg, false).unwrap(), want, "{arg}");
+        }
+        let shown = RuntimeChoice::CgroupDir.to_possible_value().unwrap();
+        assert_eq!(shown.get_name(), "cgroup-dir");
+        assert_eq!(serde_json::to_value(RuntimeChoice::CgroupDir).unwrap(), "cgroup-dir");
     }
 
     #[test]

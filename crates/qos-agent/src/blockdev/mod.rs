@@ -1,4 +1,4 @@
-//! Block-device facts the agent and the bench both need: device numbers, the disk a path or a device number is
+//! Block-device facts the agent and the bench both need: the disk a path or a device number is
 //! on, the active scheduler, whether v2 io.cost is on, and the guarded writes (scheduler, BFQ tunables) that never
 //! touch the disk backing `/`.
 //!
@@ -8,34 +8,33 @@
 //! it, for device-mapper and md roots).
 //!
 //! ## Layout
-//! - this file: [`DevNum`], [`DeviceError`], the read-only facts ([`scheduler`], [`disk_of_dev`],
+//! - this file: [`DeviceError`] (with [`DevNum`]'s errors in its words), the read-only facts ([`scheduler`], [`disk_of_dev`],
 //!   [`disk_of_path`], [`io_cost_enabled`]) and the root-disk protection;
 //! - `switch.rs`: the guarded writes;
 //! - [`tune`]: the opt-in BFQ tunables of `[devices] bfq_tunables`, set at start and restored at stop;
-//! - [`check`]: the agent's start-up check (which devices matter, a loud warning where weights cannot act);
 //! - [`iocost`]: the opt-in io.cost set-up (measure a device, write its model and qos lines);
 //! - `governor.rs`: which cgroup-v2 weight file acts on each device ([`Governor`]), cached in a [`DeviceTable`].
 
-pub mod check;
 mod governor;
 pub mod iocost;
 mod switch;
 pub mod tune;
 pub mod vrate;
 
-use std::fmt;
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 pub use governor::{DeviceFacts, DeviceTable, Governor, DEFAULT_MAX_AGE};
 pub use switch::{set_bfq_tunable, switch_scheduler, switch_to_bfq};
 
-use crate::cgroup::root_device;
+use crate::kernel::mountinfo::root_device;
+use crate::kernel::mountinfo::MOUNTINFO;
+/// Re-exported from its home at the bottom ([`crate::kernel`]), where the bench, the tests and the cgroup layer
+/// also find it.
+pub use crate::kernel::DevNum;
+use crate::kernel::DevNumError;
 
 const SYS: &str = "/sys";
-const MOUNTINFO: &str = "/proc/self/mountinfo";
 
 /// A failure of the block-device layer; every variant names the device or the file.
 #[derive(Debug, thiserror::Error)]
@@ -93,60 +92,23 @@ pub enum DeviceError {
     },
 }
 
+impl From<DevNumError> for DeviceError {
+    /// The same words as before [`DevNum`] moved to [`crate::kernel`].
+    fn from(e: DevNumError) -> Self {
+        match e {
+            DevNumError::Invalid { value } => {
+                DeviceError::InvalidName { what: "device number", value, reason: "expected MAJ:MIN" }
+            }
+            DevNumError::Stat { path, source } => DeviceError::Io { op: "stat", path, source },
+            DevNumError::NotBlockDevice { path } => {
+                DeviceError::Refused { device: path.display().to_string(), reason: "not a block device".into() }
+            }
+        }
+    }
+}
+
 /// Result of the block-device layer.
 pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
-
-/// A block device number, `MAJ:MIN` as in the cgroup stat and weight files.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DevNum {
-    /// Major number.
-    pub major: u32,
-    /// Minor number.
-    pub minor: u32,
-}
-
-impl DevNum {
-    /// The device a file or directory lives on (`st_dev`).
-    pub fn of_path(path: &Path) -> Result<Self> {
-        let meta = fs::metadata(path).map_err(|source| DeviceError::Io { op: "stat", path: path.into(), source })?;
-        Ok(Self::from_raw(meta.dev()))
-    }
-
-    /// The device a block-device node stands for (`st_rdev`, e.g. of `/dev/loop3`).
-    pub fn of_node(node: &Path) -> Result<Self> {
-        let meta = fs::metadata(node).map_err(|source| DeviceError::Io { op: "stat", path: node.into(), source })?;
-        if !std::os::unix::fs::FileTypeExt::is_block_device(&meta.file_type()) {
-            return Err(DeviceError::Refused {
-                device: node.display().to_string(),
-                reason: "not a block device".into(),
-            });
-        }
-        Ok(Self::from_raw(meta.rdev()))
-    }
-
-    fn from_raw(dev: u64) -> Self {
-        Self { major: nix::sys::stat::major(dev) as u32, minor: nix::sys::stat::minor(dev) as u32 }
-    }
-}
-
-impl FromStr for DevNum {
-    type Err = DeviceError;
-
-    /// Parses `8:16`.
-    fn from_str(s: &str) -> Result<Self> {
-        let invalid =
-            || DeviceError::InvalidName { what: "device number", value: s.into(), reason: "expected MAJ:MIN" };
-        let (major, minor) = s.split_once(':').ok_or_else(invalid)?;
-        let num = |t: &str| t.parse::<u32>().ok().filter(|_| t.bytes().all(|b| b.is_ascii_digit()));
-        Ok(Self { major: num(major).ok_or_else(invalid)?, minor: num(minor).ok_or_else(invalid)? })
-    }
-}
-
-impl fmt::Display for DevNum {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.major, self.minor)
-    }
-}
 
 /// A device's I/O schedulers, from `/sys/block/NAME/queue/scheduler`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -260,10 +222,9 @@ fn validate_name(name: &str) -> Result<()> {
 }
 
 fn protected_disks_in(sys: &Path, mountinfo: &str) -> Result<Vec<String>> {
-    let Some((major, minor, source)) = root_device(mountinfo) else {
+    let Some((dev, source)) = root_device(mountinfo) else {
         return Err(DeviceError::Refused { device: "/".into(), reason: "no mount on / in mountinfo".into() });
     };
-    let dev = DevNum { major, minor };
     let mut root = disk_of_dev_in(sys, dev)?;
     if root.is_none() {
         // Anonymous device numbers (btrfs, overlayfs): fall back to the mount source if it names a device.

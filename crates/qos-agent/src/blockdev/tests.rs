@@ -304,3 +304,15 @@ fn bad_bfq_tunables_name_the_key_and_value_and_write_nothing() {
         assert_eq!(iosched_value(sys.path(), dev, "max_budget"), "0");
     }
 }
+
+#[test]
+fn device_number_errors_keep_their_words() {
+    let e: DeviceError = "8".parse::<DevNum>().unwrap_err().into();
+    assert!(matches!(e, DeviceError::InvalidName { what: "device number", .. }), "{e:?}");
+    assert_eq!(e.to_string(), "invalid device number \"8\": expected MAJ:MIN");
+    let e = disk_of_path(Path::new("/nonexistent/x")).unwrap_err();
+    assert!(matches!(e, DeviceError::Io { op: "stat", .. }), "{e:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let e: DeviceError = DevNum::of_node(dir.path()).unwrap_err().into();
+    assert!(matches!(e, DeviceError::Refused { ref reason, .. } if reason == "not a block device"), "{e:?}");
+}

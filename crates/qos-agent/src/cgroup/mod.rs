@@ -1,7 +1,8 @@
 //! Runtime-agnostic block-I/O cgroup file primitives for cgroup v1 (`blkio`) and v2 (`io`): mount detection,
 //! confined directories, the counter-file parsers and reader, the weight files with verified writes, and their
 //! errors. Nothing here knows a container runtime: how a runtime names its cgroups lives with the runtime
-//! (`crate::runtime`), and block devices in `crate::blockdev`.
+//! (`crate::runtime`), block devices in the `blockdev` module, and the mountinfo parser and device numbers both
+//! use in `crate::kernel`.
 //!
 //! ## Use
 //! ```no_run
@@ -48,7 +49,6 @@ mod weight_file;
 pub use counter_file::{CounterFileKind, CounterReader, V1_BFQ_BYTES, V1_THROTTLE_BYTES, V2_IO_STAT};
 pub use dir::CgroupDir;
 pub use error::{CgroupError, Result};
-pub(crate) use mount::root_device;
 pub use mount::{CgroupRoot, CgroupVersion};
 pub use stat::{parse_blkio_stat, parse_io_stat};
 pub use weight_file::{

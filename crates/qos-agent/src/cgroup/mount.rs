@@ -6,8 +6,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::error::{CgroupError, Result};
-
-const MOUNTINFO: &str = "/proc/self/mountinfo";
+use crate::kernel::mountinfo::{MountLine, MOUNTINFO};
 
 /// Which cgroup interface the block-I/O files follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -121,75 +120,6 @@ impl CgroupRoot {
     }
 }
 
-/// The fields of one mountinfo line that matter here (see proc(5)).
-struct MountLine<'a> {
-    root: String,
-    mount_point: String,
-    fstype: &'a str,
-    super_options: &'a str,
-}
-
-impl<'a> MountLine<'a> {
-    /// `36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue`: six fixed fields,
-    /// optional fields up to a lone "-", then fstype, source, super options. Malformed lines are skipped.
-    fn parse(line: &'a str) -> Option<Self> {
-        let mut fields = line.split(' ');
-        let _id = fields.next()?;
-        let _parent = fields.next()?;
-        let _dev = fields.next()?;
-        let root = fields.next()?;
-        let mount_point = fields.next()?;
-        let _options = fields.next()?;
-        fields.by_ref().find(|f| *f == "-")?;
-        let fstype = fields.next()?;
-        let _source = fields.next()?;
-        let super_options = fields.next()?;
-        Some(Self { root: unescape(root), mount_point: unescape(mount_point), fstype, super_options })
-    }
-}
-
-/// Parses the major:minor of the filesystem mounted at `/` from mountinfo text (the last mount on `/` wins, as
-/// later mounts hide earlier ones), with the mount source.
-pub(crate) fn root_device(text: &str) -> Option<(u32, u32, String)> {
-    let mut found = None;
-    for line in text.lines() {
-        let mut fields = line.split(' ');
-        let (Some(_), Some(_), Some(dev), Some(_), Some(mp)) =
-            (fields.next(), fields.next(), fields.next(), fields.next(), fields.next())
-        else {
-            continue;
-        };
-        if mp != "/" {
-            continue;
-        }
-        let Some((maj, min)) = dev.split_once(':') else { continue };
-        let (Ok(maj), Ok(min)) = (maj.parse(), min.parse()) else { continue };
-        let source = fields.by_ref().skip_while(|f| *f != "-").nth(2).map(unescape).unwrap_or_default();
-        found = Some((maj, min, source));
-    }
-    found
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space, `\011`, `\012`, `\134`).
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
-            let v = bytes[i + 1..i + 4].iter().fold(0u32, |acc, b| acc * 8 + u32::from(b - b'0'));
-            if let Ok(b) = u8::try_from(v) {
-                out.push(b);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,15 +211,5 @@ mod tests {
         let root = CgroupRoot::from_mountinfo(text, no_read).unwrap();
         assert_eq!(root.path(), Path::new("/sys/fs/cgroup/my blkio"));
         assert_eq!(root.mount_root, "/docker/a b");
-        assert_eq!(unescape("a\\134b\\"), "a\\b\\");
-        assert_eq!(unescape("\\999"), "\\999");
-    }
-
-    #[test]
-    fn root_device_is_last_mount_on_slash() {
-        assert_eq!(root_device(HYBRID), Some((254, 0, "/dev/vda".into())));
-        let text = format!("{PURE_V2}99 24 0:50 / / rw - overlay overlay rw\n");
-        assert_eq!(root_device(&text), Some((0, 50, "overlay".into())));
-        assert_eq!(root_device("1 2 x / / rw - ext4 /dev/sda rw\n"), None);
     }
 }

@@ -11,7 +11,7 @@ use qos_core::{Weight, WeightError};
 use super::dir::CgroupDir;
 use super::error::{CgroupError, Result};
 use super::mount::CgroupVersion;
-use crate::blockdev::DevNum;
+use crate::kernel::DevNum;
 
 /// v1 BFQ weight, 1..=1000. Reads `100\n`; accepts a plain number only ("default N" is EINVAL, checked on 6.18).
 pub const V1_BFQ_WEIGHT: &str = "blkio.bfq.weight";

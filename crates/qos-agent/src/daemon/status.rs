@@ -49,20 +49,20 @@ impl std::fmt::Display for PolicyKind {
 /// How weights are applied: the configured mode, and the path the last verified write took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Actuator {
-    /// `actuator` from the config: `auto`, `docker` or `cgroupfs`.
+    /// `actuator` from the config: `auto`, `docker`, `files` or `systemd`.
     pub configured: ActuatorMode,
-    /// `docker` or `cgroupfs`: the path that delivered the last verified write; `None` before the first one (in
+    /// `docker`, `files` or `systemd`: the path that delivered the last verified write; `None` before the first one (in
     /// `auto`, the path is only known once a write went through).
     pub in_use: Option<AppliedVia>,
 }
 
 impl Actuator {
-    /// `cgroupfs`, `docker`, or before the first write the configured mode and `(nothing written yet)`.
+    /// `files`, `docker`, `systemd`, or before the first write the configured mode and `(nothing written yet)`.
     pub fn describe(&self) -> String {
         let configured = match self.configured {
             ActuatorMode::Auto => "auto",
             ActuatorMode::Docker => "docker",
-            ActuatorMode::Cgroupfs => "cgroupfs",
+            ActuatorMode::Files => "files",
             ActuatorMode::Systemd => "systemd",
         };
         match self.in_use {
@@ -249,7 +249,7 @@ mod tests {
             devices: vec![],
         };
         let json = serde_json::to_value(&st).unwrap();
-        assert_eq!(json["actuator"], serde_json::json!({"configured": "auto", "in_use": "cgroupfs"}));
+        assert_eq!(json["actuator"], serde_json::json!({"configured": "auto", "in_use": "files"}));
         assert_eq!(json["containers"][0]["policy"], "excluded");
         assert_eq!(
             json["containers"][0]["devices"][0],
@@ -273,8 +273,8 @@ mod tests {
     fn actuator_says_which_path_delivered() {
         let a = |configured, in_use| Actuator { configured, in_use }.describe();
         assert_eq!(a(ActuatorMode::Auto, None), "auto (nothing written yet)");
-        assert_eq!(a(ActuatorMode::Auto, Some(AppliedVia::CgroupFile)), "cgroupfs (configured: auto)");
-        assert_eq!(a(ActuatorMode::Cgroupfs, Some(AppliedVia::CgroupFile)), "cgroupfs");
+        assert_eq!(a(ActuatorMode::Auto, Some(AppliedVia::CgroupFile)), "files (configured: auto)");
+        assert_eq!(a(ActuatorMode::Files, Some(AppliedVia::CgroupFile)), "files");
     }
 
     #[test]

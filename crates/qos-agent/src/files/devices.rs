@@ -18,8 +18,9 @@ use tracing::{debug, info, warn};
 
 use crate::backend::{DeviceMonitor, DeviceWeight};
 use crate::blockdev::vrate::{self, VrateNews, VrateWatch};
-use crate::blockdev::{DevNum, DeviceFacts, DeviceTable, Governor};
+use crate::blockdev::{DeviceFacts, DeviceTable, Governor};
 use crate::cgroup::{CgroupError, WeightFileKind, WeightLines};
+use crate::kernel::DevNum;
 use crate::metrics::DeviceWeightEffective;
 
 use super::V2Plan;

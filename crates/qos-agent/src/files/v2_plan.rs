@@ -12,8 +12,9 @@ use std::collections::BTreeSet;
 use qos_core::Weight;
 
 use crate::backend::DeviceWeight;
-use crate::blockdev::{DevNum, Governor};
+use crate::blockdev::Governor;
 use crate::cgroup::{WeightFileKind, WeightLines};
+use crate::kernel::DevNum;
 
 /// The two v2 weight files, `io.weight` first: a check that fails on both names io.cost (which Docker never
 /// writes) rather than a BFQ override.

@@ -28,9 +28,10 @@ use std::path::{Path, PathBuf};
 use qos_core::{ContainerId, Weight};
 
 use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
-use crate::blockdev::{DevNum, DeviceTable};
+use crate::blockdev::DeviceTable;
 use crate::cgroup::{CgroupDir, CgroupError, CgroupVersion, WeightFile, WeightFileKind, WeightLines, V2_IO_STAT};
 use crate::files::{check_restored, restore_lines, FileDevices, Line, Mismatch, V2Plan};
+use crate::kernel::DevNum;
 use crate::metrics::DeviceWeightEffective;
 
 /// Where the v2 hierarchy is mounted unless told otherwise (its root holds `io.cost.qos`).

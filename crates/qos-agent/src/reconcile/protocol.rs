@@ -74,7 +74,7 @@ pub enum Effect {
 }
 
 impl Effect {
-    /// The `via` of the decision's log line: `docker`, `cgroupfs`, `unchanged` or `dry-run`.
+    /// The `via` of the decision's log line: `docker`, `files`, `systemd`, `unchanged` or `dry-run`.
     pub fn as_str(self) -> &'static str {
         match self {
             Effect::Applied(via) => via.as_str(),

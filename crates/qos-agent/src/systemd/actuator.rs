@@ -13,9 +13,10 @@ use super::bus::{BusError, SystemdBus, UnitIoProperties, IO_WEIGHT_UNSET};
 use super::mapping::{bfq_weight_of, UnitIoWeights};
 use super::unit::UnitName;
 use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
-use crate::blockdev::{self, DevNum};
+use crate::blockdev;
 use crate::cgroup::{CgroupDir, CgroupError, CgroupVersion, WeightFile, WeightFileKind};
 use crate::files::FileWriter;
+use crate::kernel::DevNum;
 
 /// systemd applies a unit's new properties from its event loop, possibly just after answering the call: the
 /// read-back looks this many times, this far apart, before it calls the weight missing.

@@ -14,7 +14,7 @@
 
 use qos_core::Weight;
 
-use crate::blockdev::DevNum;
+use crate::kernel::DevNum;
 
 /// systemd's default `IOWeight` (also the kernel's default in both files).
 pub const IO_WEIGHT_DEFAULT: u64 = 100;

@@ -124,7 +124,7 @@ idle_promote_after = "off"
     assert!((2.8..=3.6).contains(&after), "boost {after:.2} s after leaving the top (boost_after = 3 s)");
 
     let status = agent.status().expect("status");
-    assert!(status.contains("actuator: cgroupfs") && status.contains("reader") && status.contains("late"), "{status}");
+    assert!(status.contains("actuator: files") && status.contains("reader") && status.contains("late"), "{status}");
 
     // A removed cgroup disappears from the table.
     std::fs::remove_dir(&late).unwrap();

@@ -171,7 +171,7 @@ fn agent_manages_real_docker_containers() {
     assert!(log.contains("bad policy label") && log.contains("5000"), "bad label not reported:\n{log}");
     assert_eq!(log.matches("containers sit below a parent cgroup").count(), 1, "nested-layout advice once:\n{log}");
     let status = agent.status().expect("status");
-    assert!(status.contains("actuator: cgroupfs"), "{status}");
+    assert!(status.contains("actuator: files"), "{status}");
     assert!(status.contains(&reader[..12]) && status.contains("pinned") && status.contains("excluded"), "{status}");
 
     let code = agent.stop();

@@ -404,7 +404,7 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
                     cpu_budget: m.2.map(qos_agent::pacing::CpuBudget::from_ppm),
                     actuator: match (actuator, docker) {
                         (0, true) => ActuatorMode::Docker,
-                        (1, _) => ActuatorMode::Cgroupfs,
+                        (1, _) => ActuatorMode::Files,
                         _ => ActuatorMode::Auto,
                     },
                     dry_run,
