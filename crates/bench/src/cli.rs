@@ -97,7 +97,7 @@ fn opt_duration(s: &str) -> Result<Option<Duration>, String> {
 /// Settings shared by `run` and `sweep`.
 #[derive(Debug, Clone, Args)]
 pub struct Common {
-    /// Where readers run: docker when a daemon answers, else cgroup.
+    /// Where readers run: docker when a daemon answers, else cgroup-dir.
     #[arg(long, value_enum, default_value = "auto")]
     pub runtime: RuntimeChoice,
     /// `--runtime cri`: the CRI runtime's socket (containerd's by default; CRI-O's is /var/run/crio/crio.sock).

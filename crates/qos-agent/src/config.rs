@@ -86,13 +86,6 @@ pub enum ActuatorMode {
     Systemd,
 }
 
-impl ActuatorMode {
-    /// [`ActuatorMode::Files`] by its first name, for code not moved over yet (`runtime/docker/writer.rs`, being
-    /// rewritten on main); remove once nothing uses it.
-    #[allow(non_upper_case_globals)]
-    pub const Cgroupfs: Self = Self::Files;
-}
-
 /// `[docker]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -434,7 +427,6 @@ mod tests {
         let written =
             toml::to_string(&AgentConfig { actuator: ActuatorMode::Files, ..AgentConfig::default() }).unwrap();
         assert!(written.contains("actuator = \"files\""), "{written}");
-        assert_eq!(ActuatorMode::Cgroupfs, ActuatorMode::Files);
         // The status socket's `in_use`: written as `files`, an older agent's `cgroupfs` still read.
         assert_eq!(serde_json::to_value(AppliedVia::CgroupFile).unwrap(), "files");
         assert_eq!(serde_json::from_value::<AppliedVia>("cgroupfs".into()).unwrap(), AppliedVia::CgroupFile);

@@ -86,7 +86,7 @@ impl DockerRuntime {
         cleanup: &'static Cleanup,
     ) -> Result<Self> {
         if !daemon_answers() {
-            bail!("no Docker daemon answers on {SOCKET} (start dockerd, or use --runtime cgroup)");
+            bail!("no Docker daemon answers on {SOCKET} (start dockerd, or use --runtime cgroup-dir)");
         }
         let driver_name = sys::run("docker", &["info", "--format", "{{.CgroupDriver}}"])?;
         let driver: CgroupDriver = driver_name.trim().parse().context("docker info: cgroup driver")?;

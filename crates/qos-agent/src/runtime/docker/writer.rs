@@ -120,7 +120,7 @@ impl DockerWriter {
         };
         match self.mode {
             // `systemd`: units go through `SystemdActuator` around this writer; what reaches here is not a unit.
-            ActuatorMode::Cgroupfs | ActuatorMode::Systemd => direct(&mut self.files),
+            ActuatorMode::Files | ActuatorMode::Systemd => direct(&mut self.files),
             ActuatorMode::Docker => self.via_docker(info, weight).await,
             ActuatorMode::Auto => {
                 if self.docker_delivers != Some(false) && weight.get() >= 10 {
