@@ -558,12 +558,12 @@ pub fn read_weight(probe: &WeightProbe, dir: &CgroupDir) -> Result<WeightRead> {
 /// and control socket in the bench's work directory, and `[devices] check` = the test disk (as an operator names
 /// the devices that matter: on cgroup v2 the agent then writes and verifies the weight file that governs it even
 /// before a new container's first I/O shows the device in its `io.stat`).
-pub fn config(mlfq: qos_core::Config, sample_interval: Duration, work: &Path, test_disk: Option<&str>) -> AgentConfig {
+pub fn config(mlfq: qos_core::Config, sample_interval: Duration, dir: &Path, test_disk: Option<&str>) -> AgentConfig {
     let mut cfg = AgentConfig {
         mlfq,
         sample_interval,
-        state_file: work.join("agent-state.json"),
-        control_socket: work.join("agent.sock"),
+        state_file: dir.join("agent-state.json"),
+        control_socket: dir.join("agent.sock"),
         ..AgentConfig::default()
     };
     cfg.devices.check = test_disk.map(|d| vec![d.to_string()]).unwrap_or_default();

@@ -38,8 +38,8 @@ pub struct Setup {
     pub backends: Backends,
     /// The cgroup hierarchy, as the agent detects it.
     pub root: Arc<CgroupRoot>,
-    /// The work directory.
-    pub work: PathBuf,
+    /// Where the agent keeps its state file and control socket (under /run).
+    pub run_dir: PathBuf,
     /// Test files by name.
     pub files: BTreeMap<String, PathBuf>,
     /// The undo stack.
@@ -54,7 +54,7 @@ impl Setup {
             runtime: &*self.runtime,
             backends: self.backends.clone(),
             root: self.root.clone(),
-            work: self.work.clone(),
+            run_dir: self.run_dir.clone(),
             files: self.files.clone(),
             cleanup: self.cleanup,
         }
@@ -102,6 +102,16 @@ pub fn set_up(common: &Common, plan: &Plan, cleanup: &'static Cleanup) -> Result
     cleanup.push(format!("remove {}", work.display()), move || {
         std::fs::remove_dir_all(&w).with_context(|| format!("cannot remove {}", w.display()))
     });
+    // The agent's state file and control socket: under /run, as the shipped agent keeps them, where /run is a tmpfs
+    // (systemd hosts); else /dev/shm. On a disk, the save of the originals before a new container's first weight
+    // waits for the file system's journal behind the background's load (measured: 20 ms median, 80 ms p99 in BFQ's
+    // default mode with /run on the root disk of this machine kind, 1 ms on tmpfs).
+    let run_dir = tmpfs_run_base().join(format!("ddiskqos-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create {}", run_dir.display()))?;
+    let r = run_dir.clone();
+    cleanup.push(format!("remove {}", run_dir.display()), move || {
+        std::fs::remove_dir_all(&r).with_context(|| format!("cannot remove {}", r.display()))
+    });
     let mut specs: Vec<FileSpec> =
         plan.files().into_iter().map(|(name, size_mib)| FileSpec { name, size_mib }).collect();
     specs.push(FileSpec { name: workload::BACKGROUND_FILE.into(), size_mib: common.bg_size_mib });
@@ -140,7 +150,8 @@ pub fn set_up(common: &Common, plan: &Plan, cleanup: &'static Cleanup) -> Result
     let exe = std::env::current_exe().context("cannot find this executable")?;
     let files_dir = disk.info.files_dir.clone();
     let docker = |reason: &str| -> Result<(Box<dyn Runtime>, String, Backends)> {
-        let rt = DockerRuntime::new(&exe, common.cgroup_layout, &files_dir, &work, root.clone(), cleanup)?;
+        let rt =
+            DockerRuntime::new(&exe, common.cgroup_layout, common.pin()?, &files_dir, &work, root.clone(), cleanup)?;
         Ok((Box::new(rt), format!("runtime docker ({reason})"), Backends::Docker))
     };
     let cgroup = |reason: &str| -> Result<(Box<dyn Runtime>, String, Backends)> {
@@ -159,7 +170,7 @@ pub fn set_up(common: &Common, plan: &Plan, cleanup: &'static Cleanup) -> Result
         RuntimeChoice::Auto if docker::daemon_answers() => docker("a daemon answers")?,
         RuntimeChoice::Auto => cgroup("no Docker daemon answers")?,
     };
-    Ok(Setup { disk, runtime, runtime_reason, backends, root, work, files, cleanup })
+    Ok(Setup { disk, runtime, runtime_reason, backends, root, run_dir, files, cleanup })
 }
 
 /// Size of the loop device for `total_mib` of files: 25 % and 512 MiB spare, whole GiB, at least 1 GiB.
@@ -246,6 +257,12 @@ pub fn meta(
     if plan.exp2.iter().zip(workload::exp2_schedule()).any(|(a, b)| a.start != b.start) {
         notes.push("Experiment 2 start times are scaled (--exp2-time-scale)".into());
     }
+    if let Some((reader, bg)) = common.pin()? {
+        notes.push(format!(
+            "STATIC WEIGHTS (--pin-weights {reader},{bg}): in the dDiskQoS blocks the agent pins every reader at \
+             {reader} and the background at {bg} by their ddiskqos.weight labels; its MLFQ moves nothing"
+        ));
+    }
     Ok(Meta {
         tool: format!("ddiskqos-bench {}", env!("CARGO_PKG_VERSION")),
         date_utc: date,
@@ -294,5 +311,16 @@ mod tests {
         let size = loop_size(quick);
         assert!(size >= (quick + quick / 4) << 20, "{size}");
         assert_eq!(size % (1 << 30), 0);
+    }
+}
+
+/// `/run` where it is a tmpfs, else `/dev/shm`.
+fn tmpfs_run_base() -> PathBuf {
+    let is_tmpfs =
+        |p: &str| nix::sys::statfs::statfs(p).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
+    if is_tmpfs("/run") || !is_tmpfs("/dev/shm") {
+        PathBuf::from("/run")
+    } else {
+        PathBuf::from("/dev/shm")
     }
 }

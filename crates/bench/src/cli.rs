@@ -153,6 +153,11 @@ pub struct Common {
     /// Engine: idle promotion period, or `off`.
     #[arg(long, value_parser = opt_duration, default_value = "2s")]
     pub idle_promote_after: ::std::option::Option<Duration>, // qualified: clap must not treat it as optional
+    /// Docker runtime only: the reference run with static weights. Readers and background carry the agent's own
+    /// `ddiskqos.weight` label, READER and BACKGROUND (e.g. `1000,10`), so in dDiskQoS blocks the agent pins them
+    /// there from their creation and its MLFQ never moves them.
+    #[arg(long, value_name = "READER,BACKGROUND", value_delimiter = ',')]
+    pub pin_weights: Option<Vec<u32>>,
     /// Pause after each foreground read.
     #[arg(long, value_parser = duration, default_value = "100ms")]
     pub gap: Duration,
@@ -165,6 +170,16 @@ pub struct Common {
 }
 
 impl Common {
+    /// `--pin-weights` as (reader, background), checked against the agent's range.
+    pub fn pin(&self) -> Result<Option<(u32, u32)>> {
+        let Some(pins) = &self.pin_weights else { return Ok(None) };
+        let [reader, bg] = pins[..] else { bail!("--pin-weights wants READER,BACKGROUND, got {pins:?}") };
+        for (what, w) in [("READER", reader), ("BACKGROUND", bg)] {
+            Weight::new(u64::from(w)).map_err(|e| anyhow::anyhow!("--pin-weights {what} = {w}: {e}"))?;
+        }
+        Ok(Some((reader, bg)))
+    }
+
     /// The engine configuration from the flags (validated).
     pub fn engine_config(&self) -> Result<Config> {
         if self.weights.len() != self.thresholds.len() {
@@ -313,6 +328,12 @@ mod tests {
         assert_eq!(plan.exp2[2].start, Duration::from_millis(300));
         let cfg = run.common.engine_config().unwrap();
         assert_eq!(cfg.levels.len(), 2);
+        let Cmd::Run(pinned) = parse(&["run", "--pin-weights", "1000,10"]).command else { panic!() };
+        assert_eq!(pinned.common.pin().unwrap(), Some((1000, 10)));
+        let Cmd::Run(bad) = parse(&["run", "--pin-weights", "1000,0"]).command else { panic!() };
+        assert!(bad.common.pin().unwrap_err().to_string().contains("BACKGROUND = 0"));
+        let Cmd::Run(one) = parse(&["run", "--pin-weights", "1000"]).command else { panic!() };
+        assert!(one.common.pin().unwrap_err().to_string().contains("READER,BACKGROUND"));
         assert_eq!(cfg.idle_promote_after, None);
         assert!(parse(&["run", "--full"]).command.is_run_full());
     }

@@ -64,8 +64,8 @@ pub struct Env<'a> {
     pub backends: Backends,
     /// The cgroup hierarchy, as the agent detected it.
     pub root: Arc<CgroupRoot>,
-    /// The bench's work directory (the agent's state file goes there).
-    pub work: PathBuf,
+    /// The agent's state file and control socket go here (under /run, as the shipped agent's).
+    pub run_dir: PathBuf,
     /// Test files by name.
     pub files: BTreeMap<String, PathBuf>,
     /// The undo stack (a mode's device settings go there).
@@ -152,7 +152,7 @@ fn run_mode_on_device(
     progress.set_message(format!("{}: starting the agent", mode.name()));
     let v2 = env.root.version() == qos_agent::cgroup::CgroupVersion::V2;
     let test_disk = v2.then_some(env.disk.info.disk_name.as_str());
-    let mut agent_cfg = crate::agent::config(cfg.engine.clone(), cfg.sample_interval, &env.work, test_disk);
+    let mut agent_cfg = crate::agent::config(cfg.engine.clone(), cfg.sample_interval, &env.run_dir, test_disk);
     let mode_tunables = mode.agent_tunables().iter().map(|(k, v)| format!("{k}={v}"));
     for assignment in cfg.agent_bfq.iter().cloned().chain(mode_tunables) {
         let Some((key, value)) = assignment.split_once('=') else {

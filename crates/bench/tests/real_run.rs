@@ -72,6 +72,12 @@ fn leftovers_in(pid: u32, work: &Path, cgroup_root: &Path) -> Vec<String> {
     if dir.exists() {
         left.push(format!("work dir {}", dir.display()));
     }
+    for base in ["/run", "/dev/shm"] {
+        let run_dir = Path::new(base).join(&tag);
+        if run_dir.exists() {
+            left.push(format!("agent state dir {}", run_dir.display()));
+        }
+    }
     left
 }
 
@@ -250,6 +256,90 @@ fn interrupted_run_cleans_up() {
     let output = wait_with_deadline(child, Duration::from_secs(60));
     assert_eq!(output.status.code(), Some(130), "stderr: {}", String::from_utf8_lossy(&output.stderr));
     assert_eq!(leftovers(pid, work.path()), Vec::<String>::new(), "Ctrl-C left things behind");
+}
+
+/// The main job's path: readers are real containers in Docker's default layout that read as soon as they start;
+/// the agent (the shipped Docker backends) finds them by their cgroups' creation, and the bench records its
+/// reaction per reader. Checks that every dDiskQoS reader got the top weight while it read (or says it finished
+/// first), that the reaction is recorded and reported, that the per-repetition ratios are there, and that no
+/// container, image or loop device is left. Never how fast anything is.
+#[test]
+#[ignore = "needs root, cgroup v1 blkio, a loop device and the host's dockerd: run ./scripts/test.sh"]
+fn docker_readers_read_at_once_and_the_agents_reaction_is_recorded() {
+    let needs = [V1_RUN.as_slice(), &[Need::HostDocker]].concat();
+    if !require("docker_readers_read_at_once_and_the_agents_reaction_is_recorded", &needs) {
+        return;
+    }
+    let _machine = testbed::exclusive();
+    let work = tempfile::tempdir_in("/var/tmp").expect("work dir");
+    let out: PathBuf = work.path().join("out");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "--runtime", "docker", "--work-dir"])
+        .arg(work.path())
+        .arg("--out")
+        .arg(&out)
+        .args(["--bg-size-mib", "64", "--gap", "20ms", "--modes", "strict", "--sizes", "1,4", "--reps", "3"])
+        .args(["--no-exp2", "--boost-after", "1h"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().expect("start the bench");
+    let pid = child.id();
+    let output = wait_with_deadline(child, Duration::from_secs(240));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "bench failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("nested (Docker's default layout: docker/<id>)"), "{stdout}");
+    assert!(stdout.contains("agent reaction (reader's cgroup created -> top weight in its file"), "{stdout}");
+    assert!(stdout.contains("dDQ/Orig median [min - max]"), "{stdout}");
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).expect("results.json")).unwrap();
+    assert_eq!(json["meta"]["runtime"], "docker");
+    assert_eq!(json["meta"]["cgroup_layout"], "nested");
+    let mode = &json["modes"][0];
+    let mut awaited = 0;
+    for row in mode["exp1"].as_array().unwrap() {
+        let label = row["label"].as_str().unwrap();
+        let spread = &row["reps_over_original"];
+        assert_eq!(spread["n"].as_u64(), Some(3), "{label}: one ratio per repetition: {spread}");
+        assert!(spread["min"].as_f64().unwrap() <= spread["median"].as_f64().unwrap(), "{label}: {spread}");
+        assert!(spread["median"].as_f64().unwrap() <= spread["max"].as_f64().unwrap(), "{label}: {spread}");
+        for v in row["variants"].as_array().unwrap() {
+            let variant = v["variant"].as_str().unwrap();
+            for sample in v["samples"].as_array().unwrap() {
+                let id = sample["id"].as_str().unwrap();
+                assert_eq!(id.len(), 64, "{label} {variant}: a container id: {sample}");
+                let w = &sample["weight"];
+                if variant == "ddiskqos" {
+                    awaited += 1;
+                    let reached = w["reached"].as_bool().expect("awaited");
+                    let waited = w["waited_ms"].as_f64().unwrap();
+                    assert!(waited >= 0.0 && waited < 5000.0, "{label}: reaction {waited} ms: {sample}");
+                    if reached {
+                        assert_eq!(w["weight"].as_u64(), Some(1000), "{label}: {sample}");
+                        assert!(w["bytes_before"].as_u64().is_some(), "{label}: bytes read by then: {sample}");
+                    } else {
+                        // The reader finished before the weight came: then it never read at the top weight.
+                        assert_ne!(w["weight"].as_u64(), Some(1000), "{label}: {sample}");
+                    }
+                } else {
+                    // Alone and Original: the agent is in dry run; the reader's weight is Docker's default.
+                    assert_eq!(w["weight"].as_u64(), Some(100), "{label} {variant}: {sample}");
+                    assert!(w["reached"].is_null(), "{label} {variant}: not awaited: {sample}");
+                }
+            }
+        }
+    }
+    assert_eq!(awaited, 2 * 3, "two sizes, three repetitions of dDiskQoS");
+    let agent = &mode["agent"];
+    assert_eq!(agent["metrics"]["write_failures"].as_u64(), Some(0), "{agent}");
+    assert_eq!(agent["restore_failures"].as_u64(), Some(0), "{agent}");
+    let left = std::process::Command::new("docker")
+        .args(["ps", "-aq", "--filter", &format!("label=ddiskqos-bench={pid}")])
+        .output()
+        .expect("docker ps");
+    assert!(left.stdout.trim_ascii().is_empty(), "containers left: {}", String::from_utf8_lossy(&left.stdout));
+    assert_eq!(leftovers(pid, work.path()), Vec::<String>::new(), "the run left things behind");
 }
 
 /// The bench on cgroup v2, run by `scripts/test.sh` inside `scripts/cgroup-v2.sh run --dockerd` (the main pass

@@ -73,13 +73,17 @@ pub struct DockerRuntime {
     pool: Mutex<HashMap<PathBuf, VecDeque<Pooled>>>,
     /// The background container, kept when exited readers are removed.
     bg_id: Mutex<Option<String>>,
+    /// `--pin-weights`: readers' and background's `ddiskqos.weight` labels.
+    pin: Option<(u32, u32)>,
 }
 
 impl DockerRuntime {
     /// Builds the image from `exe` and busybox under `work`; registers its removal.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         exe: &Path,
         layout: CgroupLayout,
+        pin: Option<(u32, u32)>,
         files_dir: &Path,
         work: &Path,
         root: Arc<CgroupRoot>,
@@ -133,10 +137,12 @@ impl DockerRuntime {
             label,
             pool: Mutex::new(HashMap::new()),
             bg_id: Mutex::new(None),
+            pin,
         })
     }
 
-    fn base_args(&self, name: &str) -> Vec<String> {
+    /// `docker run`/`create` arguments shared by the background (`background`) and the readers.
+    fn base_args(&self, name: &str, background: bool) -> Vec<String> {
         let mut args: Vec<String> = vec![
             "--name".into(),
             name.into(),
@@ -152,6 +158,11 @@ impl DockerRuntime {
         for m in &self.lib_mounts {
             args.push("-v".into());
             args.push(m.clone());
+        }
+        if let Some((reader, bg)) = self.pin {
+            // Static weights: pinned by the agent's own label, the MLFQ out of the way (the reference run).
+            args.push("--label".into());
+            args.push(format!("ddiskqos.weight={}", if background { bg } else { reader }));
         }
         if let Some(parent) = self.parent() {
             // /sys/fs/cgroup/blkio/<id> instead of docker/<id>.
@@ -228,7 +239,7 @@ impl Runtime for DockerRuntime {
         let name = format!("ddqb-{}-bg", std::process::id());
         let file_c = self.in_container(file)?;
         let mut args: Vec<String> = vec!["run".into(), "-d".into()];
-        args.extend(self.base_args(&name));
+        args.extend(self.base_args(&name, true));
         args.push(self.image.clone());
         let command: Vec<String> = match kind.resolve() {
             BackgroundKind::Fio => std::iter::once("/usr/bin/fio".to_string()).chain(fio_args(&file_c)).collect(),
@@ -344,7 +355,7 @@ impl DockerRuntime {
         let result = self.ctl_dir.join(format!("result-{n}"));
         let _ = std::fs::remove_file(&result);
         let mut args: Vec<String> = vec!["create".into()];
-        args.extend(self.base_args(&name));
+        args.extend(self.base_args(&name, false));
         args.push(self.image.clone());
         let result_in = format!("/ctl/result-{n}");
         let file_in = self.in_container(file)?;
