@@ -295,7 +295,7 @@ fn docker_readers_read_at_once_and_the_agents_reaction_is_recorded() {
     let json: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).expect("results.json")).unwrap();
     assert_eq!(json["meta"]["runtime"], "docker");
-    assert_eq!(json["meta"]["cgroup_layout"], "nested");
+    assert!(json["meta"]["cgroup_layout"].as_str().is_some_and(|l| l.starts_with("nested")), "{}", json["meta"]);
     let mode = &json["modes"][0];
     let mut awaited = 0;
     for row in mode["exp1"].as_array().unwrap() {
