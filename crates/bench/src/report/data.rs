@@ -63,6 +63,9 @@ pub struct Meta {
     pub seed: u64,
     /// Free-form remarks (e.g. what was scaled).
     pub notes: Vec<String>,
+    /// Wall time of the whole run, seconds (0 in reports from before it was recorded).
+    #[serde(default)]
+    pub duration_s: f64,
 }
 
 /// Results of one BFQ mode.

@@ -499,6 +499,9 @@ pub fn render(run: &RunReport) -> String {
     for mode in &run.modes {
         out.push_str(&mode_section(run, mode));
     }
+    if m.duration_s > 0.0 {
+        let _ = writeln!(out, "run took {:.1} min", m.duration_s / 60.0);
+    }
     out
 }
 
