@@ -314,7 +314,7 @@ fn docker_readers_read_at_once_and_the_agents_reaction_is_recorded() {
                     awaited += 1;
                     let reached = w["reached"].as_bool().expect("awaited");
                     let waited = w["waited_ms"].as_f64().unwrap();
-                    assert!(waited >= 0.0 && waited < 5000.0, "{label}: reaction {waited} ms: {sample}");
+                    assert!((0.0..5000.0).contains(&waited), "{label}: reaction {waited} ms: {sample}");
                     if reached {
                         assert_eq!(w["weight"].as_u64(), Some(1000), "{label}: {sample}");
                         assert!(w["bytes_before"].as_u64().is_some(), "{label}: bytes read by then: {sample}");
