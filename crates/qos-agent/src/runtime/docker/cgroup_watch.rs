@@ -8,6 +8,12 @@
 //! announced only for a container Docker has told about: its `create` event (name and labels), or a listing that
 //! showed it created and not yet running. Others wait for their `start` event, as before.
 //!
+//! A container whose own configuration sets a block-I/O weight (`--blkio-weight`, `--blkio-weight-device`) is not
+//! announced early either: runc writes those weights after it created the cgroup, over whatever the agent wrote
+//! there, and the agent would record the pre-runc value as the container's original. Whether it sets one is read
+//! from dockerd's `hostconfig.json` of the container (written at create, read without asking dockerd, whose
+//! container lock a starting container holds); where that cannot be read, the `start` event decides, as before.
+//!
 //! The cgroup path is Docker's naming for the id under a watched parent, the same path the documented lookup
 //! gives, so nothing a container's process does can steer it elsewhere.
 
@@ -61,14 +67,22 @@ pub(super) struct CgroupWatch {
     seen: HashMap<ContainerId, Seen>,
     /// Announcements found by the last scan, handed out one per [`CgroupWatch::next_ready`].
     ready: VecDeque<DiscoveryEvent>,
+    /// dockerd's data root (`docker info`), where `containers/<id>/hostconfig.json` says whether a container sets
+    /// its own block-I/O weights; `None`: unknown, nothing is announced early.
+    data_root: Option<PathBuf>,
 }
 
 impl CgroupWatch {
     /// Watches the driver's default parents (cgroupfs: the root, for `--cgroup-parent=/`, and `docker`; systemd:
     /// `system.slice`) once they exist. Without inotify (an error) discovery works as before, on events alone.
-    pub fn start(root: Arc<CgroupRoot>, driver: CgroupDriver) -> Result<Self, DiscoveryError> {
+    pub fn start(
+        root: Arc<CgroupRoot>,
+        driver: CgroupDriver,
+        data_root: Option<PathBuf>,
+    ) -> Result<Self, DiscoveryError> {
         let watch = DirWatch::start("ddiskqos-docker-cgroups")?;
         let mut this = Self {
+            data_root,
             watch: Some(watch),
             root,
             driver,
@@ -87,6 +101,7 @@ impl CgroupWatch {
     /// A watch that never wakes (hosts without inotify; tests).
     pub fn off(root: Arc<CgroupRoot>, driver: CgroupDriver) -> Self {
         Self {
+            data_root: None,
             watch: None,
             root,
             driver,
@@ -212,6 +227,9 @@ impl CgroupWatch {
                 continue;
             }
             let Some(created) = self.created.get(&id) else { continue };
+            if self.sets_own_weights(&id) != Some(false) {
+                continue;
+            }
             let Some(info) = self.info(&id, &parent, created) else { continue };
             self.seen.insert(id, Seen { ino, early: true, dead: false });
             self.ready.push_back(DiscoveryEvent::Started(info));
@@ -235,6 +253,20 @@ impl CgroupWatch {
             labels: created.labels.clone(),
             cgroup: Some(cgroup),
         })
+    }
+}
+
+impl CgroupWatch {
+    /// Whether the container's own configuration sets a block-I/O weight runc will write (`BlkioWeight` non-zero or
+    /// `BlkioWeightDevice` non-empty in dockerd's `hostconfig.json`); `None` when that cannot be told.
+    fn sets_own_weights(&self, id: &ContainerId) -> Option<bool> {
+        let path = self.data_root.as_ref()?.join("containers").join(id.as_str()).join("hostconfig.json");
+        let text = std::fs::read(&path).ok()?;
+        let host: serde_json::Value = serde_json::from_slice(&text).ok()?;
+        let weight = host.get("BlkioWeight").and_then(serde_json::Value::as_u64).unwrap_or(0);
+        let devices =
+            host.get("BlkioWeightDevice").and_then(serde_json::Value::as_array).is_some_and(|d| !d.is_empty());
+        Some(weight != 0 || devices)
     }
 }
 
@@ -266,6 +298,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let root = Arc::new(CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap());
         let mut w = CgroupWatch::off(root, driver);
+        w.data_root = Some(tmp.path().join("docker-data"));
         // Without inotify the parents are added by hand (the real watch adds them at start and on a scan).
         for p in w.default_parents() {
             std::fs::create_dir_all(&p).unwrap();
@@ -273,6 +306,15 @@ mod tests {
         }
         (tmp, w)
     }
+
+    /// dockerd's `hostconfig.json` of `id`, with or without a weight of its own.
+    fn hostconfig(w: &CgroupWatch, id: &str, json: &str) {
+        let dir = w.data_root.as_ref().unwrap().join("containers").join(id);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("hostconfig.json"), json).unwrap();
+    }
+
+    const PLAIN: &str = r#"{"BlkioWeight":0,"BlkioWeightDevice":[],"CpuShares":0}"#;
 
     fn drain(w: &mut CgroupWatch) -> Vec<String> {
         std::iter::from_fn(|| w.next_ready())
@@ -294,6 +336,7 @@ mod tests {
         let (tmp, mut w) = fixture(CgroupDriver::Cgroupfs);
         let a = ContainerId::from(id('a'));
         w.created(a.clone(), created("web"));
+        hostconfig(&w, &id('a'), PLAIN);
         std::fs::create_dir(tmp.path().join("docker").join(id('a'))).unwrap();
         w.scan();
         let root = tmp.path().display();
@@ -322,6 +365,7 @@ mod tests {
         let (tmp, mut w) = fixture(CgroupDriver::Cgroupfs);
         let c = ContainerId::from(id('c'));
         w.created(c.clone(), created("flat"));
+        hostconfig(&w, &id('c'), PLAIN);
         let dir = tmp.path().join(id('c'));
         std::fs::create_dir(&dir).unwrap();
         w.scan();
@@ -352,11 +396,34 @@ mod tests {
     fn systemd_scopes_in_system_slice() {
         let (tmp, mut w) = fixture(CgroupDriver::Systemd);
         w.created(ContainerId::from(id('d')), created("svc"));
+        hostconfig(&w, &id('d'), PLAIN);
         let scope = tmp.path().join("system.slice").join(format!("docker-{}.scope", id('d')));
         std::fs::create_dir(&scope).unwrap();
         std::fs::create_dir(tmp.path().join("system.slice").join(id('d'))).unwrap();
         w.scan();
         assert_eq!(drain(&mut w), vec![format!("started d svc {}", scope.display())]);
+    }
+
+    #[test]
+    fn a_container_with_weights_of_its_own_waits_for_its_start_event() {
+        let (tmp, mut w) = fixture(CgroupDriver::Cgroupfs);
+        // runc writes these after creating the cgroup: an early weight would be overwritten, and the value before
+        // runc recorded as the original.
+        for (c, json) in [
+            ('e', r#"{"BlkioWeight":300,"BlkioWeightDevice":[]}"#),
+            ('f', r#"{"BlkioWeight":0,"BlkioWeightDevice":[{"Path":"/dev/sdb","Weight":500}]}"#),
+            ('g', "not json"),
+        ] {
+            w.created(ContainerId::from(id(c)), created("own"));
+            hostconfig(&w, &id(c), json);
+            std::fs::create_dir(tmp.path().join("docker").join(id(c))).unwrap();
+        }
+        // And one whose hostconfig.json is not there (another data root, or not readable).
+        w.created(ContainerId::from(id('h')), created("unknown"));
+        std::fs::create_dir(tmp.path().join("docker").join(id('h'))).unwrap();
+        w.scan();
+        assert!(drain(&mut w).is_empty());
+        assert!(!w.confirm_started(&ContainerId::from(id('e'))), "its start event announces it");
     }
 
     #[test]

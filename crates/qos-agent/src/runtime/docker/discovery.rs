@@ -63,7 +63,8 @@ impl DockerDiscovery {
             _ => CgroupDriver::Cgroupfs,
         };
         info!(?driver, version = info.server_version.as_deref().unwrap_or("?"), "connected to dockerd");
-        let cgroups = CgroupWatch::start(root.clone(), driver).unwrap_or_else(|e| {
+        let data_root = info.docker_root_dir.as_ref().map(std::path::PathBuf::from);
+        let cgroups = CgroupWatch::start(root.clone(), driver, data_root).unwrap_or_else(|e| {
             warn!(error = %e, "cannot watch for new container cgroups; new containers are seen by Docker's start \
                                event only (after their process started)");
             CgroupWatch::off(root.clone(), driver)
