@@ -314,16 +314,19 @@ impl Runtime for DockerRuntime {
         let result = std::thread::scope(|scope| -> Result<ReadOutcome> {
             // From `docker start` on: the cgroup's appearance, then the agent's reaction, timed by the hooks while
             // the reader already reads.
-            let watcher = scope.spawn(|| -> Result<WeightRead> {
+            let watcher = scope.spawn(|| -> Result<(CgroupDir, WeightRead)> {
                 let dir = self.container_cgroup(&p.id, Duration::from_secs(30))?;
-                hooks.created(&container_info(&p.id, dir), Instant::now())
+                let weight = hooks.created(&container_info(&p.id, dir.clone()), Instant::now())?;
+                Ok((dir, weight))
             });
             let started = sys::run("docker", &["start", &p.id]);
-            let waited = self.wait_result(&p, t0);
-            let weight = watcher.join().map_err(|_| anyhow::anyhow!("reaction watcher panicked"))?;
+            // The watcher ends when the top weight arrived, or the reader finished first, or (other variants) once
+            // the weight was read: before or as the reader ends.
+            let watched = watcher.join().map_err(|_| anyhow::anyhow!("reaction watcher panicked"))?;
             started?;
-            let (report, wall) = waited?;
-            Ok(ReadOutcome { id: p.id.clone(), report, wall, charged_bytes: None, weight: weight? })
+            let (dir, weight) = watched?;
+            let (report, wall) = self.wait_result(&p, &dir, t0)?;
+            Ok(ReadOutcome { id: p.id.clone(), report, wall, charged_bytes: None, weight })
         });
         hooks.finished(&cid);
         let _ = std::fs::remove_file(&p.result);
@@ -333,11 +336,19 @@ impl Runtime for DockerRuntime {
 
 impl DockerRuntime {
     /// Waits for a reader's result file; its report and the time from `t0`.
-    fn wait_result(&self, p: &Pooled, t0: Instant) -> Result<(crate::reader::ReadReport, Duration)> {
+    fn wait_result(&self, p: &Pooled, dir: &CgroupDir, t0: Instant) -> Result<(crate::reader::ReadReport, Duration)> {
         let deadline = Duration::from_secs(600);
         while !p.result.exists() {
             if t0.elapsed() > deadline {
                 bail!("reader container {} gave no result within {deadline:?}", p.id);
+            }
+            if !dir.path().exists() {
+                // Exited: its result may still be on its way through the bind mount; else its logs say why.
+                std::thread::sleep(Duration::from_millis(50));
+                if !p.result.exists() {
+                    let logs = sys::run("docker", &["logs", &p.id]).unwrap_or_default();
+                    bail!("reader container {} exited without a result: {logs}", p.id);
+                }
             }
             std::thread::sleep(Duration::from_micros(500));
         }
