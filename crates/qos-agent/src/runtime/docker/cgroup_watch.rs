@@ -87,18 +87,9 @@ impl CgroupWatch {
         driver: CgroupDriver,
         data_root: Option<PathBuf>,
     ) -> Result<Self, DiscoveryError> {
-        let watch = DirWatch::start("ddiskqos-docker-cgroups")?;
-        let mut this = Self {
-            data_root,
-            watch: Some(watch),
-            root,
-            driver,
-            parents: BTreeSet::new(),
-            created: HashMap::new(),
-            created_order: VecDeque::new(),
-            seen: HashMap::new(),
-            ready: VecDeque::new(),
-        };
+        let mut this = Self::off(root, driver);
+        this.watch = Some(DirWatch::start("ddiskqos-docker-cgroups")?);
+        this.data_root = data_root;
         for parent in this.default_parents() {
             this.watch_parent(&parent);
         }
