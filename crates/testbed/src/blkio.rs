@@ -118,6 +118,24 @@ pub fn remove_cgroup_tree(path: &Path) {
     }
 }
 
+/// Kills every process in `cgroup` (SIGKILL, again until `cgroup.procs` reads empty, for at most 5 s): a killed
+/// `sh` leaves the command it was waiting for running, in the same cgroup.
+pub fn kill_cgroup_procs(cgroup: &Path) {
+    let procs = cgroup.join("cgroup.procs");
+    for _ in 0..250 {
+        let pids: Vec<i32> =
+            fs::read_to_string(&procs).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect();
+        if pids.is_empty() {
+            return;
+        }
+        for pid in pids {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("processes still in {} after 5 s of SIGKILL", procs.display());
+}
+
 /// Runs `script` under `sh -c` after the shell has moved itself into `cgroup` (so everything it `exec`s is
 /// accounted there from its first I/O), and waits for it; panics if it fails.
 pub fn run_in_cgroup(cgroup: &Path, script: &str) {

@@ -240,11 +240,15 @@ fn run_load(file: &Arc<File>, size: u64, pattern: Pattern, write: bool, cal: &Ca
     let stop = Arc::new(AtomicBool::new(false));
     let (ops, bytes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let jobs = cal.jobs.max(1);
-    let start = Instant::now();
+    // The clock starts once every worker runs: on a busy host a thread may start late, and a window it missed
+    // would read as a slow device (or as zero operations).
+    let started = Arc::new(std::sync::Barrier::new(jobs + 1));
     let handles: Vec<_> = (0..jobs)
         .map(|job| {
             let (file, stop, ops, bytes) = (file.clone(), stop.clone(), ops.clone(), bytes.clone());
+            let started = started.clone();
             std::thread::spawn(move || -> std::io::Result<()> {
+                started.wait();
                 let block = match pattern {
                     Pattern::Sequential(b) | Pattern::Random(b) => b,
                 };
@@ -253,7 +257,9 @@ fn run_load(file: &Arc<File>, size: u64, pattern: Pattern, write: bool, cal: &Ca
                 let stripe = (blocks / jobs as u64).max(1);
                 let mut next = stripe * job as u64;
                 let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (job as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                while !stop.load(Ordering::Relaxed) {
+                // At least one operation each, even past the window: a figure from none would be no figure.
+                let mut done = 0u64;
+                while done == 0 || !stop.load(Ordering::Relaxed) {
                     let index = match pattern {
                         Pattern::Sequential(_) => {
                             next += 1;
@@ -277,17 +283,21 @@ fn run_load(file: &Arc<File>, size: u64, pattern: Pattern, write: bool, cal: &Ca
                     };
                     ops.fetch_add(1, Ordering::Relaxed);
                     bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    done += 1;
                 }
                 Ok(())
             })
         })
         .collect();
+    started.wait();
+    let start = Instant::now();
     std::thread::sleep(cal.duration);
     stop.store(true, Ordering::Relaxed);
-    let elapsed = start.elapsed();
     for h in handles {
         h.join().map_err(|_| std::io::Error::other("a measuring thread panicked"))??;
     }
+    // Operations still running at the stop are counted, so is the time they took.
+    let elapsed = start.elapsed();
     Ok(Load { ops: ops.load(Ordering::Relaxed), bytes: bytes.load(Ordering::Relaxed), elapsed })
 }
 

@@ -461,6 +461,13 @@ fn systemd_notify_ready_watchdog_and_stopping() {
         .spawn()
         .unwrap();
     let mut child = KillOnDrop(child);
+    // Drained meanwhile: a debug log filling the pipe would block the agent and stop its watchdog pings.
+    let mut pipe = child.0.stderr.take().unwrap();
+    let drain = std::thread::spawn(move || {
+        let mut err = String::new();
+        pipe.read_to_string(&mut err).unwrap();
+        err
+    });
     let before_ready = expect_message(&sock, "READY=1", Duration::from_secs(20));
     assert_eq!(before_ready.len(), 1, "READY=1 is the first message: {before_ready:?}");
     // After READY the first discovery is done: the container already has the top weight.
@@ -477,8 +484,7 @@ fn systemd_notify_ready_watchdog_and_stopping() {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     expect_message(&sock, "STOPPING=1", Duration::from_secs(10));
     let status = wait_with_timeout(&mut child.0, Duration::from_secs(10));
-    let mut err = String::new();
-    child.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let err = drain.join().unwrap();
     assert!(status.success(), "exit {status:?}: {err}");
     assert!(err.contains("configuration reloaded"), "SIGHUP reloads: {err}");
     assert_eq!(

@@ -300,14 +300,17 @@ impl<S: SandboxSource> Discovery for CriDiscovery<S> {
             let due = self.next_relist(last);
             let changed = self.watch.as_mut();
             let events = self.events.as_mut();
+            // Biased, events first: an ended or unsupported stream is noted before a re-list another wake starts,
+            // so that re-list is the one after which discovery subscribes again.
             let woke = tokio::select! {
-                _ = tokio::time::sleep_until(due) => Woke::Timer,
-                w = async { match changed { Some(w) => w.changed().await, None => std::future::pending().await } } => {
-                    Woke::Tree(w)
-                }
+                biased;
                 w = async { match events { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
                     Woke::Event(w)
                 }
+                w = async { match changed { Some(w) => w.changed().await, None => std::future::pending().await } } => {
+                    Woke::Tree(w)
+                }
+                _ = tokio::time::sleep_until(due) => Woke::Timer,
             };
             match woke {
                 Woke::Timer => {}
