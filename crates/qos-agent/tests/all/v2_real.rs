@@ -450,6 +450,120 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     drop((bfq, cost, plain));
 }
 
+/// Where Docker does deliver weights (v2, a BFQ device, Docker's cgroupfs driver), `auto` sends them through
+/// `docker update`, which dockerd answers only once a starting container's start completed. A container seen at
+/// its cgroup's creation must get the top weight before Docker's `start` event all the same: the agent writes a
+/// starting container's file directly, and Docker's API from then on.
+#[test]
+#[ignore = "needs cgroup v2: the systemd guest, scripts/guest.sh"]
+fn auto_weights_a_starting_container_before_its_start_event_where_docker_delivers() {
+    let test = "v2_real::auto_weights_a_starting_container_before_its_start_event_where_docker_delivers";
+    if !testbed::require(test, &[testbed::Need::Root, testbed::Need::V2TestBed]) {
+        return;
+    }
+    let docker_host = std::env::var("DOCKER_HOST").unwrap_or_default();
+    let socket = PathBuf::from(docker_host.strip_prefix("unix://").expect("checked by the test bed need"));
+    assert_eq!(run(DOCKER, &["info", "--format", "{{.CgroupDriver}}"]), "cgroupfs", "{docker_host}: not cgroupfs");
+    let _machine = testbed::exclusive();
+    let tmp_dir = TmpDir::new("starting");
+    let tmp = tmp_dir.0.clone();
+    let bfq = Loop::new(tmp.join("bfq.img"), "bfq");
+    let mut containers = Containers::default();
+    // Running before the agent: found by its listing, weighted through Docker's API (Docker delivers here).
+    let first = containers.run(&["--device", &bfq.dev, IMAGE, "sleep", "600"]);
+    let first_bfq = Path::new(CGROUP).join("docker").join(&first).join("io.bfq.weight");
+    let before = read(&first_bfq);
+
+    let config = tmp.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "runtime = \"docker\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/state.json\"\n\
+             control_socket = \"{0}/agent.sock\"\n[docker]\nsocket = \"{1}\"\n[devices]\ncheck = [\"{2}\"]\n\
+             [mlfq]\nboost_after = \"10m\"\n",
+            tmp.display(),
+            socket.display(),
+            bfq.name
+        ),
+    )
+    .unwrap();
+    let mut agent = Agent::spawn(&config, tmp.join("agent.log"));
+    let blkio_weight = |id: &str| run(DOCKER, &["inspect", "-f", "{{.HostConfig.BlkioWeight}}", id]);
+    let through_docker = poll(patience(Duration::from_secs(30)), || {
+        (effective(&first_bfq, &bfq.num) == Some(1000) && blkio_weight(&first) == "1000").then_some(())
+    });
+    assert!(
+        through_docker.is_some(),
+        "the listed container's top weight did not come through Docker: io.bfq.weight {:?}, BlkioWeight {}\n{}",
+        std::fs::read_to_string(&first_bfq),
+        blkio_weight(&first),
+        agent.log_text()
+    );
+
+    // Created now, started while the agent runs: the top weight before Docker reports the start.
+    let late = testbed::docker::cli(&["create", "--device", &bfq.dev, IMAGE, "sleep", "600"]);
+    containers.0.push(late.clone());
+    let mut events = Command::new(DOCKER)
+        .args([
+            "events",
+            "--filter",
+            &format!("container={late}"),
+            "--filter",
+            "event=start",
+            "--format",
+            "{{.TimeNano}}",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500)); // let the events client subscribe
+    let late_bfq = Path::new(CGROUP).join("docker").join(&late).join("io.bfq.weight");
+    let num = bfq.num.clone();
+    let watcher = std::thread::spawn(move || {
+        let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+        let appeared = testbed::process::wait_for(Duration::from_secs(60), Duration::from_micros(200), || {
+            late_bfq.exists().then(now)
+        });
+        let top = testbed::process::wait_for(Duration::from_secs(60), Duration::from_micros(200), || {
+            (effective(&late_bfq, &num) == Some(1000)).then(now)
+        });
+        appeared.zip(top)
+    });
+    testbed::docker::cli(&["start", &late]);
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(events.stdout.take().unwrap()), &mut line).unwrap();
+    let _ = events.kill();
+    let _ = events.wait();
+    let event_ns: i128 = line.trim().parse().expect("event time");
+    let Some((appeared, top)) = watcher.join().unwrap() else {
+        panic!("the late container never reached 1000 on {}\n{}", bfq.dev, agent.log_text())
+    };
+    let before_event_ms = (event_ns - top.as_nanos() as i128) as f64 / 1e6;
+    eprintln!(
+        "late container: cgroup created -> io.bfq.weight 1000 in {:.1} ms, {before_event_ms:.1} ms before Docker's \
+         start event; its BlkioWeight in Docker: {}",
+        (top - appeared).as_secs_f64() * 1e3,
+        blkio_weight(&late)
+    );
+    assert!(
+        before_event_ms > 0.0,
+        "the late container got its top weight {:.1} ms after Docker's start event\n{}",
+        -before_event_ms,
+        agent.log_text()
+    );
+    let log = agent.log_text();
+    assert!(!log.contains("writing cgroup weight files directly from now on"), "auto gave up on Docker:\n{log}");
+
+    // SIGTERM: both back to what Docker made them.
+    let status = agent.sigterm_and_wait(patience(Duration::from_secs(10)));
+    assert!(status.success(), "agent exit {status}:\n{}", agent.log_text());
+    assert_eq!(read(&first_bfq), before, "the listed container's io.bfq.weight not restored");
+    let late_bfq = Path::new(CGROUP).join("docker").join(&late).join("io.bfq.weight");
+    assert_eq!(read(&late_bfq), before, "the late container's io.bfq.weight not restored");
+    drop(containers);
+    drop(bfq);
+}
+
 /// The line of device `num` in an io.cost root file (`io.cost.model`, `io.cost.qos`).
 fn root_line(file: &str, num: &str) -> Option<String> {
     let text = std::fs::read_to_string(Path::new(CGROUP).join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));

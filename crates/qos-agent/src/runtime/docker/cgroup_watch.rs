@@ -21,13 +21,17 @@
 //! directory" (seen once in the systemd guest, right after `systemctl restart docker`). The watch still wakes a
 //! reconnect to dockerd there.
 //!
+//! A container announced early is still starting: dockerd holds its container lock until the start completes, so
+//! a `docker update` sent now waits for that. [`Starting`] tells the writer which containers those are (it writes
+//! their cgroup files directly; see `writer.rs`).
+//!
 //! The cgroup path is Docker's naming for the id under a watched parent, the same path the documented lookup
 //! gives, so nothing a container's process does can steer it elsewhere.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use qos_core::ContainerId;
 use tracing::debug;
@@ -40,6 +44,26 @@ use crate::runtime::support::DirWatch;
 /// At most this many created-but-not-started containers are remembered (oldest forgotten first; a forgotten one
 /// is announced by its `start` event instead).
 const CREATED_CAP: usize = 4096;
+
+/// The containers announced early whose start Docker has not confirmed yet, shared with the writer.
+#[derive(Debug, Clone, Default)]
+pub struct Starting(Arc<Mutex<BTreeSet<ContainerId>>>);
+
+impl Starting {
+    /// Whether `id` was announced at its cgroup's creation and Docker has not reported it started (or gone).
+    pub fn contains(&self, id: &ContainerId) -> bool {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).contains(id)
+    }
+
+    pub(super) fn set(&self, id: &ContainerId, starting: bool) {
+        let mut set = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if starting {
+            set.insert(id.clone());
+        } else {
+            set.remove(id);
+        }
+    }
+}
 
 /// Name and labels of a container Docker created.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +101,8 @@ pub(super) struct CgroupWatch {
     /// dockerd's data root (`docker info`), where `containers/<id>/hostconfig.json` says whether a container sets
     /// its own block-I/O weights; `None`: unknown, nothing is announced early.
     data_root: Option<PathBuf>,
+    /// The ids of `seen` entries with `early` set, for the writer.
+    starting: Starting,
 }
 
 impl CgroupWatch {
@@ -108,7 +134,13 @@ impl CgroupWatch {
             created_order: VecDeque::new(),
             seen: HashMap::new(),
             ready: VecDeque::new(),
+            starting: Starting::default(),
         }
+    }
+
+    /// The containers announced early and not yet confirmed started (a handle that follows the watch).
+    pub fn starting(&self) -> Starting {
+        self.starting.clone()
     }
 
     fn default_parents(&self) -> Vec<PathBuf> {
@@ -149,6 +181,7 @@ impl CgroupWatch {
 
     /// Docker's `start` event for `id`: `true` when this watch announced it already (the event is then dropped).
     pub fn confirm_started(&mut self, id: &ContainerId) -> bool {
+        self.starting.set(id, false);
         match self.seen.get_mut(id) {
             Some(s) if s.early && !s.dead => {
                 s.early = false;
@@ -158,8 +191,20 @@ impl CgroupWatch {
         }
     }
 
+    /// A listing showed these containers running: those announced early have started (their `start` event may
+    /// have been missed while dockerd was unreachable).
+    pub fn listed_running<'a>(&mut self, running: impl IntoIterator<Item = &'a ContainerId>) {
+        for id in running {
+            if let Some(s) = self.seen.get_mut(id) {
+                s.early = false;
+                self.starting.set(id, false);
+            }
+        }
+    }
+
     /// Docker's `die`: the directory still there is not announced again.
     pub fn died(&mut self, id: &ContainerId) {
+        self.starting.set(id, false);
         if let Some(s) = self.seen.get_mut(id) {
             s.dead = true;
             s.early = false;
@@ -218,6 +263,7 @@ impl CgroupWatch {
         // Gone: forget; announced early and never confirmed (runc failed, or it exited at once): stopped.
         let gone: Vec<ContainerId> = self.seen.keys().filter(|id| !present.contains_key(*id)).cloned().collect();
         for id in gone {
+            self.starting.set(&id, false);
             if let Some(s) = self.seen.remove(&id) {
                 if s.early && !s.dead {
                     self.ready.push_back(DiscoveryEvent::Stopped(id));
@@ -233,6 +279,7 @@ impl CgroupWatch {
                 continue;
             }
             let Some(info) = self.info(&id, &parent, created) else { continue };
+            self.starting.set(&id, true);
             self.seen.insert(id, Seen { ino, early: true, dead: false });
             self.ready.push_back(DiscoveryEvent::Started(info));
         }
@@ -392,6 +439,36 @@ mod tests {
         std::fs::create_dir(&dir).unwrap();
         w.scan();
         assert!(drain(&mut w).is_empty());
+    }
+
+    #[test]
+    fn the_writer_sees_a_container_as_starting_from_its_announcement_until_docker_confirms_or_it_goes() {
+        let (tmp, mut w) = fixture(CgroupDriver::Cgroupfs);
+        let starting = w.starting();
+        let [a, b, c, d] = ['a', 'b', 'c', 'd'].map(|ch| {
+            let cid = ContainerId::from(id(ch));
+            w.created(cid.clone(), created("web"));
+            hostconfig(&w, &id(ch), PLAIN);
+            std::fs::create_dir(tmp.path().join("docker").join(id(ch))).unwrap();
+            cid
+        });
+        assert!(![&a, &b, &c, &d].iter().any(|x| starting.contains(x)), "nothing is starting before a scan");
+        w.scan();
+        assert_eq!(drain(&mut w).len(), 4);
+        assert!([&a, &b, &c, &d].iter().all(|x| starting.contains(x)));
+        // The start event; a listing that shows it running (a start event missed while dockerd was away); its
+        // die event; its directory gone before any of those (runc failed).
+        assert!(w.confirm_started(&a));
+        w.listed_running([&b]);
+        w.died(&c);
+        std::fs::remove_dir(tmp.path().join("docker").join(id('d'))).unwrap();
+        w.scan();
+        assert_eq!(drain(&mut w), vec!["stopped d".to_string()]);
+        for x in [&a, &b, &c, &d] {
+            assert!(!starting.contains(x), "{} still starting", x.short());
+        }
+        // A listed container no longer announced early: its (replayed) start event is not dropped as a duplicate.
+        assert!(!w.confirm_started(&b));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use futures_util::{Stream, StreamExt};
 use qos_core::ContainerId;
 use tracing::{debug, info, warn};
 
-use super::cgroup_watch::{CgroupWatch, Created};
+use super::cgroup_watch::{CgroupWatch, Created, Starting};
 use super::naming::{container_cgroup, CgroupDriver};
 use crate::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
 use crate::cgroup::{CgroupDir, CgroupError, CgroupRoot};
@@ -79,6 +79,12 @@ impl DockerDiscovery {
         })
     }
 
+    /// The containers announced at their cgroup's creation whose start Docker has not confirmed yet: the writer
+    /// does not send those a `docker update`, which would wait for the start to complete.
+    pub fn starting(&self) -> Starting {
+        self.cgroups.starting()
+    }
+
     fn subscribe(&mut self) {
         // `since` makes dockerd replay events from just before the list, so nothing between the two is missed;
         // replayed events of containers the list already shows are dropped in `next_event`.
@@ -123,6 +129,7 @@ impl DockerDiscovery {
         // Every running container the listing saw, also those it refused (a moved process): a replayed start of
         // one of them must not bring it in through the event path.
         let listing = self.api.list().await?;
+        self.cgroups.listed_running(&listing.running);
         self.listed = listing.running;
         for (id, created) in listing.created {
             self.cgroups.created(id, created);

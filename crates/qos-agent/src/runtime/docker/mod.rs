@@ -18,6 +18,7 @@ use std::path::Path;
 
 use bollard::Docker;
 
+pub use cgroup_watch::Starting;
 pub use counters::DockerCounters;
 pub use discovery::DockerDiscovery;
 pub use naming::{container_cgroup, CgroupDriver};
@@ -46,7 +47,7 @@ pub async fn backends(
     let devices = files.devices();
     let discovery = DockerDiscovery::new(docker.clone(), root.clone()).await?;
     let counters = DockerCounters::with_root(docker.clone(), root);
-    let writer = DockerWriter::with_files(docker, actuator, files);
+    let writer = DockerWriter::with_files(docker, actuator, files).with_starting(discovery.starting());
     Ok(RuntimeBackends { discovery, counters, writer, devices })
 }
 

@@ -5,12 +5,19 @@
 //! BFQ devices only. The check after `docker update` is therefore the cgroup-dir writer's per-device one: the
 //! effective value in the file that governs each device. When a device under io.cost does not get the weight,
 //! `auto` writes the files itself from then on (which writes `io.weight`), and says so once.
+//!
+//! A container seen at its cgroup's creation is still starting, and dockerd answers a `docker update` for it only
+//! once the start completed (it holds the container's lock meanwhile): tens to hundreds of milliseconds during
+//! which the container already runs at whatever weight its cgroup had, and the agent's round waits. `auto` writes
+//! such a container's files directly ([`Starting`]); its later weights go through Docker as usual. `docker` mode
+//! always asks Docker, and so waits.
 
 use bollard::models::ContainerUpdateBody;
 use bollard::Docker;
 use qos_core::Weight;
-use tracing::warn;
+use tracing::{debug, warn};
 
+use super::cgroup_watch::Starting;
 use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
 use crate::cgroup::{CgroupError, V2_IO_WEIGHT};
 use crate::config::ActuatorMode;
@@ -27,6 +34,8 @@ pub struct DockerWriter {
     missed: Missed,
     /// Writes and verifies the cgroup files (and holds the restore snapshots and the devices it plans with).
     files: FileWriter,
+    /// Containers still starting (from discovery): `auto` writes their files rather than wait for dockerd.
+    starting: Starting,
 }
 
 impl std::fmt::Debug for DockerWriter {
@@ -46,7 +55,13 @@ impl DockerWriter {
 
     /// A writer in the given mode whose file writes and checks go through `files`.
     pub fn with_files(docker: Docker, mode: ActuatorMode, files: FileWriter) -> Self {
-        Self { docker, mode, docker_delivers: None, missed: Missed::Other, files }
+        Self { docker, mode, docker_delivers: None, missed: Missed::Other, files, starting: Starting::default() }
+    }
+
+    /// Takes discovery's set of containers still starting ([`DockerDiscovery::starting`](super::DockerDiscovery)).
+    pub fn with_starting(mut self, starting: Starting) -> Self {
+        self.starting = starting;
+        self
     }
 
     /// The devices its file writer plans with, for the daemon (see [`FileWriter::devices`]).
@@ -123,7 +138,11 @@ impl DockerWriter {
             ActuatorMode::Files | ActuatorMode::Systemd => direct(&mut self.files),
             ActuatorMode::Docker => self.via_docker(info, weight).await,
             ActuatorMode::Auto => {
-                if self.docker_delivers != Some(false) && weight.get() >= 10 {
+                if self.starting.contains(&info.id) {
+                    debug!(container = %info.id.short(), %weight,
+                        "container still starting: writing its cgroup files directly (dockerd would answer \
+                         docker update only after the start)");
+                } else if self.docker_delivers != Some(false) && weight.get() >= 10 {
                     match self.via_docker(info, weight).await {
                         Ok(via) => {
                             self.docker_delivers = Some(true);
@@ -164,4 +183,50 @@ enum Missed {
     Override,
     /// Anything else (v1: Docker discarded the weight).
     Other,
+}
+
+#[cfg(test)]
+mod tests {
+    use qos_core::ContainerId;
+
+    use super::*;
+    use crate::cgroup::{CgroupRoot, CgroupVersion};
+
+    fn w(n: u64) -> Weight {
+        Weight::new(n).unwrap()
+    }
+
+    #[tokio::test]
+    async fn auto_writes_a_starting_containers_file_without_asking_docker() {
+        let tmp = tempfile::tempdir().unwrap();
+        for c in ["new", "old"] {
+            std::fs::create_dir(tmp.path().join(c)).unwrap();
+            std::fs::write(tmp.path().join(c).join("blkio.bfq.weight"), "100\n").unwrap();
+        }
+        let root = CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap();
+        let info = |c: &str| ContainerInfo {
+            id: ContainerId::new(c),
+            name: c.into(),
+            labels: Default::default(),
+            cgroup: Some(root.resolve_relative(c).unwrap()),
+        };
+        // A dockerd that is not there (a socket nobody listens on any more): any call to it fails, and `auto`
+        // then gives up on Docker for good.
+        let sock = tmp.path().join("gone-dockerd.sock");
+        drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+        let docker = Docker::connect_with_unix(sock.to_str().unwrap(), 2, bollard::API_DEFAULT_VERSION).unwrap();
+        let starting = Starting::default();
+        starting.set(&ContainerId::new("new"), true);
+        let mut writer = DockerWriter::new(docker, ActuatorMode::Auto).with_starting(starting.clone());
+
+        assert_eq!(writer.write(&info("new"), w(1000)).await.unwrap(), AppliedVia::CgroupFile);
+        assert_eq!(std::fs::read_to_string(tmp.path().join("new/blkio.bfq.weight")).unwrap(), "1000\n");
+        assert_eq!(writer.docker_delivers, None, "Docker was asked about a starting container");
+
+        // Started: its next weight goes to Docker first (here unreachable, so `auto` falls back and says so).
+        starting.set(&ContainerId::new("new"), false);
+        assert_eq!(writer.write(&info("new"), w(200)).await.unwrap(), AppliedVia::CgroupFile);
+        assert_eq!(writer.docker_delivers, Some(false), "Docker was not asked about a started container");
+        assert_eq!(std::fs::read_to_string(tmp.path().join("new/blkio.bfq.weight")).unwrap(), "200\n");
+    }
 }
