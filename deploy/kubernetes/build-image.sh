@@ -30,6 +30,8 @@ strip "$root/ddiskqos-agent" 2>/dev/null || true
 mkdir -p "$root/etc/ddiskqos" "$root/host/sys/fs/cgroup" "$root/run/cri" "$root/run/ddiskqos" "$root/tmp"
 DOCKER=${DOCKER:-/usr/bin/docker}
 [ -x "$DOCKER" ] || DOCKER=$(command -v docker)
+# The image this tag named before: removed below once nothing names it (each build would leave one behind).
+previous=$("$DOCKER" image inspect -f '{{.Id}}' "$tag" 2>/dev/null || true)
 tar -C "$root" --owner=0 --group=0 -c . |
   "$DOCKER" import \
     -c 'ENTRYPOINT ["/ddiskqos-agent"]' \
@@ -38,5 +40,10 @@ tar -C "$root" --owner=0 --group=0 -c . |
     - "$tag" >/dev/null
 if [ -n "$alias_latest" ]; then
   "$DOCKER" tag "$tag" ddiskqos-agent:latest
+fi
+if [ -n "$previous" ] && [ "$previous" != "$("$DOCKER" image inspect -f '{{.Id}}' "$tag")" ] &&
+  [ -z "$("$DOCKER" image inspect -f '{{join .RepoTags ","}}' "$previous" 2>/dev/null)" ]; then
+  # Untagged now; a container still using it keeps it (rmi refuses), which is fine.
+  "$DOCKER" rmi "$previous" >/dev/null 2>&1 || true
 fi
 echo "built $tag ($(du -h "$root/ddiskqos-agent" | cut -f1) agent binary)"
