@@ -1,9 +1,10 @@
 //! The host's Docker (`/var/run/docker.sock`) through Debian's CLI: containers removed on drop, the blkio cgroup
 //! of a container in Docker's default layout.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The Docker CLI matching Debian's dockerd 20.10 (another client earlier on `PATH` may not).
 pub const DOCKER_CLI: &str = "/usr/bin/docker";
@@ -93,5 +94,70 @@ impl Drop for Containers {
             args.extend(self.0.iter().map(String::as_str));
             let _ = Command::new(DOCKER_CLI).args(&args).stdout(Stdio::null()).stderr(Stdio::null()).status();
         }
+    }
+}
+
+/// A container's start timed against its cgroup: Docker's `start` event (subscribed before the start), the cgroup
+/// directory appearing, and a condition on it (e.g. the agent's top weight in its file) holding.
+#[derive(Debug)]
+pub struct StartTiming {
+    events: std::process::Child,
+    watcher: std::thread::JoinHandle<Option<(Duration, Duration)>>,
+}
+
+/// What [`StartTiming::finish`] measured, as times since the Unix epoch.
+#[derive(Debug, Clone, Copy)]
+pub struct StartTimes {
+    /// The cgroup directory appeared.
+    pub appeared: Duration,
+    /// The condition held.
+    pub reached: Duration,
+    /// Docker's `start` event (`TimeNano`).
+    pub start_event_ns: i128,
+}
+
+impl StartTimes {
+    /// From the cgroup's appearance to the condition, ms.
+    pub fn reaction_ms(&self) -> f64 {
+        (self.reached - self.appeared).as_secs_f64() * 1e3
+    }
+
+    /// From the start event to the condition, ms (negative: before Docker reported the start).
+    pub fn after_start_event_ms(&self) -> f64 {
+        (self.reached.as_nanos() as i128 - self.start_event_ns) as f64 / 1e6
+    }
+}
+
+impl StartTiming {
+    /// Subscribes to `id`'s start event (and gives the client a moment to subscribe), then watches from another
+    /// thread, every 200 µs: `cgroup` appearing, then `reached(cgroup)`. Call before `docker start`.
+    pub fn watch(id: &str, cgroup: PathBuf, reached: impl Fn(&Path) -> bool + Send + 'static) -> Self {
+        let events = Command::new(DOCKER_CLI)
+            .args(["events", "--filter", &format!("container={id}"), "--filter", "event=start"])
+            .args(["--format", "{{.TimeNano}}"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("docker events: {e}"));
+        std::thread::sleep(crate::process::patience(Duration::from_millis(300)));
+        let watcher = std::thread::spawn(move || {
+            let now = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+            let (limit, every) = (crate::process::patience(Duration::from_secs(10)), Duration::from_micros(200));
+            let appeared = crate::process::wait_for(limit, every, || cgroup.exists().then(now));
+            let reached = crate::process::wait_for(limit, every, || reached(&cgroup).then(now));
+            appeared.zip(reached)
+        });
+        Self { events, watcher }
+    }
+
+    /// After `docker start`: the times, or `None` if the cgroup never appeared or the condition never held.
+    pub fn finish(mut self) -> Option<StartTimes> {
+        let mut line = String::new();
+        let out = self.events.stdout.take().expect("piped");
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line).expect("docker events output");
+        let _ = self.events.kill();
+        let _ = self.events.wait();
+        let start_event_ns: i128 = line.trim().parse().unwrap_or_else(|e| panic!("start event time {line:?}: {e}"));
+        let (appeared, reached) = self.watcher.join().expect("watcher thread")?;
+        Some(StartTimes { appeared, reached, start_event_ns })
     }
 }

@@ -4,13 +4,11 @@
 //! Needs root, a loop device and the host's dockerd with the test image (scripts/setup-host.sh); `#[ignore]`d, see
 //! `testbed::require`.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use testbed::agent::Agent;
 use testbed::blkio::{bfq_weight, record_weights};
-use testbed::docker::{cgroup as docker_cgroup, cli, Containers, DOCKER_CLI, IMAGE};
+use testbed::docker::{cgroup as docker_cgroup, cli, Containers, StartTiming, IMAGE};
 use testbed::loopdev::LoopDevice;
 use testbed::process::wait_for;
 use testbed::{require, Need};
@@ -104,40 +102,11 @@ fn agent_manages_real_docker_containers() {
     std::thread::sleep(Duration::from_millis(1500));
     let late = cli(&["create", IMAGE, "sleep", "120"]);
     cs.0.push(late.clone());
-    let mut events = Command::new(DOCKER_CLI)
-        .args([
-            "events",
-            "--filter",
-            &format!("container={late}"),
-            "--filter",
-            "event=start",
-            "--format",
-            "{{.TimeNano}}",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300)); // let the events client subscribe
-    let late_dir = docker_cgroup(&late);
-    let watcher = std::thread::spawn(move || {
-        // When its cgroup appears (runc create), then when the top weight is in its file.
-        let appeared = wait_for(Duration::from_secs(10), Duration::from_micros(200), || {
-            late_dir.exists().then(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap())
-        });
-        let top = wait_for(Duration::from_secs(10), Duration::from_micros(200), || {
-            (bfq_weight(&late_dir) == Some(1000)).then(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap())
-        });
-        appeared.zip(top)
-    });
+    // When its cgroup appears (runc create), then when the top weight is in its file, against the start event.
+    let timing = StartTiming::watch(&late, docker_cgroup(&late), |dir| bfq_weight(dir) == Some(1000));
     cli(&["start", &late]);
-    let mut line = String::new();
-    BufReader::new(events.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let _ = events.kill();
-    let _ = events.wait();
-    let event_ns: u128 = line.trim().parse().expect("event time");
-    let (appeared, seen) = watcher.join().unwrap().expect("late container never reached weight 1000");
-    let latency_ms = (seen.as_nanos() as i128 - event_ns as i128) as f64 / 1e6;
-    let reaction_ms = (seen - appeared).as_secs_f64() * 1e3;
+    let times = timing.finish().expect("late container never reached weight 1000");
+    let (latency_ms, reaction_ms) = (times.after_start_event_ms(), times.reaction_ms());
     eprintln!(
         "late container: cgroup created -> weight 1000 in {reaction_ms:.1} ms; start event -> weight 1000: \
          {latency_ms:.1} ms (negative: before Docker reported the start)"

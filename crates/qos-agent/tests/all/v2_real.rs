@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use testbed::docker::Containers;
+use testbed::docker::{Containers, StartTiming};
 use testbed::process::patience;
 
 const CGROUP: &str = "/sys/fs/cgroup";
@@ -503,46 +503,20 @@ fn auto_weights_a_starting_container_before_its_start_event_where_docker_deliver
     // Created now, started while the agent runs: the top weight before Docker reports the start.
     let late = testbed::docker::cli(&["create", "--device", &bfq.dev, IMAGE, "sleep", "600"]);
     containers.0.push(late.clone());
-    let mut events = Command::new(DOCKER)
-        .args([
-            "events",
-            "--filter",
-            &format!("container={late}"),
-            "--filter",
-            "event=start",
-            "--format",
-            "{{.TimeNano}}",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500)); // let the events client subscribe
     let late_bfq = Path::new(CGROUP).join("docker").join(&late).join("io.bfq.weight");
     let num = bfq.num.clone();
-    let watcher = std::thread::spawn(move || {
-        let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
-        let appeared = testbed::process::wait_for(Duration::from_secs(60), Duration::from_micros(200), || {
-            late_bfq.exists().then(now)
-        });
-        let top = testbed::process::wait_for(Duration::from_secs(60), Duration::from_micros(200), || {
-            (effective(&late_bfq, &num) == Some(1000)).then(now)
-        });
-        appeared.zip(top)
+    let timing = StartTiming::watch(&late, Path::new(CGROUP).join("docker").join(&late), move |dir| {
+        effective(&dir.join("io.bfq.weight"), &num) == Some(1000)
     });
     testbed::docker::cli(&["start", &late]);
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(events.stdout.take().unwrap()), &mut line).unwrap();
-    let _ = events.kill();
-    let _ = events.wait();
-    let event_ns: i128 = line.trim().parse().expect("event time");
-    let Some((appeared, top)) = watcher.join().unwrap() else {
+    let Some(times) = timing.finish() else {
         panic!("the late container never reached 1000 on {}\n{}", bfq.dev, agent.log_text())
     };
-    let before_event_ms = (event_ns - top.as_nanos() as i128) as f64 / 1e6;
+    let before_event_ms = -times.after_start_event_ms();
     eprintln!(
         "late container: cgroup created -> io.bfq.weight 1000 in {:.1} ms, {before_event_ms:.1} ms before Docker's \
          start event; its BlkioWeight in Docker: {}",
-        (top - appeared).as_secs_f64() * 1e3,
+        times.reaction_ms(),
         blkio_weight(&late)
     );
     assert!(
@@ -558,7 +532,6 @@ fn auto_weights_a_starting_container_before_its_start_event_where_docker_deliver
     let status = agent.sigterm_and_wait(patience(Duration::from_secs(10)));
     assert!(status.success(), "agent exit {status}:\n{}", agent.log_text());
     assert_eq!(read(&first_bfq), before, "the listed container's io.bfq.weight not restored");
-    let late_bfq = Path::new(CGROUP).join("docker").join(&late).join("io.bfq.weight");
     assert_eq!(read(&late_bfq), before, "the late container's io.bfq.weight not restored");
     drop(containers);
     drop(bfq);

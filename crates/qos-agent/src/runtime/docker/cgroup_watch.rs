@@ -55,13 +55,13 @@ impl Starting {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).contains(id)
     }
 
-    pub(super) fn set(&self, id: &ContainerId, starting: bool) {
-        let mut set = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if starting {
-            set.insert(id.clone());
-        } else {
-            set.remove(id);
-        }
+    pub(super) fn insert(&self, id: &ContainerId) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).insert(id.clone());
+    }
+
+    /// Removes `id`; whether it was there.
+    pub(super) fn remove(&self, id: &ContainerId) -> bool {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(id)
     }
 }
 
@@ -74,17 +74,6 @@ pub(super) struct Created {
     pub labels: BTreeMap<String, String>,
 }
 
-/// A container cgroup directory seen in a watched parent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Seen {
-    /// The directory's inode: a restarted container gets a new directory under the same name.
-    ino: u64,
-    /// Announced here and not yet confirmed by Docker's `start` event (which is then not announced again).
-    early: bool,
-    /// Docker said it died: not announced again for this directory.
-    dead: bool,
-}
-
 /// New container cgroups, from inotify on the parents where Docker's driver puts them.
 #[derive(Debug)]
 pub(super) struct CgroupWatch {
@@ -95,13 +84,16 @@ pub(super) struct CgroupWatch {
     parents: BTreeSet<PathBuf>,
     created: HashMap<ContainerId, Created>,
     created_order: VecDeque<ContainerId>,
-    seen: HashMap<ContainerId, Seen>,
+    /// Container cgroup directories announced here, by their inode: a restarted container gets a new directory
+    /// under the same name, announced again; the same directory never is.
+    seen: HashMap<ContainerId, u64>,
     /// Announcements found by the last scan, handed out one per [`CgroupWatch::next_ready`].
     ready: VecDeque<DiscoveryEvent>,
     /// dockerd's data root (`docker info`), where `containers/<id>/hostconfig.json` says whether a container sets
     /// its own block-I/O weights; `None`: unknown, nothing is announced early.
     data_root: Option<PathBuf>,
-    /// The ids of `seen` entries with `early` set, for the writer.
+    /// Those of `seen` whose start Docker has not confirmed (nor their death, nor a listing shown them running);
+    /// shared with the writer.
     starting: Starting,
 }
 
@@ -181,34 +173,21 @@ impl CgroupWatch {
 
     /// Docker's `start` event for `id`: `true` when this watch announced it already (the event is then dropped).
     pub fn confirm_started(&mut self, id: &ContainerId) -> bool {
-        self.starting.set(id, false);
-        match self.seen.get_mut(id) {
-            Some(s) if s.early && !s.dead => {
-                s.early = false;
-                true
-            }
-            _ => false,
-        }
+        self.starting.remove(id)
     }
 
     /// A listing showed these containers running: those announced early have started (their `start` event may
     /// have been missed while dockerd was unreachable).
     pub fn listed_running<'a>(&mut self, running: impl IntoIterator<Item = &'a ContainerId>) {
         for id in running {
-            if let Some(s) = self.seen.get_mut(id) {
-                s.early = false;
-                self.starting.set(id, false);
-            }
+            self.starting.remove(id);
         }
     }
 
-    /// Docker's `die`: the directory still there is not announced again.
+    /// Docker's `die`: no longer starting (Docker's event stops it; the directory still there is not announced
+    /// again, nor reported stopped when it goes).
     pub fn died(&mut self, id: &ContainerId) {
-        self.starting.set(id, false);
-        if let Some(s) = self.seen.get_mut(id) {
-            s.dead = true;
-            s.early = false;
-        }
+        self.starting.remove(id);
     }
 
     /// Docker's `destroy`: the container is gone for good.
@@ -263,15 +242,13 @@ impl CgroupWatch {
         // Gone: forget; announced early and never confirmed (runc failed, or it exited at once): stopped.
         let gone: Vec<ContainerId> = self.seen.keys().filter(|id| !present.contains_key(*id)).cloned().collect();
         for id in gone {
-            self.starting.set(&id, false);
-            if let Some(s) = self.seen.remove(&id) {
-                if s.early && !s.dead {
-                    self.ready.push_back(DiscoveryEvent::Stopped(id));
-                }
+            self.seen.remove(&id);
+            if self.starting.remove(&id) {
+                self.ready.push_back(DiscoveryEvent::Stopped(id));
             }
         }
         for (id, (ino, parent)) in present {
-            if matches!(self.seen.get(&id), Some(s) if s.ino == ino) {
+            if self.seen.get(&id) == Some(&ino) {
                 continue;
             }
             let Some(created) = self.created.get(&id) else { continue };
@@ -279,8 +256,8 @@ impl CgroupWatch {
                 continue;
             }
             let Some(info) = self.info(&id, &parent, created) else { continue };
-            self.starting.set(&id, true);
-            self.seen.insert(id, Seen { ino, early: true, dead: false });
+            self.starting.insert(&id);
+            self.seen.insert(id, ino);
             self.ready.push_back(DiscoveryEvent::Started(info));
         }
     }

@@ -216,7 +216,7 @@ mod tests {
         drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
         let docker = Docker::connect_with_unix(sock.to_str().unwrap(), 2, bollard::API_DEFAULT_VERSION).unwrap();
         let starting = Starting::default();
-        starting.set(&ContainerId::new("new"), true);
+        starting.insert(&ContainerId::new("new"));
         let mut writer = DockerWriter::new(docker, ActuatorMode::Auto).with_starting(starting.clone());
 
         assert_eq!(writer.write(&info("new"), w(1000)).await.unwrap(), AppliedVia::CgroupFile);
@@ -224,7 +224,7 @@ mod tests {
         assert_eq!(writer.docker_delivers, None, "Docker was asked about a starting container");
 
         // Started: its next weight goes to Docker first (here unreachable, so `auto` falls back and says so).
-        starting.set(&ContainerId::new("new"), false);
+        starting.remove(&ContainerId::new("new"));
         assert_eq!(writer.write(&info("new"), w(200)).await.unwrap(), AppliedVia::CgroupFile);
         assert_eq!(writer.docker_delivers, Some(false), "Docker was not asked about a started container");
         assert_eq!(std::fs::read_to_string(tmp.path().join("new/blkio.bfq.weight")).unwrap(), "200\n");
