@@ -338,6 +338,8 @@ impl Agent {
         let thread = std::thread::Builder::new()
             .name("ddiskqos-agent".into())
             .spawn(move || -> Result<Summary> {
+                // As the binary does first on its daemon's thread (its watcher threads inherit it).
+                qos_agent::app::apply_nice(c.nice);
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
                 rt.block_on(async move {
                     match discovery {

@@ -192,6 +192,7 @@ pub fn run_config(common: &Common, plan: Plan, exp1: bool, exp2: bool) -> Result
         exp1,
         exp2,
         agent_bfq: common.agent_bfq_tunables.clone(),
+        agent_nice: common.agent_nice,
     })
 }
 
@@ -227,6 +228,7 @@ pub fn run(args: &RunArgs, cleanup: &'static Cleanup) -> Result<RunReport> {
         if args.full { "full: the paper's sizes and 50 repetitions" } else { "quick" },
         estimate.as_secs_f64() / 60.0
     );
+    let hogs = crate::hogs::CpuHogs::start(common.cpu_hogs).context("--cpu-hogs: starting the busy threads")?;
     let started = std::time::Instant::now();
     let bar = progress(per_variant * 3 * common.modes.len() as u64);
     let mut modes: Vec<ModeReport> = Vec::new();
@@ -237,6 +239,7 @@ pub fn run(args: &RunArgs, cleanup: &'static Cleanup) -> Result<RunReport> {
         background = background_label(common.background);
     }
     bar.finish_and_clear();
+    drop(hogs);
     let mut meta = meta(common, &setup, &cfg, plan, !args.full, date, background)?;
     meta.duration_s = started.elapsed().as_secs_f64();
     let run = RunReport { meta, modes };
@@ -274,6 +277,13 @@ pub fn meta(
              {reader} and the background at {bg} by their ddiskqos.weight labels; its MLFQ moves nothing"
         ));
     }
+    if common.cpu_hogs > 0 {
+        notes.push(format!(
+            "BUSY CPUS (--cpu-hogs {}): that many threads spun at nice 0 through every mode, beside the readers, \
+             the background and the agent",
+            common.cpu_hogs
+        ));
+    }
     Ok(Meta {
         tool: format!("ddiskqos-bench {}", env!("CARGO_PKG_VERSION")),
         date_utc: date,
@@ -287,7 +297,7 @@ pub fn meta(
             _ => common.cgroup_layout.describe(setup.runtime.name()),
         },
         cgroup: format!("{} {}", setup.root.version(), setup.root.path().display()),
-        agent: format!("qos_agent::daemon::Daemon on {}", setup.backends.describe()),
+        agent: format!("qos_agent::daemon::Daemon on {}, at nice {}", setup.backends.describe(), cfg.agent_nice),
         background: if background.is_empty() { background_label(common.background) } else { background },
         disk: setup.disk.info.clone(),
         engine: cfg.engine.clone(),

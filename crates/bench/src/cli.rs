@@ -132,6 +132,13 @@ pub struct Common {
     /// `[devices] bfq_tunables`), for every mode and variant (repeatable), e.g. `max_budget=256`.
     #[arg(long = "agent-bfq-tunable", value_name = "KEY=VALUE")]
     pub agent_bfq_tunables: Vec<String>,
+    /// The agent's nice value (its config's `nice`; default: the agent's own default).
+    #[arg(long, allow_hyphen_values = true, default_value_t = qos_agent::priority::DEFAULT_NICE,
+          value_parser = clap::value_parser!(i8).range(-20..=19))]
+    pub agent_nice: i8,
+    /// Busy threads (nice 0) spinning through the whole run beside everything else: a host whose CPUs are busy.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub cpu_hogs: u16,
     /// The background reader.
     #[arg(long, value_enum, default_value = "auto")]
     pub background: BackgroundKind,

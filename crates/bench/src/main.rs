@@ -18,6 +18,7 @@ mod cleanup;
 mod cli;
 mod disk;
 mod files;
+mod hogs;
 mod reader;
 mod report;
 mod runner;

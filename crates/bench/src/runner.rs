@@ -51,6 +51,8 @@ pub struct RunConfig {
     pub exp2: bool,
     /// BFQ tunables (`KEY=VALUE`) the agent sets on the test device (its `[devices] bfq_tunables`) for each mode.
     pub agent_bfq: Vec<String>,
+    /// The agent's nice value (`--agent-nice`).
+    pub agent_nice: i8,
 }
 
 /// What a mode needs from the outside.
@@ -153,6 +155,7 @@ fn run_mode_on_device(
     let v2 = env.root.version() == qos_agent::cgroup::CgroupVersion::V2;
     let test_disk = v2.then_some(env.disk.info.disk_name.as_str());
     let mut agent_cfg = crate::agent::config(cfg.engine.clone(), cfg.sample_interval, &env.run_dir, test_disk);
+    agent_cfg.nice = cfg.agent_nice;
     let mode_tunables = mode.agent_tunables().iter().map(|(k, v)| format!("{k}={v}"));
     for assignment in cfg.agent_bfq.iter().cloned().chain(mode_tunables) {
         let Some((key, value)) = assignment.split_once('=') else {

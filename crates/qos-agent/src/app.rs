@@ -43,6 +43,8 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
         Ok(n) => debug!(limit = n, "open descriptor limit"),
         Err(e) => warn!(error = %e, "cannot read or raise RLIMIT_NOFILE"),
     }
+    // On this (the daemon's) thread before any watcher thread starts: they inherit it.
+    apply_nice(cfg.nice);
     info!(version = ?root.version(), path = %root.path().display(), "cgroup root");
     let originals =
         OriginalWeights::load((!cfg.dry_run).then_some(cfg.state_file.as_path())).context("loading the state file")?;
@@ -259,4 +261,14 @@ fn spawn_signal_handlers(tx: mpsc::Sender<Command>, config_path: Option<PathBuf>
         }
     });
     Ok(())
+}
+
+/// Sets the calling thread's nice value to `nice` ([`crate::priority`]), logging the outcome: an agent that cannot
+/// (no `CAP_SYS_NICE`) runs on at the priority it has, with a warning. The binary and the bench's embedded agent
+/// call this on the thread that runs the daemon, first.
+pub fn apply_nice(nice: i8) {
+    match crate::priority::apply(nice) {
+        Ok(()) => debug!(nice, "nice value set"),
+        Err(e) => warn!(error = %e, "new containers' weights may wait for a CPU on a busy host"),
+    }
 }

@@ -8,6 +8,7 @@
 //! dry_run = false
 //! state_file = "/run/ddiskqos/state.json"
 //! control_socket = "/run/ddiskqos/agent.sock"
+//! nice = -10                    # the agent's CPU priority, so new containers get their weight on a busy host
 //!
 //! [docker]
 //! socket = "/var/run/docker.sock"
@@ -198,6 +199,9 @@ pub struct AgentConfig {
     pub state_file: PathBuf,
     /// Unix socket answering `ddiskqos-agent status`.
     pub control_socket: PathBuf,
+    /// The agent's nice value (-20..=19), set at start ([`crate::priority`]): -10, so that on a busy host its
+    /// wake-up for a new container does not wait behind other processes' CPU time. 0 leaves it as started.
+    pub nice: i8,
     /// `[docker]`.
     pub docker: DockerConfig,
     /// `[cri]`.
@@ -224,6 +228,7 @@ impl Default for AgentConfig {
             dry_run: false,
             state_file: PathBuf::from("/run/ddiskqos/state.json"),
             control_socket: PathBuf::from("/run/ddiskqos/agent.sock"),
+            nice: crate::priority::DEFAULT_NICE,
             docker: DockerConfig::default(),
             cri: CriConfig::default(),
             cgroup: CgroupConfig::default(),
@@ -299,7 +304,7 @@ impl AgentConfig {
     }
 
     /// The settings that differ in `new` and that a running agent does not apply (a reload warns about them; they
-    /// need a restart), named as in the file: `runtime`, `actuator`, `state_file`, `control_socket`, `[docker]`,
+    /// need a restart), named as in the file: `runtime`, `actuator`, `state_file`, `control_socket`, `nice`, `[docker]`,
     /// `[cri]`, `[cgroup]`, `[devices]`, `[metrics]`, `[policy]`. A reload applies the rest: `sample_interval`, `cpu_budget`,
     /// `dry_run`, `[mlfq]`.
     pub fn needs_restart(&self, new: &AgentConfig) -> Vec<&'static str> {
@@ -312,6 +317,7 @@ impl AgentConfig {
             dry_run: _,
             state_file,
             control_socket,
+            nice,
             docker,
             cri,
             cgroup,
@@ -330,6 +336,7 @@ impl AgentConfig {
         check(*actuator != new.actuator, "actuator");
         check(*state_file != new.state_file, "state_file");
         check(*control_socket != new.control_socket, "control_socket");
+        check(*nice != new.nice, "nice");
         check(*docker != new.docker, "[docker]");
         check(*cri != new.cri, "[cri]");
         check(*cgroup != new.cgroup, "[cgroup]");
@@ -363,6 +370,9 @@ impl AgentConfig {
         }
         if self.runtime == RuntimeKind::Cri && self.actuator == ActuatorMode::Docker {
             return Err(invalid("actuator", "docker", "runtime = \"cri\" has no Docker API"));
+        }
+        if !crate::priority::valid(self.nice) {
+            return Err(invalid("nice", self.nice, "must be -20..=19 (Linux nice values; lower runs first)"));
         }
         let ri = self.cri.relist_interval;
         if ri < Duration::from_millis(100) || ri > Duration::from_secs(3600) {
@@ -433,6 +443,22 @@ mod tests {
     }
 
     #[test]
+    fn nice_defaults_to_minus_ten_and_bad_values_name_field_and_value() {
+        assert_eq!(AgentConfig::default().nice, -10);
+        assert_eq!(parse("nice = 0").unwrap().nice, 0);
+        assert_eq!(parse("nice = -20").unwrap().nice, -20);
+        for (text, want) in [
+            ("nice = 20", "nice = 20: must be -20..=19"),
+            ("nice = -21", "nice = -21: must be -20..=19"),
+            ("nice = 300", "nice"),
+            ("nice = \"high\"", "nice"),
+        ] {
+            let err = parse(text).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
     fn needs_restart_names_every_section_a_reload_does_not_apply() {
         let old = AgentConfig::default();
         assert!(old.needs_restart(&old).is_empty());
@@ -446,6 +472,7 @@ mod tests {
         assert_eq!(one(|c| c.actuator = ActuatorMode::Files), ["actuator"]);
         assert_eq!(one(|c| c.state_file = "/run/other.json".into()), ["state_file"]);
         assert_eq!(one(|c| c.control_socket = "/run/other.sock".into()), ["control_socket"]);
+        assert_eq!(one(|c| c.nice = 0), ["nice"]);
         assert_eq!(one(|c| c.docker.socket = "/run/d.sock".into()), ["[docker]"]);
         assert_eq!(one(|c| c.cri.socket = "/run/crio.sock".into()), ["[cri]"]);
         assert_eq!(one(|c| c.cri.relist_interval = Duration::from_secs(9)), ["[cri]"]);

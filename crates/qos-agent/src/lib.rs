@@ -48,6 +48,7 @@ pub mod metrics;
 pub mod pacing;
 pub mod policy;
 pub mod preflight;
+pub mod priority;
 pub mod readiness;
 pub mod reconcile;
 pub mod runtime;

@@ -39,6 +39,9 @@ use crate::sys;
 
 const SOCKET: &str = "/var/run/docker.sock";
 
+/// The nice value of the thread that times the agent's reaction: the highest, above the agent's own.
+const OBSERVER_NICE: i8 = -20;
+
 /// Whether a Docker daemon answers on its socket (`GET /_ping`).
 pub fn daemon_answers() -> bool {
     let path = crate::agent::docker_host_socket().unwrap_or_else(|| SOCKET.into());
@@ -315,6 +318,12 @@ impl Runtime for DockerRuntime {
             // From `docker start` on: the cgroup's appearance, then the agent's reaction, timed by the hooks while
             // the reader already reads.
             let watcher = scope.spawn(|| -> Result<(CgroupDir, WeightRead)> {
+                // The observer runs before anything else on the host, so the times it takes are when the cgroup
+                // appeared and the weight arrived, not when a busy CPU let it look (its polls are a few µs each).
+                // Its nice value must not be lowered (no CAP_SYS_NICE): then it says what it measures with.
+                if let Err(e) = qos_agent::priority::apply(OBSERVER_NICE) {
+                    tracing::warn!(error = %e, "the reaction times include the observer's own waits for a CPU");
+                }
                 let dir = self.container_cgroup(&p.id, Duration::from_secs(30))?;
                 let weight = hooks.created(&container_info(&p.id, dir.clone()), Instant::now())?;
                 Ok((dir, weight))

@@ -409,6 +409,20 @@ fn fixture_cgroup(dir: &Path, read: u64) {
     std::fs::write(dir.join("blkio.bfq.io_service_bytes_recursive"), stat).unwrap();
 }
 
+/// Each thread of process `pid`: its name and nice value (`/proc/PID/task/TID/stat`, the 19th field).
+fn thread_nices(pid: u32) -> Vec<(String, i32)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        let (head, rest) = stat.rsplit_once(')').expect("stat has the name in parentheses");
+        let name = head.split_once('(').map_or("", |(_, n)| n).to_string();
+        // After the name: field 3 (state) onwards, so the 19th field is the 17th here.
+        let nice = rest.split_whitespace().nth(16).and_then(|n| n.parse().ok()).expect("nice field");
+        out.push((name, nice));
+    }
+    out
+}
+
 struct KillOnDrop(Child);
 
 impl Drop for KillOnDrop {
@@ -474,6 +488,13 @@ fn systemd_notify_ready_watchdog_and_stopping() {
     assert_eq!(std::fs::read_to_string(cg.join("web/blkio.bfq.weight")).unwrap().trim(), "1000");
     expect_message(&sock, "WATCHDOG=1", Duration::from_secs(5));
     expect_message(&sock, "WATCHDOG=1", Duration::from_secs(5)); // every round, not once
+                                                                 // `nice` unset: the default -10, on every thread of the agent (the watcher threads inherit it). Without
+                                                                 // CAP_SYS_NICE it cannot be had; the agent says so and runs on.
+    let nices = thread_nices(child.0.id());
+    let root = nix::unistd::geteuid().is_root();
+    if root {
+        assert!(!nices.is_empty() && nices.iter().all(|(_, n)| *n == -10), "threads and nice values: {nices:?}");
+    }
 
     // SIGHUP (the unit's ExecReload) re-reads the file; the agent keeps running and sampling.
     let pid = nix::unistd::Pid::from_raw(child.0.id() as i32);
@@ -487,6 +508,9 @@ fn systemd_notify_ready_watchdog_and_stopping() {
     let err = drain.join().unwrap();
     assert!(status.success(), "exit {status:?}: {err}");
     assert!(err.contains("configuration reloaded"), "SIGHUP reloads: {err}");
+    if !root {
+        assert!(err.contains("cannot set the agent's nice value to -10"), "not root: the agent says so: {err}");
+    }
     assert_eq!(
         std::fs::read_to_string(cg.join("web/blkio.bfq.weight")).unwrap().trim(),
         "100",

@@ -410,6 +410,8 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
                     dry_run,
                     state_file: state,
                     control_socket: control,
+                    // Every nice value Linux knows, drawn from another generated value.
+                    nice: (sample_interval.as_millis() % 40) as i8 - 20,
                     docker: DockerConfig { socket },
                     cri: CriConfig { cgroup_root: kubelet_root, ..Default::default() },
                     cgroup: CgroupConfig { root, parent },
