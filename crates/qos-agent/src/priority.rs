@@ -2,10 +2,14 @@
 //!
 //! A new container's top weight must be in its cgroup file before the container's first I/O, so the agent's
 //! reaction is a wake-up, a few file operations and a write: well under a millisecond of CPU. On a busy host that
-//! wake-up waits for a CPU. Measured on the project's 2-core VM (`ddiskqos-bench`, Experiment 2, three busy loops
-//! at nice 0 beside the benchmark): at nice 0 the p99 reaction was 54-90 ms, against about 2 ms on an idle host.
+//! wake-up waits for a CPU. Measured on the project's 2-core VM (`ddiskqos-bench --no-exp1 --exp2-reps 6
+//! --cpu-hogs 3`: Experiment 2, three busy threads at nice 0 beside it, 60 readers per run; the bench's observer at
+//! nice -20): at nice 0 the reaction was median 24.5 / 5.7 ms, p99 407 / 135 ms (two BFQ modes), and one reader read
+//! its whole 1 MiB before its top weight arrived; at nice -10 median 25.1 / 0.5 ms, p99 237 / 157 ms, and no reader
+//! read a byte before it. On an idle host it is about 0.5 ms, p99 a few ms. What else a busy host makes the
+//! reaction wait for is not yet known (the README, "Reaction time on a busy host").
 //! The agent's CPU use is small and bounded (`cpu_budget` spreads its sampling rounds out), so a higher priority
-//! costs other processes next to nothing and buys it its wake-ups on time.
+//! costs other processes next to nothing.
 //!
 //! Linux keeps the nice value per thread: [`apply`] sets the calling thread's, and every thread it starts from then
 //! on inherits it. It is called first thing on the thread that runs the daemon (the binary's main thread; the
