@@ -44,6 +44,8 @@ pub struct Setup {
     pub files: BTreeMap<String, PathBuf>,
     /// The undo stack.
     pub cleanup: &'static Cleanup,
+    /// The CPU priority of the bench's session, where the agent runs ([`crate::session`]), for the notes.
+    pub session: String,
 }
 
 impl Setup {
@@ -170,7 +172,8 @@ pub fn set_up(common: &Common, plan: &Plan, cleanup: &'static Cleanup) -> Result
         RuntimeChoice::Auto if docker::daemon_answers() => docker("a daemon answers")?,
         RuntimeChoice::Auto => cgroup("no Docker daemon answers")?,
     };
-    Ok(Setup { disk, runtime, runtime_reason, backends, root, run_dir, files, cleanup })
+    let session = crate::session::give_the_agents_nice(common.agent_nice, cleanup)?;
+    Ok(Setup { disk, runtime, runtime_reason, backends, root, run_dir, files, cleanup, session })
 }
 
 /// Size of the loop device for `total_mib` of files: 25 % and 512 MiB spare, whole GiB, at least 1 GiB.
@@ -228,7 +231,7 @@ pub fn run(args: &RunArgs, cleanup: &'static Cleanup) -> Result<RunReport> {
         if args.full { "full: the paper's sizes and 50 repetitions" } else { "quick" },
         estimate.as_secs_f64() / 60.0
     );
-    let hogs = crate::hogs::CpuHogs::start(common.cpu_hogs).context("--cpu-hogs: starting the busy threads")?;
+    let hogs = crate::hogs::CpuHogs::start(common.cpu_hogs).context("--cpu-hogs: starting the busy processes")?;
     let started = std::time::Instant::now();
     let bar = progress(per_variant * 3 * common.modes.len() as u64);
     let mut modes: Vec<ModeReport> = Vec::new();
@@ -277,10 +280,11 @@ pub fn meta(
              {reader} and the background at {bg} by their ddiskqos.weight labels; its MLFQ moves nothing"
         ));
     }
+    notes.push(format!("agent's CPU priority: nice {}; {}", cfg.agent_nice, setup.session));
     if common.cpu_hogs > 0 {
         notes.push(format!(
-            "BUSY CPUS (--cpu-hogs {}): that many threads spun at nice 0 through every mode, beside the readers, \
-             the background and the agent",
+            "BUSY CPUS (--cpu-hogs {}): that many processes, each in a session of its own, spun at nice 0 through \
+             every mode, beside the readers, the background and the agent",
             common.cpu_hogs
         ));
     }

@@ -70,6 +70,13 @@ pub enum Cmd {
         /// The file.
         path: PathBuf,
     },
+    /// (internal) Spin on one CPU until the process `parent` is no longer this one's parent (`--cpu-hogs`).
+    #[command(hide = true)]
+    Spin {
+        /// The bench's pid.
+        #[arg(long)]
+        parent: u32,
+    },
     /// (internal) Join a cgroup, then exec a command.
     #[command(hide = true)]
     ExecIn {
@@ -136,7 +143,8 @@ pub struct Common {
     #[arg(long, allow_hyphen_values = true, default_value_t = qos_agent::priority::DEFAULT_NICE,
           value_parser = clap::value_parser!(i8).range(-20..=19))]
     pub agent_nice: i8,
-    /// Busy threads (nice 0) spinning through the whole run beside everything else: a host whose CPUs are busy.
+    /// Busy processes (nice 0, each in a session of its own, as other programs of a host are) spinning through the
+    /// whole run beside everything else: a host whose CPUs are busy.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=64))]
     pub cpu_hogs: u16,
     /// The background reader.

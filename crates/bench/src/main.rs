@@ -23,6 +23,7 @@ mod reader;
 mod report;
 mod runner;
 mod runtime;
+mod session;
 mod stats;
 mod sweep;
 mod sys;
@@ -91,5 +92,6 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         }
         Cmd::Stream { cgroup, threads, path } => reader::stream(&path, cgroup.as_deref(), threads, reader::BLOCK),
         Cmd::ExecIn { cgroup, argv } => reader::exec_in(&cgroup, &argv),
+        Cmd::Spin { parent } => hogs::spin(parent),
     }
 }

@@ -17,6 +17,7 @@ use crate::config::{ActuatorMode, AgentConfig, RuntimeKind};
 use crate::daemon::{Command, Daemon, RuntimeBackends, Summary};
 use crate::files::FileWriter;
 use crate::metrics::Metrics;
+use crate::priority::Autogroup;
 use crate::readiness::{self, CheckedDevice, Readiness};
 use crate::runtime::cri::CriClient;
 use crate::runtime::{cgroup_dir, cri, docker};
@@ -263,12 +264,28 @@ fn spawn_signal_handlers(tx: mpsc::Sender<Command>, config_path: Option<PathBuf>
     Ok(())
 }
 
-/// Sets the calling thread's nice value to `nice` ([`crate::priority`]), logging the outcome: an agent that cannot
-/// (no `CAP_SYS_NICE`) runs on at the priority it has, with a warning. The binary and the bench's embedded agent
-/// call this on the thread that runs the daemon, first.
+/// Sets the calling thread's nice value to `nice` ([`crate::priority`]) and, where the agent leads its session, its
+/// session's scheduling group (autogroup) too, logging the outcome: an agent that cannot (no `CAP_SYS_NICE`) runs on
+/// at the priority it has, with a warning. The binary and the bench's embedded agent call this on the thread that
+/// runs the daemon, first.
 pub fn apply_nice(nice: i8) {
     match crate::priority::apply(nice) {
         Ok(()) => debug!(nice, "nice value set"),
         Err(e) => warn!(error = %e, "new containers' weights may wait for a CPU on a busy host"),
+    }
+    match crate::priority::apply_autogroup(nice) {
+        Ok(Autogroup::Set { from }) => {
+            info!(nice, from, "the agent's session group (autogroup) set to the agent's nice value")
+        }
+        Ok(Autogroup::Shared { nice: group }) => info!(
+            nice,
+            group,
+            "the agent shares its session (started from a shell?): the kernel schedules the session as one group at \
+             nice {group}, so the agent's nice value weighs only inside it; as a service (systemd gives it a session \
+             of its own) or under setsid(1) the agent sets its group too"
+        ),
+        Ok(Autogroup::Off | Autogroup::Unchanged) => debug!(nice, "session group (autogroup): nothing to set"),
+        Err(e) => warn!(error = %e, "cannot give the agent's session group (autogroup) its nice value; on a busy \
+                                     host new containers' weights may wait for a CPU"),
     }
 }

@@ -33,6 +33,9 @@ pub enum Need {
     /// A systemd host on cgroup v2 (the systemd guest): systemd is PID 1 (`/run/systemd/system`) and
     /// `/sys/fs/cgroup` is cgroup2 with the io controller, and the guest's `docker.service` is installed.
     SystemdV2Host,
+    /// A kernel that schedules each session as one group (autogroup: `/proc/self/autogroup` there and
+    /// `kernel.sched_autogroup_enabled` = 1).
+    Autogroup,
     /// A program on `PATH`.
     Program(&'static str),
     /// An image in the host's Docker (e.g. the agent's, `deploy/kubernetes/build-image.sh`).
@@ -57,6 +60,10 @@ impl Need {
                     && std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
                         .is_ok_and(|c| c.split_whitespace().any(|w| w == "io"))
                     && Path::new("/lib/systemd/system/docker.service").exists()
+            }
+            Self::Autogroup => {
+                Path::new("/proc/self/autogroup").exists()
+                    && std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled").is_ok_and(|v| v.trim() == "1")
             }
             Self::Program(name) => on_path(name),
             Self::DockerImage(image) => docker::image_exists(image) || docker::image_exists_on_host(image),
@@ -84,6 +91,7 @@ impl std::fmt::Display for Need {
             Self::SystemdV2Host => f.write_str(
                 "a systemd host on cgroup v2 with docker.service (run inside the systemd guest, scripts/guest.sh run)",
             ),
+            Self::Autogroup => f.write_str("a kernel that groups sessions (autogroup, kernel.sched_autogroup_enabled = 1)"),
             Self::Program(name) => write!(f, "{name} on PATH"),
             Self::DockerImage(image) => write!(f, "the image {image} in the host's Docker"),
         }

@@ -575,3 +575,77 @@ fn check_config_and_run_agree_on_the_bad_config_corpus() {
     }
     assert_eq!(std::fs::read_to_string(dir.path().join("precious")).unwrap(), "data", "no file was replaced");
 }
+
+// ----- the agent's CPU priority -----
+
+/// The nice value of the session group (autogroup) process `pid` is in (`/proc/PID/autogroup`).
+fn autogroup_of(pid: u32) -> Option<(String, i32)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/autogroup")).ok()?;
+    let group = text.split_whitespace().next()?.to_string();
+    Some((group, qos_agent::priority::parse_autogroup(&text)?))
+}
+
+/// Runs the agent (`setsid` first: in a session of its own) on a fixture tree until `done` holds for its pid, then
+/// stops it; its log.
+fn agent_until(cfg: &str, setsid: bool, done: impl Fn(u32) -> bool) -> (u32, String, bool) {
+    let mut cmd = if setsid { Command::new("setsid") } else { Command::new(BIN) };
+    if setsid {
+        cmd.arg(BIN);
+    }
+    let child = cmd
+        .args(["-c", cfg])
+        .env_remove("NOTIFY_SOCKET")
+        .env("DDISKQOS_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    let pid = child.0.id();
+    let mut pipe = child.0.stderr.take().unwrap();
+    let drain = std::thread::spawn(move || {
+        let mut err = String::new();
+        pipe.read_to_string(&mut err).unwrap();
+        err
+    });
+    let deadline = Instant::now() + testbed::process::patience(Duration::from_secs(20));
+    let mut reached = done(pid);
+    while !reached && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        reached = done(pid);
+    }
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = wait_with_timeout(&mut child.0, Duration::from_secs(10));
+    let log = drain.join().unwrap();
+    assert!(status.success(), "exit {status:?}: {log}");
+    (pid, log, reached)
+}
+
+/// On a kernel that groups sessions (autogroup) a thread's nice value weighs only inside its session: the agent run
+/// as a service is, leading a session of its own, gives that session's group its nice value (-10 by default); run
+/// inside another program's session it leaves that group alone and says why.
+#[test]
+#[ignore = "needs root and a kernel that groups sessions (autogroup): run ./scripts/test.sh"]
+fn a_session_leading_agent_gives_its_session_group_its_nice_value_and_leaves_a_shared_one_alone() {
+    let test = "cli::a_session_leading_agent_gives_its_session_group_its_nice_value_and_leaves_a_shared_one_alone";
+    if !testbed::require(test, &[testbed::Need::Root, testbed::Need::Autogroup, testbed::Need::Program("setsid")]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    fixture_cgroup(&dir.path().join("cgroup/pods/web"), 0);
+    let cfg = run_config(dir.path(), "runtime = \"cgroup-dir\"\nsample_interval = \"50ms\"", "parent = \"pods\"");
+    let mine = autogroup_of(std::process::id()).expect("this process's autogroup");
+
+    // Its own session (as systemd starts a service): a new group, at the agent's -10 once it runs.
+    let (pid, log, reached) = agent_until(&cfg, true, |pid| autogroup_of(pid).is_some_and(|(_, n)| n == -10));
+    assert!(reached, "the agent's own session group never read nice -10: {log}");
+    assert!(log.contains("session group (autogroup) set to the agent's nice value"), "{log}");
+    assert_ne!(autogroup_of(pid).map_or(String::new(), |g| g.0), mine.0);
+
+    // The test's session: the same group as this process, left at its value, and the log says why.
+    let (_, log, reached) =
+        agent_until(&cfg, false, |_| dir.path().join("agent.sock").exists());
+    assert!(reached, "the agent never started: {log}");
+    assert!(log.contains("the agent shares its session"), "{log}");
+    assert_eq!(autogroup_of(std::process::id()), Some(mine), "the shared session's group is as it was");
+}
