@@ -41,7 +41,9 @@ impl CpuHogs {
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .spawn()
-                .with_context(|| format!("cannot start a busy process (setsid {} {})", program.display(), args.join(" ")))?;
+                .with_context(|| {
+                    format!("cannot start a busy process (setsid {} {})", program.display(), args.join(" "))
+                })?;
             // An error drops `hogs`, which kills the ones already started.
             hogs.children.push(child);
         }
@@ -100,7 +102,9 @@ mod tests {
         assert_eq!(pids.len(), 2);
         let deadline = Instant::now() + Duration::from_secs(10);
         // setsid(1) runs before it execs the program: wait until the process is `sleep`.
-        while pids.iter().any(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default().trim() != "sleep")
+        while pids
+            .iter()
+            .any(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default().trim() != "sleep")
         {
             assert!(Instant::now() < deadline, "the busy processes did not start");
             std::thread::sleep(Duration::from_millis(10));

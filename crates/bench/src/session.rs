@@ -16,7 +16,9 @@ use crate::cleanup::Cleanup;
 /// Sets the session's group to `nice` for the run (undone by `cleanup`); what was done, for the report's notes.
 pub fn give_the_agents_nice(nice: i8, cleanup: &'static Cleanup) -> Result<String> {
     match priority::set_autogroup_nice(nice) {
-        Ok(None) => Ok("the kernel does not group sessions (no autogroup): the agent's nice value acts host-wide".into()),
+        Ok(None) => {
+            Ok("the kernel does not group sessions (no autogroup): the agent's nice value acts host-wide".into())
+        }
         Ok(Some(before)) if before == i32::from(nice) => {
             Ok(format!("the bench's session group (autogroup) was already at the agent's nice {nice}"))
         }

@@ -241,9 +241,16 @@ fn interrupted_run_cleans_up() {
     let _machine = testbed::exclusive();
     let work = tempfile::tempdir_in("/var/tmp").expect("work dir");
     let out = work.path().join("out");
-    let child = bench(work.path(), &out, &["--modes", "strict", "--sizes", "1", "--reps", "500", "--no-exp2"])
-        .spawn()
-        .expect("start the bench");
+    // The bench shares this test's session: it gives the session's scheduling group the agent's nice value for the
+    // run (where the kernel groups sessions), and must put it back however it ends.
+    let group_before = session_group();
+    let child = bench(
+        work.path(),
+        &out,
+        &["--modes", "strict", "--sizes", "1", "--reps", "500", "--no-exp2", "--cpu-hogs", "2", "--agent-nice", "-7"],
+    )
+    .spawn()
+    .expect("start the bench");
     let pid = child.id();
     // Wait until it is measuring (its cgroups exist), then Ctrl-C.
     let start = Instant::now();
@@ -252,10 +259,45 @@ fn interrupted_run_cleans_up() {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(500));
+    if group_before.is_some() {
+        assert_eq!(session_group(), Some(-7), "the session's group at the agent's nice value during the run");
+    }
+    let hogs = busy_processes(pid);
+    assert_eq!(hogs.len(), 2, "--cpu-hogs 2: two busy processes, each leading its own session: {hogs:?}");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::SIGINT).expect("SIGINT");
     let output = wait_with_deadline(child, Duration::from_secs(60));
     assert_eq!(output.status.code(), Some(130), "stderr: {}", String::from_utf8_lossy(&output.stderr));
     assert_eq!(leftovers(pid, work.path()), Vec::<String>::new(), "Ctrl-C left things behind");
+    assert_eq!(session_group(), group_before, "the session's group is back as it was");
+    let start = Instant::now();
+    while hogs.iter().any(|h| Path::new(&format!("/proc/{h}")).exists()) {
+        assert!(start.elapsed() < Duration::from_secs(5), "busy processes left running: {hogs:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// This process's session group's nice value (`/proc/self/autogroup`), where the kernel groups sessions.
+fn session_group() -> Option<i32> {
+    let on = std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled").is_ok_and(|v| v.trim() == "1");
+    let text = std::fs::read_to_string("/proc/self/autogroup").ok().filter(|_| on)?;
+    Some(qos_agent::priority::parse_autogroup(&text).expect("the kernel's autogroup text"))
+}
+
+/// The children of `pid` that are busy processes (`ddiskqos-bench spin`), each asserted to lead its own session.
+fn busy_processes(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(p) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(cmdline) = std::fs::read_to_string(format!("/proc/{p}/cmdline")) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else { continue };
+        let fields: Vec<&str> = stat.rsplit_once(')').map_or(vec![], |(_, r)| r.split_whitespace().collect());
+        // After the name: state, ppid, pgrp, session.
+        if cmdline.split('\0').nth(1) == Some("spin") && fields.get(1) == Some(&pid.to_string().as_str()) {
+            assert_eq!(fields.get(3), Some(&p.to_string().as_str()), "busy process {p} leads its session: {stat}");
+            out.push(p);
+        }
+    }
+    out
 }
 
 /// The main job's path: readers are real containers in Docker's default layout that read as soon as they start;

@@ -201,8 +201,15 @@ mod tests {
         assert_eq!(parse_autogroup("/autogroup-966 nice -10\n"), Some(-10));
         assert_eq!(parse_autogroup("/autogroup-1 nice 0"), Some(0));
         assert_eq!(parse_autogroup("/autogroup-1 nice 19\n"), Some(19));
-        for bad in ["", "/autogroup-1 nice", "/autogroup-1 nice x", "/autogroup-1 nice -21", "/x nice 0", "/autogroup-1 prio 0",
-                    "/autogroup-1 nice 0 extra"] {
+        for bad in [
+            "",
+            "/autogroup-1 nice",
+            "/autogroup-1 nice x",
+            "/autogroup-1 nice -21",
+            "/x nice 0",
+            "/autogroup-1 prio 0",
+            "/autogroup-1 nice 0 extra",
+        ] {
             assert_eq!(parse_autogroup(bad), None, "{bad:?}");
         }
     }

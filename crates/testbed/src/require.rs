@@ -63,7 +63,8 @@ impl Need {
             }
             Self::Autogroup => {
                 Path::new("/proc/self/autogroup").exists()
-                    && std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled").is_ok_and(|v| v.trim() == "1")
+                    && std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
+                        .is_ok_and(|v| v.trim() == "1")
             }
             Self::Program(name) => on_path(name),
             Self::DockerImage(image) => docker::image_exists(image) || docker::image_exists_on_host(image),
@@ -91,7 +92,9 @@ impl std::fmt::Display for Need {
             Self::SystemdV2Host => f.write_str(
                 "a systemd host on cgroup v2 with docker.service (run inside the systemd guest, scripts/guest.sh run)",
             ),
-            Self::Autogroup => f.write_str("a kernel that groups sessions (autogroup, kernel.sched_autogroup_enabled = 1)"),
+            Self::Autogroup => {
+                f.write_str("a kernel that groups sessions (autogroup, kernel.sched_autogroup_enabled = 1)")
+            }
             Self::Program(name) => write!(f, "{name} on PATH"),
             Self::DockerImage(image) => write!(f, "the image {image} in the host's Docker"),
         }

@@ -643,8 +643,7 @@ fn a_session_leading_agent_gives_its_session_group_its_nice_value_and_leaves_a_s
     assert_ne!(autogroup_of(pid).map_or(String::new(), |g| g.0), mine.0);
 
     // The test's session: the same group as this process, left at its value, and the log says why.
-    let (_, log, reached) =
-        agent_until(&cfg, false, |_| dir.path().join("agent.sock").exists());
+    let (_, log, reached) = agent_until(&cfg, false, |_| dir.path().join("agent.sock").exists());
     assert!(reached, "the agent never started: {log}");
     assert!(log.contains("the agent shares its session"), "{log}");
     assert_eq!(autogroup_of(std::process::id()), Some(mine), "the shared session's group is as it was");
