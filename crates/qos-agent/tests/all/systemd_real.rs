@@ -304,6 +304,18 @@ fn the_shipped_service_under_systemd() {
     let nofile = limits.lines().find(|l| l.starts_with("Max open files")).unwrap_or_default().to_string();
     eprintln!("{nofile}");
     assert!(nofile.split_whitespace().filter(|w| *w == "65536").count() == 2, "LimitNOFILE not in force: {nofile}");
+    // systemd starts a service in a session of its own: the agent leads it, so it gives the session's scheduling
+    // group (autogroup) its nice value, the default -10 (deploy/agent.toml), where the kernel groups sessions.
+    let stat = read(Path::new(&format!("/proc/{pid}/stat")));
+    let session = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(3)).unwrap_or_default();
+    assert_eq!(session, pid, "the service does not lead its session: {stat}");
+    if testbed::Need::Autogroup.missing().is_none() {
+        let group = read(Path::new(&format!("/proc/{pid}/autogroup")));
+        eprintln!("the service's session group: {}", group.trim());
+        assert_eq!(qos_agent::priority::parse_autogroup(&group), Some(-10), "{group}\n{}", journal(unit));
+    } else {
+        eprintln!("the guest's kernel does not group sessions (no autogroup): no session group to check");
+    }
 
     // systemctl reload (SIGHUP): a new sample_interval applies.
     let cfg = read(Path::new("/etc/ddiskqos/agent.toml"))
