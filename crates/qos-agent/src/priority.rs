@@ -2,14 +2,13 @@
 //!
 //! A new container's top weight must be in its cgroup file before the container's first I/O, so the agent's
 //! reaction is a wake-up, a few file operations and a write: well under a millisecond of CPU. On a busy host that
-//! wake-up waits for a CPU. Measured on the project's 2-core VM (`ddiskqos-bench --no-exp1 --exp2-reps 6
-//! --cpu-hogs 3`: Experiment 2, three busy threads at nice 0 beside it, 60 readers per run; the bench's observer at
-//! nice -20): at nice 0 the reaction was median 24.5 / 5.7 ms, p99 407 / 135 ms (two BFQ modes), and one reader read
-//! its whole 1 MiB before its top weight arrived; at nice -10 median 25.1 / 0.5 ms, p99 237 / 157 ms, and no reader
-//! read a byte before it. On an idle host it is about 0.5 ms, p99 a few ms. What else a busy host makes the
-//! reaction wait for is not yet known (the README, "Reaction time on a busy host").
-//! The agent's CPU use is small and bounded (`cpu_budget` spreads its sampling rounds out), so a higher priority
-//! costs other processes next to nothing.
+//! wake-up waits for a CPU, and how long depends on the agent's priority *and on its session's* (below). Measured on
+//! the project's 2-core VM (`ddiskqos-bench --no-exp1 --exp2-reps 6`, Experiment 2, 30 dDiskQoS readers per BFQ
+//! mode, strict without low latency / default): quiet, about 0.5 ms median, p99 a few ms; beside three busy
+//! processes of other sessions (`--cpu-hogs 3`), with the agent and its session's group at -10, median 0.47 /
+//! 0.59 ms, p99 4.1 / 3.9 ms; with the thread alone at -10 and its session's group at 0, p99 48 ms and the agent
+//! runnable for up to 106 ms without a CPU. The agent's CPU use is small and bounded (`cpu_budget` spreads its
+//! sampling rounds out), so a higher priority costs other processes next to nothing.
 //!
 //! Linux keeps the nice value per thread: [`apply`] sets the calling thread's, and every thread it starts from then
 //! on inherits it. It is called first thing on the thread that runs the daemon (the binary's main thread; the
@@ -19,8 +18,9 @@
 //! this project's test machine) schedules the processes of each session as one group: a thread's nice value then
 //! weighs only against the other threads of its session, and the session's group against other sessions (and
 //! cgroups) at the group's own nice value, 0 unless set. A thread at nice -10 in a session at 0 waited for a CPU as
-//! long as one at nice 0 (measured: the agent runnable for up to 106 ms while three busy processes of other sessions
-//! ran, reaction p99 48 ms; with its session's group at -10, 27 ms and 8.9 ms). So [`apply_autogroup`] sets the
+//! long as one at nice 0 (measured with `bpftrace` on the scheduler's tracepoints: the agent runnable for up to
+//! 106 ms while three busy processes of other sessions ran, reaction p99 48 ms; with its session's group at -10,
+//! 27 ms and 8.9 ms). So [`apply_autogroup`] sets the
 //! session's group to the same value, through `/proc/self/autogroup`, where the agent has its session to itself:
 //! it is the session leader, as every systemd service is. Run by hand from a shell, the session is the shell's, and
 //! raising it would raise everything started from that shell: it is left alone, and the agent says so. (The group
