@@ -6,7 +6,10 @@
 //! which does not lead its session (the caller's shell does), so there the agent leaves the group alone; the bench
 //! sets its session's group to the agent's nice value itself for the run and puts the old value back at its end
 //! (Ctrl-C too). Otherwise a busy host would measure an agent whose session runs at nice 0, as no service of it
-//! does.
+//! does. The group also holds the bench's own threads (its reaction observer at nice -20 among them, which competes
+//! with the agent rather than helps it) and the `docker` CLI processes it starts; the daemons that do the work of a
+//! container start (dockerd, containerd, runc) run in dockerd's session (`scripts/setup-host.sh` starts it with
+//! setsid), and the readers and the background in their containers' CPU cgroups, where no session group counts.
 
 use anyhow::Result;
 use qos_agent::priority;
