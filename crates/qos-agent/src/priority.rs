@@ -14,8 +14,9 @@
 //! on inherits it. It is called first thing on the thread that runs the daemon (the binary's main thread; the
 //! bench's agent thread), before the agent starts its watcher threads.
 //!
-//! **Autogroups.** A kernel with `CONFIG_SCHED_AUTOGROUP` and `kernel.sched_autogroup_enabled = 1` (Debian's, and
-//! this project's test machine) schedules the processes of each session as one group: a thread's nice value then
+//! **Autogroups.** A kernel with `CONFIG_SCHED_AUTOGROUP` and `kernel.sched_autogroup_enabled = 1` (upstream's
+//! default, and this project's test host; Debian 12's kernel has it but turns it off, `autogroup=1` on its command
+//! line turns it on) schedules the processes of each session as one group: a thread's nice value then
 //! weighs only against the other threads of its session, and the session's group against other sessions (and
 //! cgroups) at the group's own nice value, 0 unless set. A thread at nice -10 in a session at 0 waited for a CPU as
 //! long as one at nice 0 (measured with `bpftrace` on the scheduler's tracepoints: the agent runnable for up to
