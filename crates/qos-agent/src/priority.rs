@@ -145,13 +145,17 @@ pub fn autogroup_nice() -> Result<Option<i32>, AutogroupError> {
 pub fn set_autogroup_nice(nice: i8) -> Result<Option<i32>, AutogroupError> {
     let Some(before) = autogroup_nice()? else { return Ok(None) };
     if before != i32::from(nice) {
-        std::fs::write(AUTOGROUP_SELF, nice.to_string()).map_err(|source| AutogroupError::Io {
-            what: format!("write {nice} to"),
-            path: AUTOGROUP_SELF,
-            source,
-        })?;
+        write_autogroup(nice)?;
     }
     Ok(Some(before))
+}
+
+fn write_autogroup(nice: i8) -> Result<(), AutogroupError> {
+    std::fs::write(AUTOGROUP_SELF, nice.to_string()).map_err(|source| AutogroupError::Io {
+        what: format!("write {nice} to"),
+        path: AUTOGROUP_SELF,
+        source,
+    })
 }
 
 /// Gives the agent's session group the agent's nice value where the session is the agent's own (see the module
@@ -165,7 +169,7 @@ pub fn apply_autogroup(nice: i8) -> Result<Autogroup, AutogroupError> {
     if !leader {
         return Ok(Autogroup::Shared { nice: now });
     }
-    set_autogroup_nice(nice)?;
+    write_autogroup(nice)?;
     Ok(Autogroup::Set { from: now })
 }
 

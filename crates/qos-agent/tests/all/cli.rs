@@ -425,6 +425,18 @@ fn thread_nices(pid: u32) -> Vec<(String, i32)> {
 
 struct KillOnDrop(Child);
 
+/// Spawns `cmd` (stdout discarded) with its stderr read to the end by a thread, whose result is the log.
+fn spawn_draining(cmd: &mut Command) -> (KillOnDrop, std::thread::JoinHandle<String>) {
+    let mut child = KillOnDrop(cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap());
+    let mut pipe = child.0.stderr.take().unwrap();
+    let drain = std::thread::spawn(move || {
+        let mut err = String::new();
+        pipe.read_to_string(&mut err).unwrap();
+        err
+    });
+    (child, drain)
+}
+
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -466,22 +478,9 @@ fn systemd_notify_ready_watchdog_and_stopping() {
     let check = agent(&["check-config", &cfg]);
     assert!(check.status.success(), "{}", stderr(&check));
 
-    let child = Command::new(BIN)
-        .args(["-c", &cfg])
-        .env("NOTIFY_SOCKET", &notify)
-        .env("DDISKQOS_LOG", "debug")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
     // Drained meanwhile: a debug log filling the pipe would block the agent and stop its watchdog pings.
-    let mut pipe = child.0.stderr.take().unwrap();
-    let drain = std::thread::spawn(move || {
-        let mut err = String::new();
-        pipe.read_to_string(&mut err).unwrap();
-        err
-    });
+    let (mut child, drain) =
+        spawn_draining(Command::new(BIN).args(["-c", &cfg]).env("NOTIFY_SOCKET", &notify).env("DDISKQOS_LOG", "debug"));
     let before_ready = expect_message(&sock, "READY=1", Duration::from_secs(20));
     assert_eq!(before_ready.len(), 1, "READY=1 is the first message: {before_ready:?}");
     // After READY the first discovery is done: the container already has the top weight.
@@ -592,22 +591,9 @@ fn agent_until(cfg: &str, setsid: bool, done: impl Fn(u32) -> bool) -> (u32, Str
     if setsid {
         cmd.arg(BIN);
     }
-    let child = cmd
-        .args(["-c", cfg])
-        .env_remove("NOTIFY_SOCKET")
-        .env("DDISKQOS_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
+    let (mut child, drain) =
+        spawn_draining(cmd.args(["-c", cfg]).env_remove("NOTIFY_SOCKET").env("DDISKQOS_LOG", "info"));
     let pid = child.0.id();
-    let mut pipe = child.0.stderr.take().unwrap();
-    let drain = std::thread::spawn(move || {
-        let mut err = String::new();
-        pipe.read_to_string(&mut err).unwrap();
-        err
-    });
     let deadline = Instant::now() + testbed::process::patience(Duration::from_secs(20));
     let mut reached = done(pid);
     while !reached && Instant::now() < deadline {
