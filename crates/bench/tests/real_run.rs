@@ -278,9 +278,7 @@ fn interrupted_run_cleans_up() {
 
 /// This process's session group's nice value (`/proc/self/autogroup`), where the kernel groups sessions.
 fn session_group() -> Option<i32> {
-    let on = std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled").is_ok_and(|v| v.trim() == "1");
-    let text = std::fs::read_to_string("/proc/self/autogroup").ok().filter(|_| on)?;
-    Some(qos_agent::priority::parse_autogroup(&text).expect("the kernel's autogroup text"))
+    qos_agent::priority::autogroup_nice().expect("the kernel's autogroup interface")
 }
 
 /// The children of `pid` that are busy processes (`ddiskqos-bench spin`), each asserted to lead its own session.
