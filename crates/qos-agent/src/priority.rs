@@ -158,6 +158,11 @@ fn write_autogroup(nice: i8) -> Result<(), AutogroupError> {
     })
 }
 
+/// Whether the calling process leads its session (so has the session's group to itself).
+fn leads_its_session() -> bool {
+    rustix::process::getsid(None).ok() == Some(rustix::process::getpid())
+}
+
 /// Gives the agent's session group the agent's nice value where the session is the agent's own (see the module
 /// doc): a session leader's group is set, any other's left alone and reported.
 pub fn apply_autogroup(nice: i8) -> Result<Autogroup, AutogroupError> {
@@ -165,8 +170,7 @@ pub fn apply_autogroup(nice: i8) -> Result<Autogroup, AutogroupError> {
     if now == i32::from(nice) {
         return Ok(Autogroup::Unchanged);
     }
-    let leader = rustix::process::getsid(None).ok() == Some(rustix::process::getpid());
-    if !leader {
+    if !leads_its_session() {
         return Ok(Autogroup::Shared { nice: now });
     }
     write_autogroup(nice)?;
@@ -232,7 +236,7 @@ mod tests {
         let now = autogroup_nice().expect("the autogroup interface reads").expect("this kernel groups sessions");
         let text = std::fs::read_to_string(AUTOGROUP_SELF).unwrap();
         assert_eq!(parse_autogroup(&text), Some(now));
-        let leader = rustix::process::getsid(None).ok() == Some(rustix::process::getpid());
+        let leader = leads_its_session();
         let other = if now == 19 { 18 } else { now + 1 } as i8;
         match apply_autogroup(other).unwrap() {
             Autogroup::Shared { nice } => assert!(!leader && nice == now, "a test binary does not lead its session"),
