@@ -12,20 +12,23 @@
 //! setsid), and the readers and the background in their containers' CPU cgroups, where no session group counts.
 
 use anyhow::Result;
-use qos_agent::priority;
+use qos_agent::priority::{self, SessionGroup};
 
 use crate::cleanup::Cleanup;
 
 /// Sets the session's group to `nice` for the run (undone by `cleanup`); what was done, for the report's notes.
 pub fn give_the_agents_nice(nice: i8, cleanup: &'static Cleanup) -> Result<String> {
     match priority::set_autogroup_nice(nice) {
-        Ok(None) => {
+        Ok(SessionGroup::Off) => {
             Ok("the kernel does not group sessions (no autogroup): the agent's nice value acts host-wide".into())
         }
-        Ok(Some(before)) if before == i32::from(nice) => {
+        Ok(SessionGroup::Root) => Ok("the bench runs in the kernel's root scheduling group (init's session, no \
+                                      group of its own): the agent's nice value acts host-wide"
+            .into()),
+        Ok(SessionGroup::Nice(before)) if before == i32::from(nice) => {
             Ok(format!("the bench's session group (autogroup) was already at the agent's nice {nice}"))
         }
-        Ok(Some(before)) => {
+        Ok(SessionGroup::Nice(before)) => {
             // Back to a higher value needs no privilege; back to a lower one needs what set this one.
             let back = i8::try_from(before).unwrap_or(0);
             cleanup.push(format!("put the session's autogroup back to nice {before}"), move || {

@@ -284,6 +284,11 @@ pub fn apply_nice(nice: i8) {
              nice {group}, so the agent's nice value weighs only inside it; as a service (systemd gives it a session \
              of its own) or under setsid(1) the agent sets its group too"
         ),
+        Ok(Autogroup::Root) => info!(
+            nice,
+            "the agent runs in the kernel's root scheduling group (the session of init, which has no group of its \
+             own): its nice value weighs host-wide, no session group to set"
+        ),
         Ok(Autogroup::Off | Autogroup::Unchanged) => debug!(nice, "session group (autogroup): nothing to set"),
         Err(e) => warn!(error = %e, "cannot give the agent's session group (autogroup) its nice value; on a busy \
                                      host new containers' weights may wait for a CPU"),

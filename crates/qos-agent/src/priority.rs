@@ -26,7 +26,11 @@
 //! it is the session leader, as every systemd service is. Run by hand from a shell, the session is the shell's, and
 //! raising it would raise everything started from that shell: it is left alone, and the agent says so. (The group
 //! only counts for processes in the root CPU cgroup; in a CPU cgroup of its own, such as a pod's, the cgroup's
-//! CPU weight counts instead, and the write is harmless.)
+//! CPU weight counts instead, and the write is harmless.) A process in the session of init (PID 1) or of a
+//! kernel thread, which never made a session of its own, is in the kernel's root group: its threads compete with
+//! the other sessions' groups directly, so the agent's nice value already weighs host-wide, and there is no group
+//! value to set (`/proc/self/autogroup` reads empty; the kernel refuses a write). CI runners started by a PID 1
+//! that does not call setsid(2) run their tests there.
 
 use thiserror::Error;
 
@@ -70,11 +74,27 @@ const AUTOGROUP_SYSCTL: &str = "/proc/sys/kernel/sched_autogroup_enabled";
 /// The calling process's session group and its nice value (`/autogroup-N nice V`); written: the nice value.
 const AUTOGROUP_SELF: &str = "/proc/self/autogroup";
 
+/// The session group (autogroup) the calling process is scheduled in, as `/proc/self/autogroup` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionGroup {
+    /// The kernel does not group sessions (no autogroup support, or `sched_autogroup_enabled` is 0).
+    Off,
+    /// The kernel's root group: the process is in the session of init (PID 1), or of a kernel thread, which never
+    /// made a session of its own; the file reads empty. Its threads are scheduled beside the other sessions'
+    /// groups, so their own nice value weighs host-wide, and the root group has no nice value to set (the kernel
+    /// refuses the write).
+    Root,
+    /// A session's own group, at this nice value.
+    Nice(i32),
+}
+
 /// What [`apply_autogroup`] found and did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Autogroup {
     /// The kernel does not group sessions (no autogroup support, or `sched_autogroup_enabled` is 0).
     Off,
+    /// The agent runs in the kernel's root group ([`SessionGroup::Root`]): its nice value already weighs host-wide.
+    Root,
     /// The session's group was at `from` and is now at the agent's value.
     Set {
         /// Its nice value before.
@@ -103,8 +123,8 @@ pub enum AutogroupError {
         #[source]
         source: std::io::Error,
     },
-    /// `/proc/self/autogroup` said something else than `/autogroup-N nice V`.
-    #[error("{path} reads {text:?}, not \"/autogroup-<n> nice <value>\"")]
+    /// `/proc/self/autogroup` said something else than `/autogroup-N nice V` or nothing.
+    #[error("{path} reads {text:?}, neither \"/autogroup-<n> nice <value>\" nor empty (the root group)")]
     Format {
         /// The file.
         path: &'static str,
@@ -123,31 +143,41 @@ pub fn parse_autogroup(text: &str) -> Option<i32> {
     value.parse().ok().filter(|n| (-20..=19).contains(n))
 }
 
-/// The calling process's session group's nice value; `None` when the kernel does not group sessions.
-pub fn autogroup_nice() -> Result<Option<i32>, AutogroupError> {
+/// What `/proc/self/autogroup` (or `/proc/<pid>/autogroup`) says: the kernel's root group when empty (see
+/// [`SessionGroup::Root`]), else a session group's nice value; `None` for anything else.
+pub fn parse_session_group(text: &str) -> Option<SessionGroup> {
+    if text.trim().is_empty() {
+        return Some(SessionGroup::Root);
+    }
+    parse_autogroup(text).map(SessionGroup::Nice)
+}
+
+/// The session group the calling process is scheduled in.
+pub fn session_group() -> Result<SessionGroup, AutogroupError> {
     match std::fs::read_to_string(AUTOGROUP_SYSCTL) {
-        Ok(on) if on.trim() == "0" => return Ok(None),
+        Ok(on) if on.trim() == "0" => return Ok(SessionGroup::Off),
         Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(SessionGroup::Off),
         Err(source) => return Err(AutogroupError::Io { what: "read".into(), path: AUTOGROUP_SYSCTL, source }),
     }
     let text = match std::fs::read_to_string(AUTOGROUP_SELF) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(SessionGroup::Off),
         Err(source) => return Err(AutogroupError::Io { what: "read".into(), path: AUTOGROUP_SELF, source }),
     };
-    parse_autogroup(&text).map(Some).ok_or(AutogroupError::Format { path: AUTOGROUP_SELF, text })
+    parse_session_group(&text).ok_or(AutogroupError::Format { path: AUTOGROUP_SELF, text })
 }
 
 /// Sets the calling process's session group to `nice` (lowering it needs `CAP_SYS_NICE`), whoever shares the
-/// session; the value it had before. [`apply_autogroup`] is the agent's careful use of it; the bench calls this for
-/// its own session, where the agent it embeds runs, and puts the old value back at its end.
-pub fn set_autogroup_nice(nice: i8) -> Result<Option<i32>, AutogroupError> {
-    let Some(before) = autogroup_nice()? else { return Ok(None) };
-    if before != i32::from(nice) {
+/// session; the group as it was before. Only a session's own group is written: the kernel's root group has no
+/// value to set, and is reported as found. [`apply_autogroup`] is the agent's careful use of it; the bench calls
+/// this for its own session, where the agent it embeds runs, and puts the old value back at its end.
+pub fn set_autogroup_nice(nice: i8) -> Result<SessionGroup, AutogroupError> {
+    let before = session_group()?;
+    if matches!(before, SessionGroup::Nice(n) if n != i32::from(nice)) {
         write_autogroup(nice)?;
     }
-    Ok(Some(before))
+    Ok(before)
 }
 
 fn write_autogroup(nice: i8) -> Result<(), AutogroupError> {
@@ -158,15 +188,21 @@ fn write_autogroup(nice: i8) -> Result<(), AutogroupError> {
     })
 }
 
-/// Whether the calling process leads its session (so has the session's group to itself).
+/// Whether the calling process leads its session (so has the session's group to itself). The session may be 0,
+/// the kernel's own (a PID 1 that never called setsid(2), and what it starts): nix takes that as a value, where
+/// rustix's `Pid` would assert it non-zero.
 fn leads_its_session() -> bool {
-    rustix::process::getsid(None).ok() == Some(rustix::process::getpid())
+    nix::unistd::getsid(None).ok() == Some(nix::unistd::getpid())
 }
 
 /// Gives the agent's session group the agent's nice value where the session is the agent's own (see the module
 /// doc): a session leader's group is set, any other's left alone and reported.
 pub fn apply_autogroup(nice: i8) -> Result<Autogroup, AutogroupError> {
-    let Some(now) = autogroup_nice()? else { return Ok(Autogroup::Off) };
+    let now = match session_group()? {
+        SessionGroup::Off => return Ok(Autogroup::Off),
+        SessionGroup::Root => return Ok(Autogroup::Root),
+        SessionGroup::Nice(n) => n,
+    };
     if now == i32::from(nice) {
         return Ok(Autogroup::Unchanged);
     }
@@ -223,8 +259,19 @@ mod tests {
         }
     }
 
-    /// This machine's kernel: whether it groups sessions is read, and where it does, the value read is the one
-    /// the kernel shows for this process; raising the session's value needs no privilege and is undone.
+    #[test]
+    fn session_group_text() {
+        assert_eq!(parse_session_group(""), Some(SessionGroup::Root), "the root group prints nothing");
+        assert_eq!(parse_session_group("\n"), Some(SessionGroup::Root));
+        assert_eq!(parse_session_group("/autogroup-966 nice -10\n"), Some(SessionGroup::Nice(-10)));
+        assert_eq!(parse_session_group("/autogroup-1 nice"), None);
+        assert_eq!(parse_session_group("nice 0"), None);
+    }
+
+    /// This machine's kernel: whether it groups sessions is read, and where it does, the group read is the one
+    /// the kernel shows for this process. The test binary's group depends on who started it: a shell's session
+    /// (shared with the shell: left alone; raising it needs no privilege and is undone if it was set), or the
+    /// kernel's root group where the caller never made a session (CI's runner: nothing to set).
     #[test]
     fn the_session_group_is_read_and_a_shared_session_is_left_alone() {
         if !testbed::require(
@@ -233,19 +280,31 @@ mod tests {
         ) {
             return;
         }
-        let now = autogroup_nice().expect("the autogroup interface reads").expect("this kernel groups sessions");
+        let now = session_group().expect("the autogroup interface reads");
         let text = std::fs::read_to_string(AUTOGROUP_SELF).unwrap();
-        assert_eq!(parse_autogroup(&text), Some(now));
+        assert_eq!(parse_session_group(&text), Some(now));
         let leader = leads_its_session();
-        let other = if now == 19 { 18 } else { now + 1 } as i8;
-        match apply_autogroup(other).unwrap() {
-            Autogroup::Shared { nice } => assert!(!leader && nice == now, "a test binary does not lead its session"),
-            Autogroup::Set { from } => {
-                assert!(leader && from == now);
-                set_autogroup_nice(now as i8).unwrap();
+        match now {
+            SessionGroup::Off => panic!("this kernel groups sessions, yet the group reads off"),
+            SessionGroup::Root => {
+                assert!(!leader, "a session leader has a group of its own");
+                assert_eq!(apply_autogroup(-5).unwrap(), Autogroup::Root);
+                assert_eq!(set_autogroup_nice(-5).unwrap(), SessionGroup::Root, "the root group is not written");
             }
-            other => panic!("{other:?}"),
+            SessionGroup::Nice(n) => {
+                let other = if n == 19 { 18 } else { n + 1 } as i8;
+                match apply_autogroup(other).unwrap() {
+                    Autogroup::Shared { nice } => {
+                        assert!(!leader && nice == n, "a test binary does not lead its session")
+                    }
+                    Autogroup::Set { from } => {
+                        assert!(leader && from == n);
+                        set_autogroup_nice(n as i8).unwrap();
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
         }
-        assert_eq!(autogroup_nice().unwrap(), Some(now), "left as it was");
+        assert_eq!(session_group().unwrap(), now, "left as it was");
     }
 }

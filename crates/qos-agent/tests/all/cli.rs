@@ -9,6 +9,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use qos_agent::config::AgentConfig;
+use qos_agent::priority::SessionGroup;
 
 use crate::AGENT as BIN;
 
@@ -577,24 +578,57 @@ fn check_config_and_run_agree_on_the_bad_config_corpus() {
 
 // ----- the agent's CPU priority -----
 
-/// The nice value of the session group (autogroup) process `pid` is in (`/proc/PID/autogroup`).
-fn autogroup_of(pid: u32) -> Option<(String, i32)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/autogroup")).ok()?;
-    let group = text.split_whitespace().next()?.to_string();
-    Some((group, qos_agent::priority::parse_autogroup(&text)?))
+/// The session group (autogroup) process `pid` is in (`/proc/PID/autogroup`): its name ("" for the kernel's root
+/// group) and what it says.
+fn autogroup_of(pid: u32) -> (String, SessionGroup) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/autogroup")).expect("/proc/PID/autogroup");
+    let group =
+        qos_agent::priority::parse_session_group(&text).unwrap_or_else(|| panic!("autogroup of {pid}: {text:?}"));
+    (text.split_whitespace().next().unwrap_or_default().to_string(), group)
 }
 
-/// Runs the agent (`setsid` first: in a session of its own) on a fixture tree until `done` holds for its pid, then
-/// stops it; its log.
-fn agent_until(cfg: &str, setsid: bool, done: impl Fn(u32) -> bool) -> (u32, String, bool) {
-    let mut cmd = if setsid { Command::new("setsid") } else { Command::new(BIN) };
-    if setsid {
-        cmd.arg(BIN);
-    }
+/// Which session the agent is started in.
+#[derive(Clone, Copy)]
+enum Session {
+    /// One of its own (`setsid`), as systemd starts a service.
+    Own,
+    /// A new one led by a shell that starts it (`setsid sh -c '… &'`), as an operator's login shell does.
+    Shell,
+    /// This test's own, whatever it is (a shell's session group, or the kernel's root group under CI's runner).
+    Inherited,
+}
+
+/// Runs the agent in `session` on a fixture tree until `done` holds for its pid, then stops it; its pid and log.
+fn agent_until(cfg: &str, session: Session, done: impl Fn(u32) -> bool) -> (u32, String, bool) {
+    let pidfile = tempfile::NamedTempFile::new().unwrap();
+    let mut cmd = match session {
+        Session::Own => {
+            let mut c = Command::new("setsid");
+            c.arg(BIN);
+            c
+        }
+        Session::Shell => {
+            let mut c = Command::new("setsid");
+            // The shell leads the session and waits for the agent, its child, with which it shares the session.
+            c.args(["sh", "-c", "\"$0\" \"$@\" & echo $! > \"$PIDFILE\"; wait $!", BIN]).env("PIDFILE", pidfile.path());
+            c
+        }
+        Session::Inherited => Command::new(BIN),
+    };
     let (mut child, drain) =
         spawn_draining(cmd.args(["-c", cfg]).env_remove("NOTIFY_SOCKET").env("DDISKQOS_LOG", "info"));
-    let pid = child.0.id();
     let deadline = Instant::now() + testbed::process::patience(Duration::from_secs(20));
+    let pid = match session {
+        Session::Shell => loop {
+            let text = std::fs::read_to_string(pidfile.path()).unwrap();
+            if let Ok(pid) = text.trim().parse::<u32>() {
+                break pid;
+            }
+            assert!(Instant::now() < deadline, "the shell never started the agent");
+            std::thread::sleep(Duration::from_millis(10));
+        },
+        Session::Own | Session::Inherited => child.0.id(),
+    };
     let mut reached = done(pid);
     while !reached && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
@@ -609,28 +643,53 @@ fn agent_until(cfg: &str, setsid: bool, done: impl Fn(u32) -> bool) -> (u32, Str
 
 /// On a kernel that groups sessions (autogroup) a thread's nice value weighs only inside its session: the agent run
 /// as a service is, leading a session of its own, gives that session's group its nice value (-10 by default); run
-/// inside another program's session it leaves that group alone and says why.
+/// inside another program's session it leaves that group alone and says why; in the kernel's root group (the
+/// session of a PID 1 that never made one, where CI runs the tests) there is no group to set, and it says so.
 #[test]
 #[ignore = "needs root and a kernel that groups sessions (autogroup): run ./scripts/test.sh"]
 fn a_session_leading_agent_gives_its_session_group_its_nice_value_and_leaves_a_shared_one_alone() {
     let test = "cli::a_session_leading_agent_gives_its_session_group_its_nice_value_and_leaves_a_shared_one_alone";
-    if !testbed::require(test, &[testbed::Need::Root, testbed::Need::Autogroup, testbed::Need::Program("setsid")]) {
+    let needs =
+        [testbed::Need::Root, testbed::Need::Autogroup, testbed::Need::Program("setsid"), testbed::Need::Program("sh")];
+    if !testbed::require(test, &needs) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     fixture_cgroup(&dir.path().join("cgroup/pods/web"), 0);
     let cfg = run_config(dir.path(), "runtime = \"cgroup-dir\"\nsample_interval = \"50ms\"", "parent = \"pods\"");
-    let mine = autogroup_of(std::process::id()).expect("this process's autogroup");
+    let sock = dir.path().join("agent.sock");
+    let mine = autogroup_of(std::process::id());
 
     // Its own session (as systemd starts a service): a new group, at the agent's -10 once it runs.
-    let (pid, log, reached) = agent_until(&cfg, true, |pid| autogroup_of(pid).is_some_and(|(_, n)| n == -10));
+    let name = std::cell::RefCell::new(String::new());
+    let (_, log, reached) = agent_until(&cfg, Session::Own, |pid| {
+        let (group, now) = autogroup_of(pid);
+        *name.borrow_mut() = group;
+        now == SessionGroup::Nice(-10)
+    });
     assert!(reached, "the agent's own session group never read nice -10: {log}");
     assert!(log.contains("session group (autogroup) set to the agent's nice value"), "{log}");
-    assert_ne!(autogroup_of(pid).map_or(String::new(), |g| g.0), mine.0);
+    assert_ne!(*name.borrow(), mine.0, "a group of its own");
 
-    // The test's session: the same group as this process, left at its value, and the log says why.
-    let (_, log, reached) = agent_until(&cfg, false, |_| dir.path().join("agent.sock").exists());
+    // A shell's session: the shell's group, a new one at 0, is left at 0 once the agent runs, and the log says why.
+    let seen = std::cell::Cell::new(None);
+    let (_, log, reached) = agent_until(&cfg, Session::Shell, |pid| {
+        sock.exists() && {
+            seen.set(Some(autogroup_of(pid).1));
+            true
+        }
+    });
     assert!(reached, "the agent never started: {log}");
     assert!(log.contains("the agent shares its session"), "{log}");
-    assert_eq!(autogroup_of(std::process::id()), Some(mine), "the shared session's group is as it was");
+    assert_eq!(seen.get(), Some(SessionGroup::Nice(0)), "the shell's session group is left at its value");
+
+    // This test's session: left as it is, and the log says why.
+    let (_, log, reached) = agent_until(&cfg, Session::Inherited, |_| sock.exists());
+    assert!(reached, "the agent never started: {log}");
+    match mine.1 {
+        SessionGroup::Root => assert!(log.contains("runs in the kernel's root scheduling group"), "{log}"),
+        SessionGroup::Nice(_) => assert!(log.contains("the agent shares its session"), "{log}"),
+        SessionGroup::Off => panic!("autogroup off, yet required on"),
+    }
+    assert_eq!(autogroup_of(std::process::id()), mine, "this test's session group is as it was");
 }
