@@ -21,6 +21,8 @@ cat > "$helper" <<HELPER
 exec </dev/null >"$out/out.txt" 2>&1
 cat /proc/self/autogroup > "$out/autogroup.txt"
 export HOME=/root PATH="$PATH" CI="\${CI:-true}"
+# A usermode helper gets the kernel's default limits; CI's runner inherits PID 1's open-files limit.
+ulimit -n $(awk '/^Max open files/ {print $5}' /proc/1/limits) 2>/dev/null || true
 sh "$out/command.sh"
 echo "\$?" > "$out/rc"
 HELPER
