@@ -87,12 +87,7 @@ pub fn spin(parent: u32) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The session a process belongs to (`/proc/PID/stat`, field 6).
-    fn session_of(pid: u32) -> Option<u32> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        stat.rsplit_once(')')?.1.split_whitespace().nth(3)?.parse().ok()
-    }
+    use testbed::probe::session_of;
 
     /// Each is its own session's leader (so its own autogroup), and killed once dropped.
     #[test]

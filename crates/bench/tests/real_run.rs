@@ -293,8 +293,8 @@ fn busy_processes(pid: u32) -> Vec<u32> {
         let Some(p) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
         let Ok(cmdline) = std::fs::read_to_string(format!("/proc/{p}/cmdline")) else { continue };
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else { continue };
-        let fields: Vec<&str> = stat.rsplit_once(')').map_or(vec![], |(_, r)| r.split_whitespace().collect());
-        // After the name: state, ppid, pgrp, session.
+        // State, ppid, pgrp, session.
+        let fields = testbed::probe::stat_fields(&stat);
         if cmdline.split('\0').nth(1) == Some("spin") && fields.get(1) == Some(&pid.to_string().as_str()) {
             assert_eq!(fields.get(3), Some(&p.to_string().as_str()), "busy process {p} leads its session: {stat}");
             out.push(p);

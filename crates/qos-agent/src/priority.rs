@@ -134,7 +134,7 @@ pub enum AutogroupError {
 }
 
 /// The nice value in the text of `/proc/<pid>/autogroup` (`/autogroup-12 nice -10`).
-pub fn parse_autogroup(text: &str) -> Option<i32> {
+fn parse_autogroup(text: &str) -> Option<i32> {
     let mut words = text.split_whitespace();
     let (group, key, value) = (words.next()?, words.next()?, words.next()?);
     if !group.starts_with("/autogroup-") || key != "nice" || words.next().is_some() {

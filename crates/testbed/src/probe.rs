@@ -53,12 +53,23 @@ pub fn cpu_ns(pid: u32) -> u64 {
     total
 }
 
+/// The fields of a `/proc/PID/stat` (or `/proc/PID/task/TID/stat`) text after the command name, which is in
+/// parentheses and may hold spaces: index 0 is field 3 of proc(5), the state.
+pub fn stat_fields(text: &str) -> Vec<&str> {
+    text.rsplit_once(')').map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect())
+}
+
+/// The session process `pid` belongs to (`/proc/PID/stat`, field 6), while it exists.
+pub fn session_of(pid: u32) -> Option<u32> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_fields(&text).get(3)?.parse().ok()
+}
+
 /// utime + stime of the whole process from `/proc/PID/stat`, in seconds (clock ticks of 10 ms).
 pub fn cpu_stat_secs(pid: u32) -> f64 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = text.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // After the command name: state is field 3, utime field 14, stime field 15 (1-based in proc(5)).
+    let fields = stat_fields(&text);
+    // utime is field 14, stime field 15 (1-based in proc(5)).
     let tick = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     (tick(11) + tick(12)) as f64 / 100.0
 }

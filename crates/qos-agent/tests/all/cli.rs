@@ -415,10 +415,9 @@ fn thread_nices(pid: u32) -> Vec<(String, i32)> {
     let mut out = Vec::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
-        let (head, rest) = stat.rsplit_once(')').expect("stat has the name in parentheses");
-        let name = head.split_once('(').map_or("", |(_, n)| n).to_string();
-        // After the name: field 3 (state) onwards, so the 19th field is the 17th here.
-        let nice = rest.split_whitespace().nth(16).and_then(|n| n.parse().ok()).expect("nice field");
+        let name = stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')).map_or("", |(n, _)| n).to_string();
+        // From field 3 (state) on, so the 19th field is the 17th here.
+        let nice = testbed::probe::stat_fields(&stat).get(16).and_then(|n| n.parse().ok()).expect("nice field");
         out.push((name, nice));
     }
     out

@@ -306,13 +306,17 @@ fn the_shipped_service_under_systemd() {
     assert!(nofile.split_whitespace().filter(|w| *w == "65536").count() == 2, "LimitNOFILE not in force: {nofile}");
     // systemd starts a service in a session of its own: the agent leads it, so it gives the session's scheduling
     // group (autogroup) its nice value, the default -10 (deploy/agent.toml), where the kernel groups sessions.
-    let stat = read(Path::new(&format!("/proc/{pid}/stat")));
-    let session = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(3)).unwrap_or_default();
-    assert_eq!(session, pid, "the service does not lead its session: {stat}");
+    let session = testbed::probe::session_of(pid.parse().expect("MainPID"));
+    assert_eq!(session.map(|s| s.to_string()), Some(pid.clone()), "the service does not lead its session");
     if testbed::Need::Autogroup.missing().is_none() {
         let group = read(Path::new(&format!("/proc/{pid}/autogroup")));
         eprintln!("the service's session group: {}", group.trim());
-        assert_eq!(qos_agent::priority::parse_autogroup(&group), Some(-10), "{group}\n{}", journal(unit));
+        assert_eq!(
+            qos_agent::priority::parse_session_group(&group),
+            Some(qos_agent::priority::SessionGroup::Nice(-10)),
+            "{group}\n{}",
+            journal(unit)
+        );
     } else {
         // Debian 12's kernel (the guest's) has autogroups but turns them off (sched_autogroup_enabled reads 0).
         eprintln!("the guest's kernel does not group sessions (autogroup off): no session group to check");
