@@ -46,6 +46,8 @@ pub enum CountMode {
 /// boost_after = "10s"
 /// idle_promote_after = "2s"
 /// boost_all_every = "off"
+/// share_window = "1s"
+/// share_floor_percent = 10
 /// levels = [
 ///   { weight = 1000, threshold = "2MiB" },
 ///   { weight = 200,  threshold = "8MiB" },
@@ -73,6 +75,16 @@ pub struct Config {
     /// (default) disables it.
     #[serde(with = "crate::units::opt_duration")]
     pub boost_all_every: Option<Duration>,
+    /// Fair-share floor, the second starvation rule: at the end of every such window, a managed container below the
+    /// top that is still doing I/O but got less than `share_floor_percent` % of the bytes of some container whose
+    /// weight is the same or lower is put back at the top with a fresh allotment. A disk scheduler does not
+    /// always turn equal weights into equal service (BFQ's default mode serves a queue-depth-1 reader about one
+    /// request per slot of a deep reader in another group), and the time rule alone left such a reader starved
+    /// for `boost_after`. `"off"` disables it.
+    #[serde(with = "crate::units::opt_duration")]
+    pub share_window: Option<Duration>,
+    /// See `share_window`: 1..=100.
+    pub share_floor_percent: u8,
 }
 
 impl Default for Config {
@@ -88,6 +100,8 @@ impl Default for Config {
             boost_after: Duration::from_secs(10),
             idle_promote_after: Some(Duration::from_secs(2)),
             boost_all_every: None,
+            share_window: Some(Duration::from_secs(1)),
+            share_floor_percent: 10,
         }
     }
 }
@@ -114,7 +128,8 @@ fn invalid(field: impl Into<String>, value: impl ToString, reason: impl Into<Str
 
 impl Config {
     /// Checks every rule: at least one and at most [`MAX_LEVELS`] levels, thresholds non-zero and strictly
-    /// increasing, weights non-increasing down the levels, durations non-zero and at most [`MAX_DURATION`].
+    /// increasing, weights non-increasing down the levels, durations non-zero and at most [`MAX_DURATION`], the
+    /// share floor a percentage.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.levels.is_empty() {
             return Err(invalid("levels", "[]", "at least one level is needed"));
@@ -150,6 +165,12 @@ impl Config {
         }
         if let Some(d) = self.boost_all_every {
             check_duration("boost_all_every", d)?;
+        }
+        if let Some(d) = self.share_window {
+            check_duration("share_window", d)?;
+        }
+        if !(1..=100).contains(&self.share_floor_percent) {
+            return Err(invalid("share_floor_percent", self.share_floor_percent, "must be 1..=100 (a percentage)"));
         }
         Ok(())
     }

@@ -46,6 +46,9 @@ pub enum Reason {
     Boosted,
     /// Periodic boost of every container (`boost_all_every`).
     PeriodicBoost,
+    /// Got less than `share_floor_percent` of what a container of the same or lower weight got over the last
+    /// `share_window`: back to the top (fair-share floor).
+    ShareBoosted,
     /// No I/O for `idle_promote_after`: one level up.
     IdlePromoted,
     /// Policy set to pinned.
@@ -66,6 +69,7 @@ impl Reason {
             Reason::Demoted => "demoted",
             Reason::Boosted => "boosted",
             Reason::PeriodicBoost => "periodic-boost",
+            Reason::ShareBoosted => "share-boosted",
             Reason::IdlePromoted => "idle-promoted",
             Reason::Pinned => "pinned",
             Reason::Managed => "managed",
@@ -124,6 +128,10 @@ struct Container {
     total_bytes: u64,
     /// Previous counters; `None` means the next sample is a baseline (adopted container, I/O before unknown).
     last: Option<IoCounters>,
+    /// Bytes counted since the current share window began (the fair-share floor).
+    window_bytes: u64,
+    /// Whether its last sample counted I/O: it is still asking for I/O.
+    active: bool,
 }
 
 impl Container {
@@ -137,7 +145,17 @@ impl Container {
             bytes_at_level: 0,
             total_bytes: 0,
             last,
+            window_bytes: 0,
+            active: false,
         }
+    }
+
+    /// Back to the top with a fresh allotment (the fair-share floor).
+    fn back_to_top(&mut self, now: Instant) {
+        self.level = 0;
+        self.entered_level = now;
+        self.bytes_at_level = 0;
+        self.left_top = None;
     }
 }
 
@@ -151,6 +169,8 @@ pub struct Engine {
     /// scan), never later.
     next_deadline: Option<Instant>,
     last_periodic_boost: Instant,
+    /// When the current share window ends (`None`: the fair-share floor is off).
+    share_check: Option<Instant>,
 }
 
 impl Engine {
@@ -163,8 +183,10 @@ impl Engine {
             changes: VecDeque::new(),
             next_deadline: None,
             last_periodic_boost: now,
+            share_check: None,
         };
-        engine.next_deadline = engine.periodic_deadline();
+        engine.share_check = engine.config.share_window.and_then(|w| now.checked_add(w));
+        engine.next_deadline = earliest(engine.periodic_deadline(), engine.share_check);
         Ok(engine)
     }
 
@@ -247,9 +269,11 @@ impl Engine {
             // Entered through `set_policy` without a sample: this one is the baseline.
             None => 0,
         };
+        c.active = delta > 0;
         if delta == 0 {
             return;
         }
+        c.window_bytes = c.window_bytes.saturating_add(delta);
         c.total_bytes = c.total_bytes.saturating_add(delta);
         c.bytes_at_level = c.bytes_at_level.saturating_add(delta);
         c.last_io = now;
@@ -313,9 +337,13 @@ impl Engine {
         });
     }
 
-    /// Fires every timer due at `now`: starvation boost, idle promotion, periodic boost. Calling it early or
-    /// often is harmless.
+    /// Fires every timer due at `now`: the fair-share floor, starvation boost, idle promotion, periodic boost.
+    /// Calling it early or often is harmless.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.share_check.is_some_and(|due| now >= due) {
+            self.share_boosts(now);
+            self.share_check = self.config.share_window.and_then(|w| now.checked_add(w));
+        }
         let periodic = self
             .config
             .boost_all_every
@@ -362,7 +390,58 @@ impl Engine {
                 next = Some(next.map_or(d, |n| n.min(d)));
             }
         }
-        self.next_deadline = next;
+        self.next_deadline = earliest(next, self.share_check);
+    }
+
+    /// The fair-share floor: every managed container below the top that did I/O in the window and still does, but
+    /// got less than `share_floor_percent` % of the bytes of another container whose weight is the same or lower,
+    /// goes back to the top. Every window then starts afresh.
+    fn share_boosts(&mut self, now: Instant) {
+        let floor = u128::from(self.config.share_floor_percent);
+        // Containers the engine weights, by weight: the most bytes among those of weight <= w, and who did them.
+        let mut starving: Vec<ContainerId> = Vec::new();
+        {
+            let mut by_weight: Vec<(Weight, u64, &ContainerId)> = self
+                .containers
+                .iter()
+                .filter(|(_, c)| c.window_bytes > 0)
+                .filter_map(|(id, c)| self.weight_for(c).map(|w| (w, c.window_bytes, id)))
+                .collect();
+            by_weight.sort_by_key(|(w, _, _)| *w);
+            // The two largest window byte counts so far (with the first's owner), over all weights <= the current one.
+            let mut top: (u64, Option<&ContainerId>, u64) = (0, None, 0);
+            let mut i = 0;
+            while i < by_weight.len() {
+                let w = by_weight[i].0;
+                let group_end = by_weight[i..].iter().position(|e| e.0 != w).map_or(by_weight.len(), |n| i + n);
+                for &(_, bytes, id) in &by_weight[i..group_end] {
+                    if bytes > top.0 {
+                        top = (bytes, Some(id), top.0);
+                    } else if bytes > top.2 {
+                        top.2 = bytes;
+                    }
+                }
+                for &(_, bytes, id) in &by_weight[i..group_end] {
+                    let c = &self.containers[id];
+                    if c.policy != Policy::Managed || c.level == 0 || !c.active {
+                        continue;
+                    }
+                    let most_other = if top.1 == Some(id) { top.2 } else { top.0 };
+                    if u128::from(bytes) * 100 < floor * u128::from(most_other) {
+                        starving.push(id.clone());
+                    }
+                }
+                i = group_end;
+            }
+        }
+        starving.sort();
+        for id in starving {
+            let c = self.containers.get_mut(&id).expect("listed above");
+            let (old, used) = (c.level, c.bytes_at_level);
+            c.back_to_top(now);
+            self.push_level_change(&id, old, 0, Reason::ShareBoosted, used);
+        }
+        self.containers.values_mut().for_each(|c| c.window_bytes = 0);
     }
 
     /// Replaces the config. On error the old config stays in force. Containers keep their level (clamped to the
@@ -374,6 +453,11 @@ impl Engine {
         if old.boost_all_every.is_none() {
             // Periodic boost switched on: the first one comes a period from now, not from when the engine started.
             self.last_periodic_boost = now;
+        }
+        if old.share_window != self.config.share_window {
+            // A new window length starts a new window.
+            self.share_check = self.config.share_window.and_then(|w| now.checked_add(w));
+            self.containers.values_mut().for_each(|c| c.window_bytes = 0);
         }
         let bottom = self.config.bottom();
         let mut moves = Vec::new();

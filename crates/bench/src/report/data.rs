@@ -162,6 +162,10 @@ pub struct VariantCase {
     pub samples: Vec<Sample>,
 }
 
+/// A dDiskQoS read slower than this many times the slowest Original read of the same case is STARVED: no noise of
+/// the device explains it, and it fails the run's targets (issue 26).
+pub const STARVED_FACTOR: f64 = 2.0;
+
 /// One row of a table: a size (Experiment 1) or a reader (Experiment 2).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CaseReport {
@@ -240,6 +244,26 @@ impl CaseReport {
         };
         let (ddq, base) = (by_round(Variant::DDiskQos), by_round(base));
         Spread::of(ddq.iter().filter_map(|(r, d)| base.get(r).filter(|b| **b > 0.0).map(|b| d / b)))
+    }
+
+    /// The dDiskQoS reads of this case slower than [`STARVED_FACTOR`] times the slowest Original read of the same
+    /// case: reads the agent starved. Empty when either variant has no reads.
+    pub fn starved(&self) -> Vec<&Sample> {
+        let (Some(orig), Some(ddq)) = (self.variant(Variant::Original), self.variant(Variant::DDiskQos)) else {
+            return Vec::new();
+        };
+        let Some(worst_orig) = orig.samples.iter().map(|s| s.read_ms).reduce(f64::max) else { return Vec::new() };
+        ddq.samples.iter().filter(|s| s.read_ms > STARVED_FACTOR * worst_orig).collect()
+    }
+
+    /// The slowest dDiskQoS read over the slowest Original read of this case.
+    pub fn worst_over_worst_original(&self) -> Option<f64> {
+        let worst =
+            |v| self.variant(v).and_then(|c: &VariantCase| c.samples.iter().map(|s| s.read_ms).reduce(f64::max));
+        match (worst(Variant::DDiskQos), worst(Variant::Original)) {
+            (Some(d), Some(o)) if o > 0.0 => Some(d / o),
+            _ => None,
+        }
     }
 
     /// One variant's results.

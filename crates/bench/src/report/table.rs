@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::report::data::{CaseReport, ModeReport, RunReport, Throughput};
+use crate::report::data::{CaseReport, ModeReport, RunReport, Throughput, STARVED_FACTOR};
 use crate::stats::{Spread, Summary};
 use crate::workload::{BfqMode, Variant};
 
@@ -45,49 +45,72 @@ fn mean(row: &CaseReport, v: Variant) -> String {
     summary(row, v).map(|s| fmt_ms(s.mean_ms)).unwrap_or_else(|| "-".into())
 }
 
-/// The paper-style table of one experiment: means, the paper's means beside, ratios and background throughput.
+/// The paper-style table of one experiment: means, the paper's means beside, the three judgements of dDiskQoS
+/// against Original (median of per-repetition ratios, ratio of means, worst read over worst read, with the count of
+/// STARVED reads), dDiskQoS / Alone and background throughput.
 pub fn paper_table(title: &str, rows: &[CaseReport]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{title}");
-    let _ = writeln!(
-        out,
-        "{:<10} | {:>10} {:>10} | {:>10} {:>10} {:>10} | {:>8} {:>9} | {:>9} {:>9}",
-        "Size",
-        "paper Orig",
-        "paper dDQ",
-        "Alone",
-        "Original",
-        "dDiskQoS",
-        "dDQ/Orig",
-        "dDQ/Alone",
-        "bg Orig",
-        "bg dDQ"
+    let header = |out: &mut String, cells: [&str; 13]| {
+        let [a, b, c, d, e, f, g, h, i, j, k, l, m] = cells;
+        let _ = writeln!(
+            out,
+            "{a:<10} | {b:>10} {c:>10} | {d:>10} {e:>10} {f:>10} | {g:>8} {h:>7} {i:>7} {j:>7} | {k:>9} | {l:>7} {m:>7}"
+        );
+    };
+    header(
+        &mut out,
+        [
+            "Size",
+            "paper Orig",
+            "paper dDQ",
+            "Alone",
+            "Original",
+            "dDiskQoS",
+            "dDQ/Orig",
+            "means",
+            "worst",
+            "STARVED",
+            "dDQ/Alone",
+            "bg Orig",
+            "bg dDQ",
+        ],
     );
-    let _ = writeln!(out, "{}", "-".repeat(118));
+    let _ = writeln!(out, "{}", "-".repeat(132));
     for row in rows {
         let (po, pd) = row
             .paper
             .map(|p| (fmt_ms(p.original_ms), fmt_ms(p.ddiskqos_ms)))
             .unwrap_or_else(|| ("-".into(), "-".into()));
         let bg = |v| fmt_tp(row.variant(v).map(|c| &c.background_during));
-        let _ = writeln!(
-            out,
-            "{:<10} | {:>10} {:>10} | {:>10} {:>10} {:>10} | {:>8} {:>9} | {:>9} {:>9}",
-            row.label,
-            po,
-            pd,
-            mean(row, Variant::Alone),
-            mean(row, Variant::Original),
-            mean(row, Variant::DDiskQos),
-            fmt_ratio(row.reps_over_original.map(|s| s.median)),
-            fmt_ratio(row.reps_over_alone.map(|s| s.median)),
-            bg(Variant::Original),
-            bg(Variant::DDiskQos),
+        let starved = match row.variant(Variant::DDiskQos) {
+            Some(c) => format!("{}/{}", row.starved().len(), c.samples.len()),
+            None => "-".into(),
+        };
+        header(
+            &mut out,
+            [
+                &row.label,
+                &po,
+                &pd,
+                &mean(row, Variant::Alone),
+                &mean(row, Variant::Original),
+                &mean(row, Variant::DDiskQos),
+                &fmt_ratio(row.reps_over_original.map(|s| s.median)),
+                &fmt_ratio(row.ddiskqos_over_original.mean),
+                &fmt_ratio(row.worst_over_worst_original()),
+                &starved,
+                &fmt_ratio(row.reps_over_alone.map(|s| s.median)),
+                &bg(Variant::Original),
+                &bg(Variant::DDiskQos),
+            ],
         );
     }
     let _ = writeln!(
         out,
-        "(mean read time; ratios: median over repetitions of dDiskQoS / the same round's read; bg: background MiB/s)"
+        "(mean read time; dDQ/Orig and dDQ/Alone: median over repetitions of dDiskQoS / the same round's read; means: \
+         mean dDiskQoS / mean Original; worst: slowest dDiskQoS / slowest Original read; STARVED: dDiskQoS reads \
+         slower than {STARVED_FACTOR} x the slowest Original read, of all; bg: background MiB/s)"
     );
     out
 }
@@ -167,7 +190,8 @@ pub struct Check {
 /// Goal for the agent's reaction time (a Docker reader's cgroup created to the top weight in its file), p99.
 pub const REACTION_P99_GOAL_MS: f64 = 20.0;
 
-/// The targets, judged on the median over repetitions of the per-repetition ratios (issue 19). BFQ strict modes:
+/// The targets, judged on the median over repetitions of the per-repetition ratios (issue 19), on the ratio of the
+/// means, and on the worst read: a STARVED read fails every mode (issue 26). BFQ strict modes:
 /// 1 MiB within 1.5x of Alone and at most 0.5x Original; every Experiment 1 size at most 1.0x Original; background
 /// at least 90 % of Original's over the whole blocks. BFQ default mode: every size at most 1.0x Original, background
 /// 90 %. Every BFQ mode with Docker readers (which read at once): the agent's reaction p99 under 20 ms. io.cost modes (issue 9): 1 and
@@ -197,6 +221,8 @@ pub fn target_checks(run: &RunReport, mode: &ModeReport) -> Vec<Check> {
         for row in &mode.exp1 {
             let o = row.reps_over_original.map(|s| s.median);
             checks.push(ratio(format!("{} median/rep: dDiskQoS <= 1.0 x Original", row.label), o, 1.0));
+            let m = row.ddiskqos_over_original.mean;
+            checks.push(ratio(format!("{} ratio of means: dDiskQoS <= 1.0 x Original", row.label), m, 1.0));
         }
         if run.meta.runtime == "docker" {
             if let Some(r) = reaction(mode) {
@@ -208,6 +234,7 @@ pub fn target_checks(run: &RunReport, mode: &ModeReport) -> Vec<Check> {
             }
         }
     }
+    checks.push(starved_check(mode));
     if let Some(r) = background_ratio(mode) {
         checks.push(Check {
             what: format!("background (whole blocks): dDiskQoS >= {:.0} % of Original", min_bg * 100.0),
@@ -216,6 +243,28 @@ pub fn target_checks(run: &RunReport, mode: &ModeReport) -> Vec<Check> {
         });
     }
     checks
+}
+
+/// No read starved, in every case of both experiments: a dDiskQoS read slower than [`STARVED_FACTOR`] x the slowest
+/// Original read of its case fails the mode whatever the medians say (issue 26: the median hid 23 s reads).
+fn starved_check(mode: &ModeReport) -> Check {
+    let rows = || mode.exp1.iter().chain(&mode.exp2);
+    let reads: usize = rows().filter_map(|r| r.variant(Variant::DDiskQos)).map(|c| c.samples.len()).sum();
+    let starved: Vec<String> = rows()
+        .flat_map(|r| {
+            r.starved().into_iter().map(move |s| format!("{} round {}: {}", r.label, s.round, fmt_ms(s.read_ms)))
+        })
+        .collect();
+    let value = if starved.is_empty() {
+        format!("0 of {reads}")
+    } else {
+        format!("{} of {reads} STARVED ({})", starved.len(), starved.join(", "))
+    };
+    Check {
+        what: format!("no STARVED read (dDiskQoS > {STARVED_FACTOR} x the case's slowest Original read)"),
+        value,
+        ok: starved.is_empty(),
+    }
 }
 
 /// The agent's reaction to the dDiskQoS blocks' readers: the time from a reader's cgroup appearing to the top weight
@@ -599,7 +648,8 @@ pub(crate) mod tests {
         assert!(t.contains("1MiB") && t.contains("10MiB") && t.contains("100MiB"), "{t}");
         assert!(t.contains("33.1 ms") && t.contains("2.25 s"), "{t}");
         assert!(t.contains("0.012"), "ratio dDQ/Orig of 1.2/100:\n{t}");
-        assert!(t.lines().all(|l| l.len() <= 120), "{t}");
+        assert!(t.lines().all(|l| l.len() <= 132), "{t}");
+        assert!(t.contains("0/3"), "no STARVED read of three:\n{t}");
         let d = detail_table(&mode.exp1);
         assert_eq!(d.lines().count(), 1 + 3 * 3);
     }
@@ -608,8 +658,9 @@ pub(crate) mod tests {
     fn target_checks_pass_and_fail_on_the_median_of_repetitions() {
         let run = fake_run(vec![]);
         let good = target_checks(&run, &fake_mode(BfqMode::Strict, 1.2));
-        // 1 MiB vs Alone and vs Original, every size vs Original, background.
-        assert_eq!(good.len(), 2 + 3 + 1, "{good:?}");
+        // 1 MiB vs Alone and vs Original, every size vs Original by median and by means, no STARVED read,
+        // background.
+        assert_eq!(good.len(), 2 + 3 + 3 + 1 + 1, "{good:?}");
         assert!(good.iter().all(|c| c.ok), "{good:?}");
         let bad = target_checks(&run, &fake_mode(BfqMode::Strict, 60.0));
         assert!(bad.iter().any(|c| !c.ok && c.what.contains("1.5 x Alone")));
@@ -620,11 +671,34 @@ pub(crate) mod tests {
         assert!(one_slow.iter().all(|c| c.ok), "{one_slow:?}");
         let two_slow = target_checks(&run, &fake_mode_reps(BfqMode::Strict, &[1.2, 150.0, 130.0]));
         assert!(two_slow.iter().any(|c| !c.ok && c.what.contains("1.0 x Original")), "{two_slow:?}");
-        // BFQ's default mode: every size vs Original and the background only.
+        // BFQ's default mode: every size vs Original (median, means), STARVED and the background only.
         let default = target_checks(&run, &fake_mode(BfqMode::Default, 20.0));
-        assert_eq!(default.len(), 3 + 1, "{default:?}");
+        assert_eq!(default.len(), 3 + 3 + 1 + 1, "{default:?}");
         assert!(default.iter().all(|c| c.ok), "{default:?}");
         assert!((background_ratio(&fake_mode(BfqMode::Default, 1.0)).unwrap() - 0.95).abs() < 1e-9);
+    }
+
+    #[test]
+    fn one_starved_read_fails_the_mode_whatever_the_median() {
+        let run = fake_run(vec![]);
+        // Original's reads all take 100 ms: 250 ms is over twice its slowest, 190 ms is not.
+        let starved = fake_mode_reps(BfqMode::Default, &[1.2, 250.0, 1.3]);
+        let checks = target_checks(&run, &starved);
+        let c = checks.iter().find(|c| c.what.contains("STARVED")).expect("a STARVED check");
+        assert!(!c.ok, "{c:?}");
+        assert!(c.value.starts_with("3 of 9 STARVED") && c.value.contains("1MiB round 1: 250 ms"), "{c:?}");
+        // The medians alone would have passed it.
+        assert!(checks.iter().filter(|c| c.what.contains("median/rep")).all(|c| c.ok), "{checks:?}");
+        let t = paper_table("T", &starved.exp1);
+        assert!(t.contains("1/3") && t.contains("2.50"), "one STARVED of three, worst 2.5 x worst Original:\n{t}");
+        let slow = fake_mode_reps(BfqMode::Default, &[1.2, 190.0, 1.3]);
+        let checks = target_checks(&run, &slow);
+        assert!(checks.iter().find(|c| c.what.contains("STARVED")).is_some_and(|c| c.ok), "{checks:?}");
+        // Slow on average: the means fail where the median passes.
+        let slow_means = fake_mode_reps(BfqMode::Default, &[90.0, 90.0, 199.0]);
+        let checks = target_checks(&run, &slow_means);
+        assert!(checks.iter().any(|c| !c.ok && c.what.contains("ratio of means")), "{checks:?}");
+        assert!(checks.iter().filter(|c| c.what.contains("median/rep")).all(|c| c.ok), "{checks:?}");
     }
 
     #[test]

@@ -257,6 +257,8 @@ fn config_text() -> impl Strategy<Value = String> {
         Just("boost_after"),
         Just("idle_promote_after"),
         Just("boost_all_every"),
+        Just("share_window"),
+        Just("share_floor_percent"),
         Just("bogus"),
     ];
     let section = prop_oneof![
@@ -345,14 +347,21 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
         duration(1, year),
         prop::option::of(duration(1, year)),
         prop::option::of(duration(1, year)),
+        (prop::option::of(duration(1, year)), 1u8..=100),
     )
-        .prop_map(|(levels, count, boost_after, idle_promote_after, boost_all_every)| qos_core::Config {
-            levels,
-            count,
-            boost_after,
-            idle_promote_after,
-            boost_all_every,
-        });
+        .prop_map(
+            |(levels, count, boost_after, idle_promote_after, boost_all_every, (share_window, share_floor_percent))| {
+                qos_core::Config {
+                    levels,
+                    count,
+                    boost_after,
+                    idle_promote_after,
+                    boost_all_every,
+                    share_window,
+                    share_floor_percent,
+                }
+            },
+        );
     let path = "/[a-zA-Z0-9 _.\\\"'ä-]{1,20}".prop_map(std::path::PathBuf::from);
     let listen = prop_oneof![
         (any::<[u8; 4]>(), any::<u16>()).prop_map(|(ip, port)| std::net::SocketAddr::from((ip, port))),

@@ -46,7 +46,13 @@ pub fn drain(engine: &mut Engine) -> Vec<WeightChange> {
     std::iter::from_fn(|| engine.poll_change()).collect()
 }
 
+/// The paper's rules: the default configuration without the fair-share floor, so a test of a time rule sees only
+/// that rule (the floor's tests switch it on).
+pub fn paper() -> Config {
+    Config { share_window: None, ..Config::default() }
+}
+
 /// The paper's configuration without idle promotion, so a test of another rule sees only that rule.
 pub fn no_idle() -> Config {
-    Config { idle_promote_after: None, ..Config::default() }
+    Config { idle_promote_after: None, ..paper() }
 }

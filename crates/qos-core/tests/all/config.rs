@@ -205,6 +205,20 @@ fn parsing_does_not_validate_but_validate_names_the_field() {
 }
 
 #[test]
+fn share_floor_is_validated_and_parsed() {
+    let c = Config::default();
+    assert_eq!((c.share_window, c.share_floor_percent), (Some(s(1)), 10));
+    assert_rejected(Config { share_floor_percent: 0, ..Config::default() }, "share_floor_percent", "0");
+    assert_rejected(Config { share_floor_percent: 101, ..Config::default() }, "share_floor_percent", "101");
+    assert_rejected(Config { share_window: Some(Duration::ZERO), ..Config::default() }, "share_window", "0ms");
+    let c = parse("share_window = \"off\"\nshare_floor_percent = 25").unwrap();
+    assert_eq!((c.share_window, c.share_floor_percent), (None, 25));
+    c.validate().unwrap();
+    let c = parse("share_window = \"250ms\"").unwrap();
+    assert_eq!(c.share_window, Some(ms(250)));
+}
+
+#[test]
 fn config_round_trips_through_toml() {
     let configs = [
         Config::default(),
@@ -214,6 +228,8 @@ fn config_round_trips_through_toml() {
             boost_after: ms(1500),
             idle_promote_after: None,
             boost_all_every: Some(Duration::new(1, 1)),
+            share_window: None,
+            share_floor_percent: 35,
         },
     ];
     for config in configs {

@@ -18,6 +18,10 @@ struct Entry {
     total: u64,
     /// Counters of the previous sample; `None`: the next sample is only a baseline.
     baseline: Option<IoCounters>,
+    /// Bytes counted in the current share window.
+    window: u64,
+    /// Whether the last sample counted I/O.
+    active: bool,
 }
 
 impl Entry {
@@ -32,6 +36,8 @@ impl Entry {
             bytes: 0,
             total: 0,
             baseline,
+            window: 0,
+            active: false,
         }
     }
 }
@@ -43,11 +49,13 @@ pub struct Model {
     entries: Vec<Entry>,
     out: Vec<WeightChange>,
     last_periodic: Instant,
+    share_check: Option<Instant>,
 }
 
 impl Model {
     pub fn new(config: Config, now: Instant) -> Self {
-        Self { config, entries: Vec::new(), out: Vec::new(), last_periodic: now }
+        let share_check = config.share_window.map(|w| now + w);
+        Self { config, entries: Vec::new(), out: Vec::new(), last_periodic: now, share_check }
     }
 
     fn find(&self, id: &ContainerId) -> Option<usize> {
@@ -110,9 +118,11 @@ impl Model {
             Some(prev) => counted(mode, prev, counters),
         };
         e.baseline = Some(counters);
+        e.active = delta > 0;
         if delta == 0 {
             return;
         }
+        e.window = e.window.saturating_add(delta);
         e.total = e.total.saturating_add(delta);
         e.bytes = e.bytes.saturating_add(delta);
         e.last_io = now;
@@ -173,7 +183,54 @@ impl Model {
         }
     }
 
+    /// The weight the engine gives an entry, if it gives one.
+    fn weight_of(&self, e: &Entry) -> Option<Weight> {
+        match e.policy {
+            Policy::Managed => Some(self.config.levels[e.level].weight),
+            Policy::Pinned(w) => Some(w),
+            Policy::Excluded => None,
+        }
+    }
+
+    /// The fair-share floor as the docs state it: a managed entry below the top, active, that got less than the
+    /// floor's percentage of the window bytes of any other entry weighted the same or lower, goes to the top.
+    fn share_floor(&mut self, now: Instant) {
+        self.sort();
+        let floor = u64::from(self.config.share_floor_percent);
+        let mut boosted = Vec::new();
+        for e in &self.entries {
+            if e.policy != Policy::Managed || e.level == 0 || !e.active || e.window == 0 {
+                continue;
+            }
+            let w = self.weight_of(e).expect("managed");
+            let starved = self.entries.iter().any(|d| {
+                d.id != e.id
+                    && self.weight_of(d).is_some_and(|dw| dw <= w)
+                    && u128::from(e.window) * 100 < u128::from(floor) * u128::from(d.window)
+            });
+            if starved {
+                boosted.push(e.id.clone());
+            }
+        }
+        for id in boosted {
+            let i = self.find(&id).expect("listed");
+            let e = &mut self.entries[i];
+            let (from, used) = (e.level, e.bytes);
+            e.level = 0;
+            e.entered = now;
+            e.bytes = 0;
+            e.left_top = None;
+            let top = self.config.levels[0].weight;
+            self.emit(&id, Some(top), (Some(from), Some(0)), Reason::ShareBoosted, used);
+        }
+        self.entries.iter_mut().for_each(|e| e.window = 0);
+    }
+
     pub fn timeout(&mut self, now: Instant) {
+        if self.share_check.is_some_and(|due| now >= due) {
+            self.share_floor(now);
+            self.share_check = self.config.share_window.map(|w| now + w);
+        }
         let periodic = match self.config.boost_all_every {
             Some(p) if now >= self.last_periodic + p => {
                 self.last_periodic = now;
@@ -219,6 +276,10 @@ impl Model {
         let old = std::mem::replace(&mut self.config, config);
         if old.boost_all_every.is_none() {
             self.last_periodic = now;
+        }
+        if old.share_window != self.config.share_window {
+            self.share_check = self.config.share_window.map(|w| now + w);
+            self.entries.iter_mut().for_each(|e| e.window = 0);
         }
         let bottom = self.config.levels.len() - 1;
         self.sort();
@@ -283,7 +344,7 @@ impl Model {
             let idle = self.config.idle_promote_after.map(|d| e.last_io.max(e.entered) + d);
             [boost, idle]
         });
-        containers.chain([periodic]).flatten().min()
+        containers.chain([periodic, self.share_check]).flatten().min()
     }
 }
 

@@ -81,14 +81,21 @@ pub fn valid_config() -> impl Strategy<Value = Config> {
         millis(200..=30_000),
         prop::option::weighted(0.7, millis(100..=20_000)),
         prop::option::weighted(0.2, millis(500..=60_000)),
+        (prop::option::weighted(0.7, millis(100..=5_000)), 1u8..=100),
     )
-        .prop_map(|(levels, count, boost_after, idle_promote_after, boost_all_every)| Config {
-            levels,
-            count,
-            boost_after,
-            idle_promote_after,
-            boost_all_every,
-        })
+        .prop_map(
+            |(levels, count, boost_after, idle_promote_after, boost_all_every, (share_window, share_floor_percent))| {
+                Config {
+                    levels,
+                    count,
+                    boost_after,
+                    idle_promote_after,
+                    boost_all_every,
+                    share_window,
+                    share_floor_percent,
+                }
+            },
+        )
 }
 
 /// A config that validation must refuse.

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use qos_core::{Config, CountMode, Engine, IoCounters, LevelConfig, Policy, Reason, Weight, WeightChange};
 
-use crate::common::{drain, id, mib, ms, no_idle, read, s, t0, w};
+use crate::common::{drain, id, mib, ms, no_idle, paper, read, s, t0, w};
 
 /// The single change of a step, asserting there is exactly one.
 fn one(engine: &mut Engine) -> WeightChange {
@@ -22,7 +22,7 @@ fn level_of(engine: &Engine, name: &str, now: std::time::Instant) -> usize {
 #[test]
 fn started_container_enters_the_top_at_once() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.handle_started(&id("a"), t);
     let c = one(&mut e);
     assert_eq!(c.id, id("a"));
@@ -36,7 +36,7 @@ fn started_container_enters_the_top_at_once() {
 #[test]
 fn started_container_counts_from_zero() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.handle_started(&id("a"), t);
     drain(&mut e);
     // The very first sample already counts: 3 MiB > the 2 MiB allotment of the top level.
@@ -52,7 +52,7 @@ fn started_container_counts_from_zero() {
 #[test]
 fn adopted_container_takes_its_first_sample_as_baseline() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     // Seen first through a sample: 100 MiB done before the engine knew it are not held against it.
     e.handle_sample(&id("old"), read(mib(100)), t);
     let c = one(&mut e);
@@ -66,7 +66,7 @@ fn adopted_container_takes_its_first_sample_as_baseline() {
 #[test]
 fn threshold_is_exceeded_only_by_more_than_the_allotment() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.handle_started(&id("a"), t);
     drain(&mut e);
     e.handle_sample(&id("a"), read(mib(2)), t + ms(100));
@@ -81,7 +81,7 @@ fn threshold_is_exceeded_only_by_more_than_the_allotment() {
 #[test]
 fn several_thresholds_in_one_sample_carry_the_surplus_down() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.handle_started(&id("a"), t);
     drain(&mut e);
     // 2 + 8 + 1 MiB: two allotments used up, 1 MiB counted at level 2; one change, not two.
@@ -126,7 +126,7 @@ fn count_mode_selects_the_counters() {
         (CountMode::Write, IoCounters::new(mib(100), mib(1)), false),
         (CountMode::Write, IoCounters::new(0, mib(3)), true),
     ] {
-        let mut e = Engine::new(Config { count: mode, ..Config::default() }, t).unwrap();
+        let mut e = Engine::new(Config { count: mode, ..paper() }, t).unwrap();
         e.handle_started(&id("a"), t);
         drain(&mut e);
         e.handle_sample(&id("a"), counters, t + ms(500));
@@ -139,7 +139,7 @@ fn count_mode_selects_the_counters() {
 #[test]
 fn counter_decrease_is_a_reset_counted_from_zero() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.handle_started(&id("a"), t);
     drain(&mut e);
     e.handle_sample(&id("a"), read(mib(3) / 2), t + ms(500));
@@ -156,7 +156,7 @@ fn counter_decrease_is_a_reset_counted_from_zero() {
 #[test]
 fn each_counter_resets_on_its_own() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.handle_started(&id("a"), t);
     e.handle_sample(&id("a"), IoCounters::new(mib(1), 100), t + ms(500));
     // Reads went back to 10 bytes (counted as 10), writes advanced by 50.
@@ -167,7 +167,7 @@ fn each_counter_resets_on_its_own() {
 #[test]
 fn counters_at_u64_max_saturate_without_panicking() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.handle_started(&id("a"), t);
     drain(&mut e);
     e.handle_sample(&id("a"), IoCounters::new(u64::MAX, u64::MAX), t + ms(500));
@@ -250,7 +250,7 @@ fn restart_of_a_known_container_puts_it_back_at_the_top() {
 #[test]
 fn pinned_container_holds_its_weight() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.handle_started(&id("db"), t);
     e.handle_sample(&id("db"), read(mib(3)), t + ms(500));
     drain(&mut e);
@@ -281,7 +281,7 @@ fn pinned_container_holds_its_weight() {
 #[test]
 fn pinning_an_unknown_container_adds_it() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.set_policy(&id("x"), Policy::Pinned(w(7)), t);
     let c = one(&mut e);
     assert_eq!((c.weight, c.old_level, c.new_level, c.reason), (Some(w(7)), None, None, Reason::Pinned));
@@ -293,7 +293,7 @@ fn pinning_an_unknown_container_adds_it() {
 #[test]
 fn excluded_container_is_released_and_left_alone() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.handle_started(&id("a"), t);
     drain(&mut e);
     e.set_policy(&id("a"), Policy::Excluded, t + s(1));
@@ -323,7 +323,7 @@ fn excluded_container_is_released_and_left_alone() {
 #[test]
 fn container_adopted_through_a_policy_takes_its_next_sample_as_baseline() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.set_policy(&id("a"), Policy::Managed, t);
     assert_eq!(one(&mut e).reason, Reason::New);
     e.handle_sample(&id("a"), read(mib(500)), t + s(1));
@@ -377,7 +377,7 @@ fn boost_counts_from_leaving_the_top_not_from_reaching_the_bottom() {
 fn busy_container_in_a_middle_level_is_boosted_too() {
     let t = t0();
     // Idle promotion on: steady small I/O keeps it from being idle, the starvation rule still bounds its stay.
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.handle_started(&id("a"), t);
     e.handle_sample(&id("a"), read(mib(3)), t + ms(500));
     drain(&mut e);
@@ -402,7 +402,7 @@ fn busy_container_in_a_middle_level_is_boosted_too() {
 #[test]
 fn time_that_does_not_move_fires_nothing_twice() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.handle_started(&id("a"), t);
     e.handle_sample(&id("a"), read(mib(100)), t);
     let changes = drain(&mut e);
@@ -437,7 +437,7 @@ fn early_and_repeated_timeouts_are_harmless() {
 #[test]
 fn idle_container_climbs_one_level_per_idle_period() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.handle_started(&id("a"), t);
     e.handle_sample(&id("a"), read(mib(100)), t + ms(500));
     drain(&mut e);
@@ -464,7 +464,7 @@ fn idle_container_climbs_one_level_per_idle_period() {
 #[test]
 fn io_restarts_the_idle_clock() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.handle_started(&id("a"), t);
     e.handle_sample(&id("a"), read(mib(100)), t + ms(500));
     e.handle_sample(&id("a"), read(mib(101)), t + ms(2000));
@@ -479,7 +479,7 @@ fn io_restarts_the_idle_clock() {
 #[test]
 fn a_late_timeout_promotes_one_level_only() {
     let t = t0();
-    let cfg = Config { boost_after: s(3600), ..Config::default() };
+    let cfg = Config { boost_after: s(3600), ..paper() };
     let mut e = Engine::new(cfg, t).unwrap();
     e.handle_started(&id("a"), t);
     e.handle_sample(&id("a"), read(mib(100)), t);
@@ -494,7 +494,7 @@ fn a_late_timeout_promotes_one_level_only() {
 #[test]
 fn boost_wins_over_idle_promotion() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.handle_started(&id("a"), t);
     e.handle_sample(&id("a"), read(mib(100)), t);
     drain(&mut e);
@@ -507,7 +507,7 @@ fn boost_wins_over_idle_promotion() {
 #[test]
 fn idle_promotion_keeps_the_boost_clock_running() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.handle_started(&id("a"), t);
     e.handle_sample(&id("a"), read(mib(100)), t); // leaves the top at 0
     e.handle_timeout(t + s(2)); // 3 -> 2
@@ -528,8 +528,7 @@ fn idle_promotion_keeps_the_boost_clock_running() {
 #[test]
 fn periodic_boost_lifts_everyone_below_the_top() {
     let t = t0();
-    let cfg =
-        Config { boost_all_every: Some(s(5)), boost_after: s(3600), idle_promote_after: None, ..Config::default() };
+    let cfg = Config { boost_all_every: Some(s(5)), boost_after: s(3600), idle_promote_after: None, ..paper() };
     let mut e = Engine::new(cfg, t).unwrap();
     assert_eq!(e.poll_timeout(), Some(t + s(5)), "the periodic timer runs from construction");
     for (name, bytes) in [("c", mib(100)), ("a", mib(3)), ("b", mib(11)), ("top", mib(1))] {
@@ -624,19 +623,19 @@ fn reconfigure_with_a_shorter_boost_fires_at_once() {
 #[test]
 fn invalid_reconfigure_keeps_the_old_config() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.handle_started(&id("a"), t);
     drain(&mut e);
-    let bad = Config { levels: vec![], ..Config::default() };
+    let bad = Config { levels: vec![], ..paper() };
     assert!(e.reconfigure(bad, t).is_err());
-    assert_eq!(e.config(), &Config::default());
+    assert_eq!(e.config(), &paper());
     assert!(drain(&mut e).is_empty());
     assert_eq!(e.poll_timeout(), None);
 }
 
 #[test]
 fn new_rejects_an_invalid_config() {
-    let bad = Config { boost_after: Duration::ZERO, ..Config::default() };
+    let bad = Config { boost_after: Duration::ZERO, ..paper() };
     let err = Engine::new(bad, t0()).unwrap_err();
     assert!(err.to_string().contains("boost_after"), "{err}");
 }
@@ -646,7 +645,7 @@ fn new_rejects_an_invalid_config() {
 #[test]
 fn views_report_the_state() {
     let t = t0();
-    let mut e = Engine::new(Config::default(), t).unwrap();
+    let mut e = Engine::new(paper(), t).unwrap();
     e.handle_started(&id("b"), t);
     e.handle_started(&id("a"), t);
     e.handle_sample(&id("b"), read(mib(3)), t + s(1));
@@ -677,4 +676,107 @@ fn periodic_boost_switched_on_by_reconfigure_starts_its_period_then() {
     e.reconfigure(Config { boost_all_every: Some(s(2)), ..no_idle() }, t + s(107)).unwrap();
     e.handle_timeout(t + s(107));
     assert_eq!(e.poll_timeout(), Some(t + s(108)));
+}
+
+// ----- the fair-share floor -----
+
+/// The default configuration, floor on (1 s windows, 10 %), with idle promotion off so only the floor moves.
+fn floor() -> Config {
+    Config { idle_promote_after: None, ..Config::default() }
+}
+
+/// An engine with `a` and `b` both demoted to the bottom (weight 10) in the first window (they read as much as
+/// each other: nobody moves at its end, 1 s after the start); the tests then work in the second window.
+fn two_at_the_bottom(t: std::time::Instant) -> Engine {
+    let mut e = Engine::new(floor(), t).unwrap();
+    for name in ["a", "b"] {
+        e.handle_started(&id(name), t);
+        e.handle_sample(&id(name), read(mib(200)), t + ms(100));
+    }
+    e.handle_timeout(t + s(1));
+    assert!(drain(&mut e).iter().all(|c| c.reason == Reason::New || c.reason == Reason::Demoted));
+    e
+}
+
+#[test]
+fn a_container_below_a_tenth_of_an_equal_weights_bytes_goes_to_the_top_at_the_window_end() {
+    let t = t0();
+    let mut e = two_at_the_bottom(t);
+    assert_eq!(e.poll_timeout(), Some(t + s(2)), "the second window ends 2 s after the engine started");
+    // In the window: a reads 5 MiB, b 100 MiB (a got 5 %, under the 10 % floor).
+    e.handle_sample(&id("a"), read(mib(205)), t + ms(1900));
+    e.handle_sample(&id("b"), read(mib(300)), t + ms(1900));
+    e.handle_timeout(t + ms(1999));
+    assert!(drain(&mut e).is_empty(), "not before the window ends");
+    e.handle_timeout(t + s(2));
+    let c = one(&mut e);
+    assert_eq!((c.id.as_str(), c.old_level, c.new_level, c.reason), ("a", Some(3), Some(0), Reason::ShareBoosted));
+    assert_eq!(c.weight, Some(Weight::MAX));
+    assert_eq!(level_of(&e, "a", t + s(2)), 0);
+    // The next window starts afresh and ends a window later.
+    assert_eq!(e.poll_timeout(), Some(t + s(3)));
+}
+
+#[test]
+fn a_fair_or_an_idle_or_a_lower_weighted_container_stays_where_it_is() {
+    let t = t0();
+    // Fair enough: 15 % of b's bytes.
+    let mut e = two_at_the_bottom(t);
+    e.handle_sample(&id("a"), read(mib(215)), t + ms(1900));
+    e.handle_sample(&id("b"), read(mib(300)), t + ms(1900));
+    e.handle_timeout(t + s(2));
+    assert!(drain(&mut e).is_empty());
+    // No longer asking: its last sample counted nothing.
+    let mut e = two_at_the_bottom(t);
+    e.handle_sample(&id("a"), read(mib(201)), t + ms(1500));
+    e.handle_sample(&id("a"), read(mib(201)), t + ms(1900));
+    e.handle_sample(&id("b"), read(mib(300)), t + ms(1900));
+    e.handle_timeout(t + s(2));
+    assert!(drain(&mut e).is_empty());
+    // The one with more bytes has a higher weight: that is what weights are for.
+    let mut e = two_at_the_bottom(t);
+    e.handle_started(&id("c"), t + ms(1200));
+    drain(&mut e);
+    e.handle_sample(&id("c"), read(mib(1) + (900 << 10)), t + ms(1900)); // still at the top: 1000
+    e.handle_sample(&id("a"), read(mib(200) + (100 << 10)), t + ms(1900)); // bottom: 10, 5 % of c's bytes
+    e.handle_sample(&id("b"), read(mib(200) + (100 << 10)), t + ms(1900));
+    e.handle_timeout(t + s(2));
+    assert!(drain(&mut e).is_empty(), "a and b got as much as each other; c is above them");
+}
+
+#[test]
+fn a_pinned_container_counts_as_the_other_side_but_is_never_moved() {
+    let t = t0();
+    let mut e = Engine::new(floor(), t).unwrap();
+    e.set_policy(&id("pinned"), Policy::Pinned(w(5)), t);
+    e.handle_sample(&id("pinned"), read(0), t + ms(100));
+    e.handle_started(&id("a"), t);
+    e.handle_sample(&id("a"), read(mib(200)), t + ms(100));
+    e.handle_timeout(t + s(1));
+    drain(&mut e);
+    // The pinned one (weight 5, below a's 10) reads 500 MiB, a 1 MiB.
+    e.handle_sample(&id("pinned"), read(mib(500)), t + ms(1900));
+    e.handle_sample(&id("a"), read(mib(201)), t + ms(1900));
+    e.handle_timeout(t + s(2));
+    let c = one(&mut e);
+    assert_eq!((c.id.as_str(), c.reason), ("a", Reason::ShareBoosted));
+}
+
+#[test]
+fn switching_the_floor_off_and_on_by_reconfigure() {
+    let t = t0();
+    let mut e = two_at_the_bottom(t);
+    e.reconfigure(Config { share_window: None, ..floor() }, t + ms(500)).unwrap();
+    e.handle_sample(&id("a"), read(mib(201)), t + ms(1900));
+    e.handle_sample(&id("b"), read(mib(400)), t + ms(1900));
+    e.handle_timeout(t + s(5));
+    assert!(drain(&mut e).iter().all(|c| c.reason != Reason::ShareBoosted));
+    // On again: a new window from the reconfigure, counting only what comes after it.
+    e.reconfigure(Config { share_window: Some(ms(500)), ..floor() }, t + s(6)).unwrap();
+    drain(&mut e);
+    e.handle_sample(&id("a"), read(mib(202)), t + ms(6400));
+    e.handle_sample(&id("b"), read(mib(500)), t + ms(6400));
+    e.handle_timeout(t + ms(6500));
+    let c = one(&mut e);
+    assert_eq!((c.id.as_str(), c.reason), ("a", Reason::ShareBoosted));
 }

@@ -11,9 +11,14 @@
 //! `WeightChange` applied at once. Without a QoS config every container keeps the kernel default weight: the
 //! paper's "Original" column.
 //!
-//! `paper` replays the paper's experiments on it.
+//! The disk is ideal by default ([`DiskModel::Proportional`]). [`DiskModel::BfqSlots`] is BFQ's default mode as
+//! measured on this project's machine: a queue-depth-1 reader beside a deep reader in another group is served
+//! about one request per slot of the deep one, so its weight counts only `request time / slot` as much.
+//!
+//! `paper` replays the paper's experiments on it; `starvation` checks the fair-share floor on the BFQ model.
 
 mod paper;
+mod starvation;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -38,17 +43,20 @@ pub struct Workload {
     pub bytes: Option<u64>,
     /// Whether the container exits (and the driver calls `handle_removed`) when its read is done.
     pub exits_when_done: bool,
+    /// A deep reader (many requests in flight: the paper's background at queue depth 32); the others read one
+    /// request at a time (queue depth 1).
+    pub deep: bool,
 }
 
 impl Workload {
     /// A container that reads `bytes` starting at `start` and then idles until the end of the run.
     pub fn read(name: &str, start: Duration, bytes: u64) -> Self {
-        Self { name: name.to_owned(), start, bytes: Some(bytes), exits_when_done: false }
+        Self { name: name.to_owned(), start, bytes: Some(bytes), exits_when_done: false, deep: false }
     }
 
     /// The background reader: starts at `start` and never stops.
     pub fn background(name: &str, start: Duration) -> Self {
-        Self { name: name.to_owned(), start, bytes: None, exits_when_done: false }
+        Self { name: name.to_owned(), start, bytes: None, exits_when_done: false, deep: true }
     }
 }
 
@@ -59,6 +67,24 @@ pub enum TimerMode {
     AtPollTimeout,
     /// Only right after each round of samples.
     OnSampleTick,
+}
+
+/// How the disk shares its bandwidth among the readers of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskModel {
+    /// In proportion to the weights (an ideal proportional-share scheduler).
+    Proportional,
+    /// BFQ's default mode (no idling for a queue-depth-1 reader, no preemption between groups below the root):
+    /// while a deep reader is busy, a queue-depth-1 reader gets one `request` per `slot` of the deep one at equal
+    /// weight, so its weight is scaled by `request time / slot` (request time = `request` / bandwidth). Calibrated
+    /// on this machine's loop device with fio (crates/bench/results/2026-11-26/starvation-fio-*.txt): a 1 MiB
+    /// reader at weight 10 beside a QD32 reader at 10 read 2-8 MiB/s of ~500, at 1000 beside 10 about half.
+    BfqSlots {
+        /// Bytes of one request of a queue-depth-1 reader.
+        request: u64,
+        /// How long a deep reader keeps the disk once it has it (BFQ's `timeout_sync`, 124 ms by default).
+        slot: Duration,
+    },
 }
 
 /// Everything a run depends on.
@@ -80,6 +106,8 @@ pub struct SimConfig {
     pub duration: Duration,
     /// Seed of the jitter.
     pub seed: u64,
+    /// How the disk shares a step.
+    pub disk: DiskModel,
 }
 
 impl SimConfig {
@@ -95,6 +123,7 @@ impl SimConfig {
             timers: TimerMode::AtPollTimeout,
             duration,
             seed,
+            disk: DiskModel::Proportional,
         }
     }
 
@@ -216,7 +245,7 @@ pub fn run(cfg: &SimConfig, workloads: &[Workload]) -> Outcome {
         // The disk, for one step.
         let jitter = rng.random_range(100 - cfg.jitter_percent..=100 + cfg.jitter_percent);
         let budget = u128::from(cfg.bandwidth) * u128::from(step_nanos) * u128::from(jitter) / 100 / 1_000_000_000;
-        share(&mut jobs, budget as u64);
+        share(&mut jobs, budget as u64, cfg.disk, cfg.bandwidth);
         t += cfg.step;
         for job in jobs.iter_mut().filter(|j| j.started && !j.done && j.remaining == 0) {
             job.done = true;
@@ -243,19 +272,35 @@ fn apply(engine: &mut Engine, jobs: &mut [Job], out: &mut Outcome, t: Duration) 
     }
 }
 
-/// Shares `budget` bytes among the readers in proportion to their weights; what a reader cannot take (it is about
-/// to finish) goes to the others.
-fn share(jobs: &mut [Job], mut budget: u64) {
+/// Shares `budget` bytes among the readers in proportion to their (effective) weights; what a reader cannot take
+/// (it is about to finish) goes to the others.
+fn share(jobs: &mut [Job], mut budget: u64, disk: DiskModel, bandwidth: u64) {
+    // Effective weight: the weight, or under BFQ's slots with a deep reader busy, a queue-depth-1 reader's weight
+    // times request time / slot (both sides in nanoseconds).
+    let deep_busy = jobs.iter().any(|j| j.started && !j.gone && j.remaining > 0 && j.workload.deep);
+    let effective = |j: &Job| -> u128 {
+        match disk {
+            DiskModel::BfqSlots { request, slot } if deep_busy => {
+                let request_nanos = u128::from(request) * 1_000_000_000 / u128::from(bandwidth.max(1));
+                if j.workload.deep {
+                    u128::from(j.weight) * slot.as_nanos()
+                } else {
+                    u128::from(j.weight) * request_nanos.max(1)
+                }
+            }
+            _ => u128::from(j.weight),
+        }
+    };
     loop {
         let readers = jobs.iter().filter(|j| j.started && !j.gone && j.remaining > 0);
-        let total: u128 = readers.map(|j| u128::from(j.weight)).sum();
+        let total: u128 = readers.map(effective).sum();
         if total == 0 || budget == 0 {
             return;
         }
         let mut used = 0;
         let mut capped = false;
         for job in jobs.iter_mut().filter(|j| j.started && !j.gone && j.remaining > 0) {
-            let fair = (u128::from(budget) * u128::from(job.weight) / total) as u64;
+            let fair = (u128::from(budget) * effective(job) / total) as u64;
             let take = fair.min(job.remaining);
             capped |= take < fair;
             job.remaining -= take;
@@ -278,7 +323,13 @@ pub fn random_workloads(seed: u64, n: usize, span: Duration) -> Vec<Workload> {
             let bytes = 1u64 << rng.random_range(18..=29u32);
             let bytes = bytes + rng.random_range(0..bytes);
             let start = Duration::from_millis(rng.random_range(0..=span.as_millis() as u64));
-            Workload { name: format!("r{i:02}"), start, bytes: Some(bytes), exits_when_done: rng.random_ratio(1, 3) }
+            Workload {
+                name: format!("r{i:02}"),
+                start,
+                bytes: Some(bytes),
+                exits_when_done: rng.random_ratio(1, 3),
+                deep: false,
+            }
         })
         .collect()
 }
