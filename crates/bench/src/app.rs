@@ -13,7 +13,7 @@ use qos_agent::cgroup::{CgroupRoot, CgroupVersion, V1_BFQ_BYTES};
 
 use crate::agent::Backends;
 use crate::cleanup::Cleanup;
-use crate::cli::{Common, RunArgs};
+use crate::cli::{Common, RunArgs, SoakArgs};
 use crate::disk::{self, Disk, DiskSource};
 use crate::files::{self, FileSpec};
 use crate::report::data::{Meta, ModeReport, RunReport};
@@ -196,6 +196,7 @@ pub fn run_config(common: &Common, plan: Plan, exp1: bool, exp2: bool) -> Result
         exp2,
         agent_bfq: common.agent_bfq_tunables.clone(),
         agent_nice: common.agent_nice,
+        soak: None,
     })
 }
 
@@ -247,6 +248,45 @@ pub fn run(args: &RunArgs, cleanup: &'static Cleanup) -> Result<RunReport> {
     meta.duration_s = started.elapsed().as_secs_f64();
     let run = RunReport { meta, modes };
     finish(&run, &common.out)?;
+    Ok(run)
+}
+
+/// `soak`: the first mode of `--modes` for `--minutes`, Experiment 1's sizes 1, 10, 64 and 100 MiB in rotating
+/// rounds, then Experiment 2's schedule, Alone / Original / dDiskQoS interleaved as in `run`; the report counts the
+/// STARVED reads like `run`'s.
+pub fn soak(args: &SoakArgs, cleanup: &'static Cleanup) -> Result<RunReport> {
+    let mode = *args.common.modes.first().context("--modes is empty")?;
+    preflight(&[mode])?;
+    let plan = workload::Plan::soak();
+    let common = &args.common;
+    let minutes = Duration::from_secs_f64(args.minutes * 60.0);
+    let mut cfg = run_config(common, plan.clone(), true, true)?;
+    cfg.soak = Some(minutes);
+    let date = sys::utc_now();
+    let setup = set_up(common, &plan, cleanup)?;
+    let env = setup.env();
+    eprintln!("soak: {} for {:.1} min (mode {}), then the report", plan.describe_soak(), args.minutes, mode.name());
+    let hogs = crate::hogs::CpuHogs::start(common.cpu_hogs).context("--cpu-hogs: starting the busy processes")?;
+    let started = std::time::Instant::now();
+    let bar = ProgressBar::new_spinner();
+    let report = runner::run_mode(&env, &cfg, mode, &bar)?;
+    bar.finish_and_clear();
+    drop(hogs);
+    let mut meta = meta(common, &setup, &cfg, plan, true, date, background_label(common.background))?;
+    meta.notes.push(format!(
+        "SOAK: {:.1} minutes of measuring in mode {} (Experiment 1 for the first {:.0} %, then Experiment 2)",
+        args.minutes,
+        mode.name(),
+        100.0 * runner::SOAK_EXP1_SHARE
+    ));
+    meta.duration_s = started.elapsed().as_secs_f64();
+    let run = RunReport { meta, modes: vec![report] };
+    finish(&run, &common.out)?;
+    let mode = &run.modes[0];
+    let rows = || mode.exp1.iter().chain(&mode.exp2);
+    let reads: usize = rows().filter_map(|r| r.variant(crate::workload::Variant::DDiskQos)).map(|c| c.samples.len()).sum();
+    let starved: usize = rows().map(|r| r.starved().len()).sum();
+    println!("soak: {reads} dDiskQoS reads in {:.1} min, {starved} STARVED", run.meta.duration_s / 60.0);
     Ok(run)
 }
 

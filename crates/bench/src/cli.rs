@@ -28,6 +28,9 @@ pub enum Cmd {
     /// Prepare a disk, run Alone/Original/dDiskQoS in both BFQ modes, print the tables, write JSON and charts,
     /// clean up. Without flags: quick mode, a few minutes.
     Run(RunArgs),
+    /// Measure for a long time (`--minutes`) in the first mode of `--modes`: Experiment 1's sizes 1, 10, 64 and
+    /// 100 MiB, then Experiment 2's schedule, Alone / Original / dDiskQoS interleaved; report the STARVED reads.
+    Soak(SoakArgs),
     /// Try engine settings (bottom weight, sampling interval, boost period) in both BFQ modes on 1 and 10 MiB reads
     /// and report the best small-read latency whose background keeps >= 90 % of Original's throughput.
     Sweep(SweepArgs),
@@ -271,6 +274,24 @@ impl RunArgs {
     }
 }
 
+/// `soak`.
+#[derive(Debug, Clone, Args)]
+pub struct SoakArgs {
+    /// Common settings; the soak runs the first mode of `--modes`.
+    #[command(flatten)]
+    pub common: Common,
+    /// How long to measure (the set-up and the report come on top).
+    #[arg(long, value_parser = minutes)]
+    pub minutes: f64,
+}
+
+fn minutes(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(m) if m > 0.0 && m <= 24.0 * 60.0 => Ok(m),
+        _ => Err(format!("--minutes must be a number of minutes in (0, 1440], got {s:?}")),
+    }
+}
+
 /// `sweep`.
 #[derive(Debug, Clone, Args)]
 pub struct SweepArgs {
@@ -296,6 +317,21 @@ mod tests {
 
     fn parse(args: &[&str]) -> Cli {
         Cli::try_parse_from(std::iter::once("ddiskqos-bench").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn soak_takes_minutes_and_the_common_flags() {
+        let Cmd::Soak(soak) = parse(&["soak", "--minutes", "30", "--modes", "strict-tuned"]).command else { panic!() };
+        assert_eq!(soak.minutes, 30.0);
+        assert_eq!(soak.common.modes, vec![BfqMode::StrictTuned]);
+        for bad in ["0", "-1", "1441", "soon"] {
+            let err = Cli::try_parse_from(["ddiskqos-bench", "soak", "--minutes", bad]).unwrap_err().to_string();
+            assert!(err.contains("--minutes") && err.contains(bad), "{bad}: {err}");
+        }
+        assert!(Cli::try_parse_from(["ddiskqos-bench", "soak"]).is_err(), "--minutes is required");
+        let plan = Plan::soak();
+        assert_eq!(plan.exp1.iter().map(|c| c.size_mib).collect::<Vec<_>>(), vec![1, 10, 64, 100]);
+        assert!(plan.describe_soak().contains("64 MiB") && plan.describe_soak().contains("64MiB@2s"));
     }
 
     #[test]

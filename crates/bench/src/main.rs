@@ -57,6 +57,10 @@ fn dispatch(cmd: Cmd) -> Result<()> {
             let _guard = cleanup::Guard::install();
             app::run(&args, cleanup::Cleanup::global()).map(|_| ())
         }
+        Cmd::Soak(args) => {
+            let _guard = cleanup::Guard::install();
+            app::soak(&args, cleanup::Cleanup::global()).map(|_| ())
+        }
         Cmd::Sweep(args) => {
             let _guard = cleanup::Guard::install();
             sweep::run(&args, cleanup::Cleanup::global())

@@ -53,7 +53,16 @@ pub struct RunConfig {
     pub agent_bfq: Vec<String>,
     /// The agent's nice value (`--agent-nice`).
     pub agent_nice: i8,
+    /// `soak`: measure for this long instead of for the plan's repetitions (Experiment 1 rounds for the first 55 %,
+    /// Experiment 2 rounds for the rest); rounds start while time is left and always finish.
+    pub soak: Option<Duration>,
 }
+
+/// Share of a soak's time given to Experiment 1 (the rest goes to Experiment 2).
+pub const SOAK_EXP1_SHARE: f64 = 0.55;
+
+/// Reader containers prepared ahead in a soak (the rest are created as they are needed).
+const SOAK_PREPARED_ROUNDS: usize = 2;
 
 /// What a mode needs from the outside.
 #[derive(Debug)]
@@ -120,6 +129,8 @@ struct ModeRun<'a, 'e> {
     blocks: BTreeMap<Variant, Throughput>,
     progress: &'a ProgressBar,
     mode: BfqMode,
+    /// When measuring began (after the warm-up): a soak's clock.
+    measuring: Instant,
 }
 
 /// Runs one BFQ mode; returns its results.
@@ -190,7 +201,8 @@ fn run_mode_on_device(
         while warm.elapsed() < cfg.warmup || (!agent.demoted_any() && warm.elapsed() < 3 * cfg.warmup) {
             std::thread::sleep(Duration::from_millis(10));
         }
-        let mut run = ModeRun { env, cfg, bg: &bg, agent: &agent, blocks: BTreeMap::new(), progress, mode };
+        let measuring = Instant::now();
+        let mut run = ModeRun { env, cfg, bg: &bg, agent: &agent, blocks: BTreeMap::new(), progress, mode, measuring };
         let exp1 = if cfg.exp1 { run.exp1()? } else { Vec::new() };
         let exp2 = if cfg.exp2 { run.exp2()? } else { Vec::new() };
         Ok((exp1, exp2, run.blocks))
@@ -279,9 +291,20 @@ impl ModeRun<'_, '_> {
         Ok((sample, window))
     }
 
+    /// Whether a soak's time for this experiment is up (never in a plain run).
+    fn soak_over(&self, exp2: bool) -> bool {
+        self.cfg.soak.is_some_and(|total| {
+            let until = if exp2 { total } else { total.mul_f64(SOAK_EXP1_SHARE) };
+            self.measuring.elapsed() >= until
+        })
+    }
+
     fn exp1(&mut self) -> Result<Vec<CaseReport>> {
         let mut accs: BTreeMap<(u64, Variant), Acc> = BTreeMap::new();
         for round in workload::exp1_rounds(&self.cfg.plan.exp1) {
+            if self.soak_over(false) {
+                break;
+            }
             for variant in round.order {
                 self.progress.set_message(format!(
                     "{} exp1 round {} {}",
@@ -328,6 +351,9 @@ impl ModeRun<'_, '_> {
         let schedule = self.cfg.plan.exp2.clone();
         let mut accs: BTreeMap<(usize, Variant), Acc> = BTreeMap::new();
         for r in 0..self.cfg.plan.exp2_reps as usize {
+            if self.soak_over(true) {
+                break;
+            }
             for variant in workload::variant_order(r) {
                 self.progress.set_message(format!("{} exp2 round {} {}", self.mode.name(), r + 1, variant.label()));
                 self.enter(variant)?;
@@ -388,11 +414,13 @@ impl ModeRun<'_, '_> {
     }
 }
 
-/// The file of every read a mode does, in the order it reads them (so a runtime can prepare each reader ahead).
+/// The file of every read a mode does, in the order it reads them (so a runtime can prepare each reader ahead); a
+/// soak's first rounds only.
 fn planned_reads(env: &Env<'_>, cfg: &RunConfig) -> Result<Vec<PathBuf>> {
+    let rounds = if cfg.soak.is_some() { SOAK_PREPARED_ROUNDS } else { usize::MAX };
     let mut reads = Vec::new();
     if cfg.exp1 {
-        for round in workload::exp1_rounds(&cfg.plan.exp1) {
+        for round in workload::exp1_rounds(&cfg.plan.exp1).into_iter().take(rounds) {
             for _ in round.order {
                 for &size in &round.sizes {
                     reads.push(env.file(&workload::exp1_file(size))?.to_path_buf());
@@ -401,7 +429,7 @@ fn planned_reads(env: &Env<'_>, cfg: &RunConfig) -> Result<Vec<PathBuf>> {
         }
     }
     if cfg.exp2 {
-        for _ in 0..cfg.plan.exp2_reps as usize * Variant::ALL.len() {
+        for _ in 0..(cfg.plan.exp2_reps as usize).min(rounds) * Variant::ALL.len() {
             for (i, r) in cfg.plan.exp2.iter().enumerate() {
                 reads.push(env.file(&workload::exp2_file(i, r))?.to_path_buf());
             }

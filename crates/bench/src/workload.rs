@@ -124,6 +124,9 @@ pub fn variant_order(round: usize) -> [Variant; 3] {
     order
 }
 
+/// Repetitions a soak plans (more than any soak reaches: at least a second per round).
+const SOAK_REPS: u32 = 100_000;
+
 /// One case of Experiment 1: reading a whole file of `size_mib`, `reps` times per variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Exp1Case {
@@ -243,6 +246,23 @@ impl Plan {
             exp2: exp2_schedule(),
             exp2_reps: 3,
         }
+    }
+
+    /// `soak`: Experiment 1's sizes 1, 10, 64 and 100 MiB and Experiment 2's schedule, with as many repetitions as
+    /// a soak could ever reach (the soak's clock ends it).
+    pub fn soak() -> Self {
+        Self {
+            exp1: [1, 10, 64, 100].into_iter().map(|size_mib| Exp1Case { size_mib, reps: SOAK_REPS }).collect(),
+            exp2: exp2_schedule(),
+            exp2_reps: SOAK_REPS,
+        }
+    }
+
+    /// What a soak reads, for its first line.
+    pub fn describe_soak(&self) -> String {
+        let sizes: Vec<String> = self.exp1.iter().map(|c| format!("{} MiB", c.size_mib)).collect();
+        let exp2: Vec<&str> = self.exp2.iter().map(|r| r.label.as_str()).collect();
+        format!("Experiment 1 ({}) then Experiment 2 ({})", sizes.join(", "), exp2.join(", "))
     }
 
     /// The paper's 50 repetitions of everything.

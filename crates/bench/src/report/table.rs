@@ -76,7 +76,7 @@ pub fn paper_table(title: &str, rows: &[CaseReport]) -> String {
             "bg dDQ",
         ],
     );
-    let _ = writeln!(out, "{}", "-".repeat(132));
+    let _ = writeln!(out, "{}", "-".repeat(134));
     for row in rows {
         let (po, pd) = row
             .paper
@@ -108,9 +108,9 @@ pub fn paper_table(title: &str, rows: &[CaseReport]) -> String {
     }
     let _ = writeln!(
         out,
-        "(mean read time; dDQ/Orig and dDQ/Alone: median over repetitions of dDiskQoS / the same round's read; means: \
-         mean dDiskQoS / mean Original; worst: slowest dDiskQoS / slowest Original read; STARVED: dDiskQoS reads \
-         slower than {STARVED_FACTOR} x the slowest Original read, of all; bg: background MiB/s)"
+        "(mean read time; dDQ/Orig and dDQ/Alone: median over repetitions of dDiskQoS / the same round's read;\n \
+         means: mean dDiskQoS / mean Original; worst: slowest dDiskQoS / slowest Original read;\n \
+         STARVED: dDiskQoS reads slower than {STARVED_FACTOR} x the slowest Original read, of all; bg: background MiB/s)"
     );
     out
 }
@@ -648,7 +648,7 @@ pub(crate) mod tests {
         assert!(t.contains("1MiB") && t.contains("10MiB") && t.contains("100MiB"), "{t}");
         assert!(t.contains("33.1 ms") && t.contains("2.25 s"), "{t}");
         assert!(t.contains("0.012"), "ratio dDQ/Orig of 1.2/100:\n{t}");
-        assert!(t.lines().all(|l| l.len() <= 132), "{t}");
+        assert!(t.lines().all(|l| l.len() <= 134), "{t}");
         assert!(t.contains("0/3"), "no STARVED read of three:\n{t}");
         let d = detail_table(&mode.exp1);
         assert_eq!(d.lines().count(), 1 + 3 * 3);
