@@ -269,7 +269,7 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
         format!(
             "runtime = \"docker\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/state.json\"\n\
              control_socket = \"{0}/agent.sock\"\n[docker]\nsocket = \"{1}\"\n\
-             [devices]\ncheck = [\"{2}\", \"{3}\", \"{4}\"]\n[metrics]\nenabled = true\nlisten = \"127.0.0.1:{5}\"\n\
+             [devices]\nprotect = \"off\"\ncheck = [\"{2}\", \"{3}\", \"{4}\"]\n[metrics]\nenabled = true\nlisten = \"127.0.0.1:{5}\"\n\
              [mlfq]\nboost_after = \"10m\"\n",
             tmp.display(),
             socket.display(),
@@ -479,7 +479,7 @@ fn auto_weights_a_starting_container_before_its_start_event_where_docker_deliver
         &config,
         format!(
             "runtime = \"docker\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/state.json\"\n\
-             control_socket = \"{0}/agent.sock\"\n[docker]\nsocket = \"{1}\"\n[devices]\ncheck = [\"{2}\"]\n\
+             control_socket = \"{0}/agent.sock\"\n[docker]\nsocket = \"{1}\"\n[devices]\nprotect = \"off\"\ncheck = [\"{2}\"]\n\
              [mlfq]\nboost_after = \"10m\"\n",
             tmp.display(),
             socket.display(),
@@ -846,7 +846,7 @@ fn agent_on_v2_weights_pod_cgroups_through_cri() {
         format!(
             "runtime = \"cri\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/cri-state.json\"\n\
              control_socket = \"{0}/cri-agent.sock\"\n[cri]\nsocket = \"{1}\"\n\
-             [policy]\ntrusted_namespaces = [\"ddiskqos-test\"]\n[devices]\ncheck = [\"{2}\", \"{3}\"]\n\
+             [policy]\ntrusted_namespaces = [\"ddiskqos-test\"]\n[devices]\nprotect = \"off\"\ncheck = [\"{2}\", \"{3}\"]\n\
              [mlfq]\nboost_after = \"10m\"\nidle_promote_after = \"off\"\n",
             tmp.display(),
             containerd.socket().display(),
@@ -1074,7 +1074,7 @@ fn agent_warns_when_io_cost_sits_at_its_minimum_rate() {
         &config,
         format!(
             "runtime = \"cgroup-dir\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/vrate-state.json\"\n\
-             control_socket = \"{0}/vrate-agent.sock\"\n[cgroup]\nparent = \"{1}\"\n[devices]\ncheck = [\"{2}\"]\n",
+             control_socket = \"{0}/vrate-agent.sock\"\n[cgroup]\nparent = \"{1}\"\n[devices]\nprotect = \"off\"\ncheck = [\"{2}\"]\n",
             tmp.display(),
             rel,
             cost.name
