@@ -175,7 +175,8 @@ fn devices_at_start(
     }
     let v2_root = (root.version() == CgroupVersion::V2).then(|| root.path().to_path_buf());
     if managed.is_empty() && cfg.devices.protect == ProtectMode::Auto {
-        warn!(
+        // Not a warning: a cgroup-dir agent without `check` is a plain configuration; nothing is wrong.
+        info!(
             "protect: no managed device (name them in [devices] check): no device is changed, and weights act \
                only where the scheduler is bfq or io.cost is on"
         );
@@ -220,10 +221,20 @@ fn devices_at_start(
         }
     }
     let originals = tune::originals_path(&cfg.state_file);
+    // Devices protection manages now: an earlier agent's originals on them are put back at stop too.
+    let adopt: Vec<String> = plan
+        .iter()
+        .filter(|p| match &p.decision {
+            Decision::Bfq { .. } | Decision::IoCost { .. } => true,
+            Decision::Leave(why) => why.starts_with("io.cost is enabled already"),
+        })
+        .map(|p| p.device.clone())
+        .collect();
     let tuned = TunedDevices::apply_all(
         v2_root.as_deref(),
         &cfg.devices.bfq_tunables,
         &settings,
+        &adopt,
         (!cfg.dry_run).then_some(originals.as_path()),
     )?;
     metrics.device_settings.set_view(tuned.view(left));

@@ -555,3 +555,41 @@ fn protect_enables_io_cost_with_the_measured_model_reads_it_back_and_turns_it_of
     assert!(tuned.tuned().is_empty());
     assert_eq!(fs::read_to_string(&qos).unwrap(), "7:3 enable=0");
 }
+
+#[test]
+fn protect_after_a_kill_puts_back_the_scheduler_the_killed_agent_switched() {
+    let sys = fake_sys_protect();
+    let s = sys.path();
+    let state = tempfile::tempdir().unwrap();
+    let file = tune::originals_path(&state.path().join("state.json"));
+    // What a killed agent left: loop3 switched from none to bfq and tuned; its originals on file.
+    fs::write(s.join("devices/block/loop3/queue/iosched/strict_guarantees"), "1\n").unwrap();
+    fs::write(
+        &file,
+        r#"{"loop3": {"scheduler": "none", "strict_guarantees": "0", "max_budget": "0", "timeout_sync": "124"}}"#,
+    )
+    .unwrap();
+    // This agent finds bfq, so it plans the three settings only, and adopts the scheduler's original.
+    let plan = protect::plan_in(s, &Ok(vec!["vda".into()]), None, &Default::default(), &managed(&["loop3"]));
+    let settings: Vec<protect::Setting> = plan.iter().flat_map(|p| p.bfq_settings()).collect();
+    assert_eq!(settings.len(), 3);
+    let adopt = vec!["loop3".to_string()];
+    let mut tuned = tune::TunedDevices::apply_all_adopting_in(
+        s,
+        ROOT_ON_VDA,
+        None,
+        &Default::default(),
+        &settings,
+        &adopt,
+        Some(&file),
+    )
+    .unwrap();
+    let got: Vec<(&str, &str)> = tuned.tuned().iter().map(|t| (t.key.as_str(), t.original.as_str())).collect();
+    assert_eq!(got, [("scheduler", "none"), ("strict_guarantees", "0"), ("max_budget", "0"), ("timeout_sync", "124")]);
+    let on_disk: serde_json::Value = serde_json::from_str(&fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(on_disk["loop3"]["scheduler"], "none", "still on file: {on_disk}");
+    assert_eq!(tuned.restore(), 0);
+    assert_eq!(scheduler_in(s, "loop3").unwrap().active, "none", "the scheduler goes back, last");
+    assert_eq!(iosched_value(s, "loop3", "strict_guarantees"), "0");
+    assert!(!file.exists());
+}

@@ -216,24 +216,43 @@ impl TunedDevices {
     /// default (`protect`, [`super::protect`]: a device whose setting fails is left where it got to, with a
     /// warning, and put back at stop like everything else), on the real `/sys` and the cgroup v2 root `v2_root`
     /// (for io.cost settings; `None` on v1).
+    ///
+    /// `adopt`: devices protection manages now (not opted out) whose originals an earlier agent recorded and that
+    /// are not among `protect`'s settings this time (e.g. the scheduler a killed agent switched: it reads `bfq` now,
+    /// so no switch is planned; io.cost a killed agent enabled): those originals are kept and put back at stop too.
     pub fn apply_all(
         v2_root: Option<&Path>,
         map: &TunableMap,
         protect: &[Setting],
+        adopt: &[String],
         originals: Option<&Path>,
     ) -> Result<Self, TuneError> {
         let mountinfo = std::fs::read_to_string(MOUNTINFO)
             .map_err(|e| TuneError::File { path: MOUNTINFO.into(), reason: e.to_string() })?;
-        Self::apply_all_in(Path::new(SYS), &mountinfo, v2_root, map, protect, originals)
+        Self::apply_all_adopting_in(Path::new(SYS), &mountinfo, v2_root, map, protect, adopt, originals)
     }
 
-    /// [`apply_all`](Self::apply_all) on a given sysfs tree, mount table and v2 root (tests use fixtures).
+    /// [`apply_all`](Self::apply_all) on a given sysfs tree, mount table and v2 root (tests use fixtures), adopting
+    /// nothing.
     pub fn apply_all_in(
         sys: &Path,
         mountinfo: &str,
         v2_root: Option<&Path>,
         map: &TunableMap,
         protect: &[Setting],
+        originals: Option<&Path>,
+    ) -> Result<Self, TuneError> {
+        Self::apply_all_adopting_in(sys, mountinfo, v2_root, map, protect, &[], originals)
+    }
+
+    /// [`apply_all`](Self::apply_all) on a given sysfs tree, mount table and v2 root.
+    pub fn apply_all_adopting_in(
+        sys: &Path,
+        mountinfo: &str,
+        v2_root: Option<&Path>,
+        map: &TunableMap,
+        protect: &[Setting],
+        adopt: &[String],
         originals: Option<&Path>,
     ) -> Result<Self, TuneError> {
         validate_map(map)?;
@@ -257,16 +276,45 @@ impl TunedDevices {
             me.restored = true;
             return Ok(me);
         };
-        if map.values().all(BTreeMap::is_empty) && protect.is_empty() {
+        // Originals a killed agent left behind: the values now on the devices are its, not the operator's.
+        let earlier = read_originals(file)?;
+        let adopted = |device: &String, key: &String| {
+            adopt.contains(device)
+                && !map.get(device).is_some_and(|t| t.contains_key(key))
+                && !protect.iter().any(|s| &s.device == device && &s.key == key)
+        };
+        if map.values().all(BTreeMap::is_empty)
+            && protect.is_empty()
+            && !earlier.iter().any(|(d, t)| t.keys().any(|k| adopted(d, k)))
+        {
             me.restored = true;
             return Ok(me);
         }
-        // Originals a killed agent left behind: the values now on the devices are its, not the operator's.
-        let earlier = read_originals(file)?;
+        me.file = Some(file.to_path_buf());
+        // Adopted first, so they go back last (a scheduler after the tunables it resets).
+        for (device, settings) in &earlier {
+            let mut keys: Vec<&String> = settings.keys().filter(|k| adopted(device, k)).collect();
+            keys.sort_by_key(|k| k.as_str() != super::protect::SCHEDULER);
+            for key in keys {
+                let original = &settings[key];
+                let now = read_setting(sys, v2_root, device, key).unwrap_or_else(|e| format!("(unreadable: {e})"));
+                info!(device = %device, setting = %key, now = %now, original = %original,
+                      "protect: a setting an agent that did not stop cleanly made; its original is put back at stop");
+                me.tuned.push(Tuned {
+                    device: device.clone(),
+                    key: key.clone(),
+                    original: original.clone(),
+                    value: now,
+                    by: "protect (adopted)".into(),
+                });
+            }
+        }
+        me.write_originals()?;
         for (device, tunables) in &earlier {
             for (key, original) in tunables {
                 let configured = map.get(device).is_some_and(|t| t.contains_key(key))
-                    || protect.iter().any(|s| &s.device == device && &s.key == key);
+                    || protect.iter().any(|s| &s.device == device && &s.key == key)
+                    || adopted(device, key);
                 if !configured {
                     // No longer configured, so not this agent's to touch: the operator puts it back.
                     warn!(device = %device, tunable = %key, original = %original,
@@ -277,7 +325,6 @@ impl TunedDevices {
         }
         let mut allowed: Vec<String> = map.keys().cloned().collect();
         allowed.extend(protect.iter().map(|s| s.device.clone()));
-        me.file = Some(file.to_path_buf());
         for (device, tunables) in map {
             for (key, value) in tunables {
                 let n = validate(key, value).expect("validated above").to_string();
