@@ -1,8 +1,9 @@
 //! Protection by default (`[devices] protect = "auto"`, the embedded default) on the kernel, cgroup v1: a managed
 //! loop device whose scheduler is `none` is switched to BFQ and given the short slots at start (logged with old
 //! and new values, read back in `status` and the metrics), and put back exactly on SIGTERM; `opt_out` leaves it
-//! alone; after a SIGKILL `ddiskqos-agent devices restore` puts the first originals back. Needs root, cgroup v1
-//! blkio and a loop device of its own (`#[ignore]`d; see `testbed::require`). A few seconds.
+//! alone; after a SIGKILL `ddiskqos-agent devices restore` puts the first originals back, or the next agent does at
+//! its stop (the scheduler the killed agent switched included). Needs root, cgroup v1 blkio and a loop device of
+//! its own (`#[ignore]`d; see `testbed::require`). A few seconds.
 //!
 //! Never points the agent at the machine's own disks: only at the loop device it creates.
 
@@ -178,5 +179,23 @@ listen = "127.0.0.1:{port}"
     assert!(stdout.contains("3 of 3 device setting(s) put back"), "{stdout}");
     assert_eq!((read(&dev, "iosched/strict_guarantees"), read(&dev, "iosched/max_budget")), (sg, mb));
     assert_eq!(read(&dev, "iosched/timeout_sync"), "124");
+    drop(killed);
+
+    // SIGKILL of an agent that switched the scheduler: the next agent on its state file finds bfq (so plans no
+    // switch), adopts the killed agent's original scheduler, and puts it back at its own stop.
+    select(&dev, "none");
+    let mut killed = Agent::start(AGENT, &config);
+    assert_eq!(active_scheduler(&dev), "bfq");
+    let dir = killed.dir.path().to_path_buf();
+    killed.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = killed.wait(std::time::Duration::from_secs(5));
+    assert_eq!(active_scheduler(&dev), "bfq", "nothing restores after SIGKILL");
+    let config2 = config.replace("{dir}/state.json", &dir.join("state.json").display().to_string());
+    let mut next = Agent::start(AGENT, &config2);
+    let log = testbed::probe::strip_ansi(&next.log_text());
+    assert!(log.lines().any(|l| l.contains("did not stop cleanly") && l.contains("setting=scheduler")), "{log}");
+    assert!(next.stop().success(), "{}", next.log_text());
+    assert_eq!(active_scheduler(&dev), "none", "the first original scheduler is back");
+    assert!(!dir.join("state.json.bfq-tunables.json").exists());
     drop(killed);
 }
