@@ -51,7 +51,8 @@ enum Cmd {
         syntax_only: bool,
     },
     /// Opt-in io.cost set-up (cgroup v2): measure a block device and print, or with --apply write, its
-    /// io.cost.model and io.cost.qos lines. The agent itself never enables io.cost.
+    /// io.cost.model and io.cost.qos lines. (The running agent enables io.cost only on the devices it manages, by
+    /// `[devices] protect`, and turns it off at stop.)
     Iocost {
         /// The block device, e.g. /dev/sdb or /dev/loop3 (read, never written).
         device: PathBuf,

@@ -10,8 +10,9 @@
 //! would destroy its data); without one, the write coefficients are taken equal to the read ones, and the report
 //! says so.
 //!
-//! The agent never enables io.cost by itself: only `ddiskqos-agent iocost DEVICE --apply` writes, prints what it
-//! wrote, and how to undo it.
+//! `ddiskqos-agent iocost DEVICE --apply` writes, prints what it wrote, and how to undo it. The running agent
+//! enables io.cost only through protection by default ([`super::protect`]: a managed device on cgroup v2 whose
+//! scheduler is not BFQ, with a short measurement at start), and turns it off again at stop.
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
