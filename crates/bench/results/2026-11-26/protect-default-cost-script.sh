@@ -1,5 +1,9 @@
 #!/bin/bash
-# Cost of the agent's default device settings for other workloads, on our own loop device with BFQ.
+# Cost of the agent's default device settings ([devices] protect = "auto" on a BFQ device: strict_guarantees=1,
+# max_budget=256, timeout_sync=8) for other workloads, on a loop device of its own with BFQ, against the device as
+# found (BFQ's defaults). Run as root, under flock /tmp/ddiskqos-real.lock; writes protect-default-cost-<mode>-rep<N>.txt
+# here and removes its loop device, file and cgroups. The slots-no-strict file came from this script with the mode
+# list set to "slots-no-strict" (max_budget=256 and timeout_sync=8 only) and one repetition.
 set -u
 OUT=/work/wt-def/crates/bench/results/2026-11-26
 CG=/sys/fs/cgroup/blkio
