@@ -11,9 +11,10 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use crate::backend::{CounterSource, Discovery, WeightWriter};
+use crate::blockdev::protect::{self, Decision, Managed};
 use crate::blockdev::tune::{self, TunedDevices};
 use crate::cgroup::{CgroupRoot, CgroupVersion};
-use crate::config::{ActuatorMode, AgentConfig, RuntimeKind};
+use crate::config::{ActuatorMode, AgentConfig, ProtectMode, RuntimeKind};
 use crate::daemon::{Command, Daemon, RuntimeBackends, Summary};
 use crate::files::FileWriter;
 use crate::metrics::Metrics;
@@ -65,14 +66,16 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             } else {
                 cfg.devices.check.clone()
             };
-            let tuned = devices_at_start(&cfg, &root, data_disk)?;
+            let managed = managed_devices(&cfg, data_disk.iter().map(|d| (d.clone(), "Docker's data root".into())));
+            let tuned = devices_at_start(&cfg, &root, managed, &metrics)?;
             let backends = docker::backends(docker, root.clone(), cfg.actuator, devices, &metrics).await?;
             let backends = with_systemd(&cfg, &root, backends)?;
             info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
             run_daemon(&cfg, backends, originals, metrics, systemd, config_path, tuned, None).await?
         }
         RuntimeKind::CgroupDir => {
-            let tuned = devices_at_start(&cfg, &root, None)?;
+            let managed = managed_devices(&cfg, std::iter::empty());
+            let tuned = devices_at_start(&cfg, &root, managed, &metrics)?;
             let backends = cgroup_dir::backends(&cfg, root.clone(), &metrics).with_context(|| {
                 format!("cgroup.parent = {:?}: no such cgroup under {}", cfg.cgroup.parent, root.path().display())
             })?;
@@ -85,6 +88,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             info!(socket = %cfg.cri.socket.display(), runtime = %name, version = %version, "connected to the CRI runtime");
             // The devices that matter: as configured, else the disks holding the kubelet's and the runtime's state.
             let mut cfg = cfg;
+            let from_config = !cfg.devices.check.is_empty();
             let checked = if cfg.devices.check.is_empty() {
                 let found = readiness::state_dir_disks(&cfg.cri.state_dirs);
                 cfg.devices.check = found.iter().map(|d| d.name.clone()).collect();
@@ -102,7 +106,12 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
                       "no device to check: none of [cri] state_dirs is visible and [devices] check is empty; \
                        /readyz answers 503 until one is named");
             }
-            let tuned = devices_at_start(&cfg, &root, None)?;
+            let managed = if from_config {
+                managed_devices(&cfg, std::iter::empty())
+            } else {
+                readiness.devices().iter().map(|d| Managed { name: d.name.clone(), why: d.why.clone() }).collect()
+            };
+            let tuned = devices_at_start(&cfg, &root, managed, &metrics)?;
             let backends = with_systemd(&cfg, &root, cri::backends(&cfg, client, root.clone(), &metrics))?;
             info!(dry_run = cfg.dry_run, "managing Kubernetes pods (one weight per pod cgroup)");
             let readiness = Some(Arc::new(readiness));
@@ -133,32 +142,107 @@ async fn run_daemon<D: Discovery, C: CounterSource, W: WeightWriter>(
     Ok(summary)
 }
 
-/// Switches the opted-in devices and sets their opted-in BFQ tunables, then, on cgroup v1, checks the devices that
-/// matter and warns about each one where weights cannot act. `runtime_disk` is the disk holding the runtime's data
-/// (Docker's data root), checked when the config names no device. The returned [`TunedDevices`] puts the tunables
-/// back when restored or dropped: keep it until the agent stops.
+/// The managed devices: `[devices] check` when the operator names devices, else `runtime_disks` (the disk holding
+/// the runtime's data, with why).
+fn managed_devices(cfg: &AgentConfig, runtime_disks: impl Iterator<Item = (String, String)>) -> Vec<Managed> {
+    if cfg.devices.check.is_empty() {
+        runtime_disks.map(|(name, why)| Managed { name, why }).collect()
+    } else {
+        cfg.devices.check.iter().map(|name| Managed { name: name.clone(), why: "[devices] check".into() }).collect()
+    }
+}
+
+/// Switches the opted-in devices, sets their opted-in BFQ tunables and protects the managed devices
+/// (`[devices] protect`, [`blockdev::protect`]), then, on cgroup v1, checks the managed devices and warns about
+/// each one where weights cannot act. The returned [`TunedDevices`] puts every setting back when restored or
+/// dropped: keep it until the agent stops. What was set is handed to `metrics` (read back in status and metrics).
 ///
 /// On cgroup v2 the devices are checked by the weight writer's device table instead
 /// ([`crate::files::FileWriter::check_configured`], called by [`crate::files::agent_writer`]): it is the one place
 /// that warns about a device no weight acts on, once per device, whether the device comes from the config or from a
 /// container's `io.stat`. (This was `blockdev::check`: it reads the config and the cgroup version, so it sits here,
 /// above both `blockdev` and `cgroup`, which no longer import each other.)
-fn devices_at_start(cfg: &AgentConfig, root: &CgroupRoot, runtime_disk: Option<String>) -> Result<TunedDevices> {
+fn devices_at_start(
+    cfg: &AgentConfig,
+    root: &CgroupRoot,
+    managed: Vec<Managed>,
+    metrics: &Metrics,
+) -> Result<TunedDevices> {
     for name in &cfg.devices.switch_to_bfq {
         blockdev::switch_to_bfq(name, &cfg.devices.switch_to_bfq)
             .with_context(|| format!("devices.switch_to_bfq: cannot switch {name} to bfq"))?;
         info!(device = %name, "scheduler is bfq, as configured");
     }
+    let v2_root = (root.version() == CgroupVersion::V2).then(|| root.path().to_path_buf());
+    if managed.is_empty() && cfg.devices.protect == ProtectMode::Auto {
+        // Not a warning: a cgroup-dir agent without `check` is a plain configuration; nothing is wrong.
+        info!(
+            "protect: no managed device (name them in [devices] check): no device is changed, and weights act \
+               only where the scheduler is bfq or io.cost is on"
+        );
+    }
+    let protected = blockdev::protected_disks().map_err(|e| e.to_string());
+    let plan = protect::plan_in(std::path::Path::new("/sys"), &protected, v2_root.as_deref(), &cfg.devices, &managed);
+    let mut settings = Vec::new();
+    let mut left = Vec::new();
+    for p in &plan {
+        match &p.decision {
+            Decision::Leave(why) if why.contains("root filesystem") => {
+                warn!(device = %p.device, managed_as = %p.why, "protect: {}", p.describe());
+                left.push((p.device.clone(), why.clone()));
+            }
+            Decision::Leave(why) => {
+                info!(device = %p.device, managed_as = %p.why, "protect: {}", p.describe());
+                left.push((p.device.clone(), why.clone()));
+            }
+            Decision::Bfq { .. } => {
+                info!(device = %p.device, managed_as = %p.why, "protect: {}", p.describe());
+                settings.extend(p.bfq_settings());
+            }
+            Decision::IoCost { dev } if cfg.dry_run => {
+                info!(device = %p.device, dev = %dev, "dry run: protect would measure the device and enable io.cost");
+            }
+            Decision::IoCost { dev } => {
+                info!(device = %p.device, dev = %dev, "protect: measuring the device for io.cost (reads only, ~4 s)");
+                match protect::measure_for_io_cost(&p.device) {
+                    Ok(m) => {
+                        let s = protect::io_cost_settings(&p.device, *dev, &m);
+                        info!(device = %p.device, model = %s[0].value, qos = %s[1].value,
+                              "protect: io.cost model measured; enabling io.cost (restored at stop)");
+                        settings.extend(s);
+                    }
+                    Err(e) => {
+                        warn!(device = %p.device, error = %e, "protect: cannot measure the device for io.cost; \
+                              left as it is (no weight acts on it)");
+                        left.push((p.device.clone(), format!("io.cost measurement failed: {e}")));
+                    }
+                }
+            }
+        }
+    }
     let originals = tune::originals_path(&cfg.state_file);
-    let tuned = TunedDevices::apply(&cfg.devices.bfq_tunables, (!cfg.dry_run).then_some(originals.as_path()))?;
+    // Devices protection manages now: an earlier agent's originals on them are put back at stop too.
+    let adopt: Vec<String> = plan
+        .iter()
+        .filter(|p| match &p.decision {
+            Decision::Bfq { .. } | Decision::IoCost { .. } => true,
+            Decision::Leave(why) => why.starts_with("io.cost is enabled already"),
+        })
+        .map(|p| p.device.clone())
+        .collect();
+    let tuned = TunedDevices::apply_all(
+        v2_root.as_deref(),
+        &cfg.devices.bfq_tunables,
+        &settings,
+        &adopt,
+        (!cfg.dry_run).then_some(originals.as_path()),
+    )?;
+    metrics.device_settings.set_view(tuned.view(left));
     if root.version() == CgroupVersion::V2 {
         return Ok(tuned);
     }
-    let mut check = cfg.devices.check.clone();
-    if check.is_empty() {
-        check.extend(runtime_disk);
-    }
-    for name in check {
+    for m in managed {
+        let name = m.name;
         match blockdev::scheduler(&name) {
             Ok(s) if s.active == "bfq" => info!(device = %name, "scheduler is bfq: weights act on this device"),
             Ok(s) => warn!(device = %name, scheduler = %s.active,

@@ -33,7 +33,9 @@
 //! parent = ""                   # cgroup-dir runtime: containers are the child directories of this cgroup
 //!
 //! [devices]
-//! check = []                    # devices whose scheduler is checked at start (default: Docker's data disk)
+//! protect = "auto"              # make weights act on every managed device ("off": change no device)
+//! opt_out = []                  # managed devices protect leaves as they are, e.g. ["sdb"]
+//! check = []                    # the managed devices (default: the disk of Docker's data root / CRI's state dirs)
 //! switch_to_bfq = []            # opt-in: set these devices' scheduler to bfq at start
 //! bfq_tunables = {}             # opt-in: e.g. { sdb = { max_budget = 256 } }, set at start, restored at stop
 //!
@@ -142,12 +144,33 @@ pub struct CgroupConfig {
     pub parent: String,
 }
 
+/// `[devices] protect`: whether the agent makes weights act on the devices it manages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProtectMode {
+    /// Per managed device, from what the agent finds there (default): BFQ's short slots and `strict_guarantees`
+    /// where BFQ is (or, on cgroup v1, can be) the scheduler; on cgroup v2 io.cost with a model measured from
+    /// the device where BFQ is not the scheduler. Every setting is logged, read back, shown in status and metrics
+    /// and put back at stop ([`crate::blockdev::protect`]).
+    #[default]
+    Auto,
+    /// Change no device (the agent before protection by default; `check` and the opt-ins still work).
+    Off,
+}
+
 /// `[devices]`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DevicesConfig {
-    /// Block devices (names like `sda`, `loop3`) whose scheduler is checked at start-up. Empty: the device
-    /// holding Docker's data root.
+    /// `"auto"` (default): every managed device is made one where weights decide latency; `"off"`: no device is
+    /// changed by protection.
+    pub protect: ProtectMode,
+    /// Managed devices that protection leaves exactly as they are (one line opts a device out).
+    pub opt_out: Vec<String>,
+    /// The managed devices (names like `sda`, `loop3`): their scheduler is checked at start-up, and protection
+    /// acts on them. Empty: the disk holding Docker's data root (`runtime = "docker"`) or the kubelet's and the
+    /// runtime's state (`runtime = "cri"`, `[cri] state_dirs`); none for `cgroup-dir`. The disk holding `/` is
+    /// never changed.
     pub check: Vec<String>,
     /// Opt-in: block devices switched to the BFQ scheduler at start-up. No other device is ever touched, and the
     /// device holding `/` is refused.
@@ -389,7 +412,11 @@ impl AgentConfig {
         if self.cgroup.parent.split('/').any(|c| c == "..") {
             return Err(invalid("cgroup.parent", &self.cgroup.parent, "must not contain '..'"));
         }
-        for (list, names) in [("check", &self.devices.check), ("switch_to_bfq", &self.devices.switch_to_bfq)] {
+        for (list, names) in [
+            ("check", &self.devices.check),
+            ("switch_to_bfq", &self.devices.switch_to_bfq),
+            ("opt_out", &self.devices.opt_out),
+        ] {
             for (i, d) in names.iter().enumerate() {
                 if d.is_empty() || d.contains('/') || d.starts_with('.') {
                     let field = format!("devices.{list}[{i}]");
@@ -479,6 +506,8 @@ mod tests {
         assert_eq!(one(|c| c.cgroup.parent = "machine.slice".into()), ["[cgroup]"]);
         assert_eq!(one(|c| c.devices.check = vec!["sdb".into()]), ["[devices]"]);
         assert_eq!(one(|c| c.devices.switch_to_bfq = vec!["sdb".into()]), ["[devices]"]);
+        assert_eq!(one(|c| c.devices.protect = ProtectMode::Off), ["[devices]"]);
+        assert_eq!(one(|c| c.devices.opt_out = vec!["sdb".into()]), ["[devices]"]);
         assert_eq!(one(|c| c.metrics.enabled = true), ["[metrics]"]);
         assert_eq!(one(|c| c.policy.trusted_namespaces = vec!["batch".into()]), ["[policy]"]);
         // What a reload applies.
@@ -516,5 +545,28 @@ mod tests {
         // A float or a table is not a value at all: the parser's own message names the key.
         let err = parse("[devices]\nbfq_tunables = { sdb = { max_budget = 1.5 } }\n").unwrap_err();
         assert!(err.contains("bfq_tunables"), "{err}");
+    }
+
+    #[test]
+    fn protect_defaults_to_auto_opts_out_in_one_line_and_bad_values_name_field_and_value() {
+        assert_eq!(AgentConfig::default().devices.protect, ProtectMode::Auto, "protection by default");
+        assert!(AgentConfig::default().devices.opt_out.is_empty());
+        assert_eq!(parse("[devices]\nprotect = \"off\"\n").unwrap().devices.protect, ProtectMode::Off);
+        assert_eq!(parse("[devices]\nprotect = \"auto\"\n").unwrap().devices.protect, ProtectMode::Auto);
+        assert_eq!(parse("[devices]\nopt_out = [\"sdb\"]\n").unwrap().devices.opt_out, ["sdb"]);
+        for (text, want) in [
+            ("protect = \"on\"", "protect"),
+            ("protect = true", "protect"),
+            ("opt_out = \"sdb\"", "opt_out"),
+            ("opt_out = [\"/dev/sdb\"]", "devices.opt_out[0] = /dev/sdb: must be a block device name"),
+            ("opt_out = [\"sdb\", \"\"]", "devices.opt_out[1] = : must be a block device name"),
+            ("opt_out = [\"..\"]", "devices.opt_out[0] = ..: must be a block device name"),
+            ("protekt = \"off\"", "protekt"),
+        ] {
+            let err = parse(&format!("[devices]\n{text}\n")).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+        let err = parse("[devices]\nprotect = \"on\"\n").unwrap_err();
+        assert!(err.contains("auto") && err.contains("off"), "the message lists the choices: {err}");
     }
 }

@@ -65,9 +65,20 @@ pub async fn fetch(path: &Path) -> Result<Status, String> {
     serde_json::from_slice(&buf).map_err(|e| format!("bad answer from {}: {e}", path.display()))
 }
 
+/// A setting's value for the table: io.cost lines without their device number, cut to 40 characters.
+fn short(value: &str) -> String {
+    let v = value.split_once(' ').filter(|(dev, _)| dev.contains(':')).map_or(value, |(_, rest)| rest);
+    if v.is_empty() {
+        "(none)".into()
+    } else {
+        truncate(v, 40)
+    }
+}
+
 /// Renders the table: container, policy, level (1-based, see [`crate::daemon::display_level`]), weight, bytes at
 /// level, time at level; on cgroup v2 under each container one line per device (what governs it, the file written
-/// and the weight in force there), then every device the agent looked at, with the fix where no weight acts.
+/// and the weight in force there), then every device the agent looked at, with the fix where no weight acts; then
+/// every device setting the agent made (original, set, read back now) and the managed devices it left alone.
 pub fn render(status: &Status) -> String {
     let mut out = format!(
         "actuator: {}{}\n{:<14} {:<24} {:<9} {:>5} {:>6} {:>14} {:>10}\n",
@@ -128,6 +139,31 @@ pub fn render(status: &Status) -> String {
             }
         }
     }
+    if !status.device_settings.is_empty() || !status.devices_left.is_empty() {
+        out.push_str(&format!(
+            "DEVICE SETTINGS (put back at stop)\n  {:<10} {:<18} {:<14} {:<14} {:<14} {}\n",
+            "DEVICE", "SETTING", "ORIGINAL", "SET", "NOW", "BY"
+        ));
+        for r in &status.device_settings {
+            let now = match (&r.now, r.as_set()) {
+                (None, _) => "UNREADABLE".to_string(),
+                (Some(n), true) => short(n),
+                (Some(n), false) => format!("{} (CHANGED)", short(n)),
+            };
+            out.push_str(&format!(
+                "  {:<10} {:<18} {:<14} {:<14} {:<14} {}\n",
+                r.device,
+                r.setting,
+                short(&r.original),
+                short(&r.set),
+                now,
+                r.by
+            ));
+        }
+        for (device, why) in &status.devices_left {
+            out.push_str(&format!("  {device:<10} left as it is: {why}\n"));
+        }
+    }
     out
 }
 
@@ -152,6 +188,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::blockdev::tune::SettingRow;
     use crate::config::ActuatorMode;
     use crate::daemon::{Actuator, PolicyKind, StatusRow};
 
@@ -173,6 +210,8 @@ mod tests {
             containers: (0..8000).map(row).collect(),
             saves_held: false,
             devices: vec![],
+            device_settings: vec![],
+            devices_left: vec![],
         }
     }
 
@@ -245,6 +284,19 @@ mod tests {
                 summary("7:4", "loop4", "none", "io-cost", None),
                 summary("7:5", "loop5", "none", "none", Some("FIX-IT")),
             ],
+            device_settings: vec![
+                setting("loop3", "timeout_sync", "124", "8", Some("8")),
+                setting("loop3", "max_budget", "0", "256", Some("64")),
+                setting("loop3", "strict_guarantees", "0", "1", None),
+                setting(
+                    "loop4",
+                    "io.cost.qos",
+                    "7:4 enable=0 ctrl=auto",
+                    "7:4 enable=1 ctrl=user rpct=95.00",
+                    Some("7:4 enable=1 ctrl=user rpct=95.00 rlat=2000"),
+                ),
+            ],
+            devices_left: vec![("vda".into(), "it backs the root filesystem".into())],
         };
         let text = render(&status);
         let lines: Vec<&str> = text.lines().collect();
@@ -256,6 +308,28 @@ mod tests {
         assert!(has(&["7:5 (loop5)", "NO WEIGHT ACTS", "Fix: FIX-IT"]), "{text}");
         assert!(has(&["7:4 (loop4)", "io.weight acts"]), "{text}");
         assert_eq!(text.matches("Fix:").count(), 1, "{text}");
+        // The device settings: original, set, read back now; a change behind the agent's back and an unreadable
+        // setting are flagged; io.cost lines without their device number; the devices left alone, with why.
+        assert!(has(&["DEVICE SETTINGS (put back at stop)"]), "{text}");
+        let words = |l: &&str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        let row = |setting: &str| lines.iter().find(|l| l.contains(setting)).map(words).unwrap_or_default();
+        assert_eq!(row("timeout_sync"), ["loop3", "timeout_sync", "124", "8", "8", "protect"], "{text}");
+        assert_eq!(row("max_budget"), ["loop3", "max_budget", "0", "256", "64", "(CHANGED)", "protect"], "{text}");
+        assert!(has(&["strict_guarantees", "UNREADABLE"]), "{text}");
+        assert!(has(&["loop4", "io.cost.qos", "enable=0 ctrl=auto", "enable=1 ctrl=user"]), "{text}");
+        assert!(!has(&["io.cost.qos", "(CHANGED)"]), "every word set is there: {text}");
+        assert!(has(&["vda", "left as it is: it backs the root filesystem"]), "{text}");
+    }
+
+    fn setting(device: &str, key: &str, original: &str, set: &str, now: Option<&str>) -> SettingRow {
+        SettingRow {
+            device: device.into(),
+            setting: key.into(),
+            original: original.into(),
+            set: set.into(),
+            now: now.map(Into::into),
+            by: "protect".into(),
+        }
     }
 
     #[test]

@@ -51,7 +51,8 @@ enum Cmd {
         syntax_only: bool,
     },
     /// Opt-in io.cost set-up (cgroup v2): measure a block device and print, or with --apply write, its
-    /// io.cost.model and io.cost.qos lines. The agent itself never enables io.cost.
+    /// io.cost.model and io.cost.qos lines. (The running agent enables io.cost only on the devices it manages, by
+    /// `[devices] protect`, and turns it off at stop.)
     Iocost {
         /// The block device, e.g. /dev/sdb or /dev/loop3 (read, never written).
         device: PathBuf,
@@ -83,6 +84,23 @@ enum Cmd {
     State {
         #[command(subcommand)]
         action: StateCmd,
+    },
+    /// The device settings the agent makes (protection by default, bfq_tunables).
+    Devices {
+        #[command(subcommand)]
+        action: DevicesCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DevicesCmd {
+    /// With the agent stopped (e.g. when uninstalling after it was killed): put back every device setting whose
+    /// original an agent recorded in <state_file>.bfq-tunables.json, then remove that file. A clean stop of the
+    /// agent does this itself.
+    Restore {
+        /// The state file (defaults to the config's state_file).
+        #[arg(long)]
+        state_file: Option<PathBuf>,
     },
 }
 
@@ -207,6 +225,29 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Some(Cmd::State { action }) => state_cmd(&cli, action),
+        Some(Cmd::Devices { action: DevicesCmd::Restore { state_file } }) => {
+            let cfg = load(&cli)?;
+            init_tracing(cli.log_json);
+            let path = state_file.clone().unwrap_or_else(|| cfg.state_file.clone());
+            if let Some(pid) = qos_agent::state::inspect(&path).ok().and_then(|f| f.holder) {
+                anyhow::bail!(
+                    "{} is held by a running agent (pid {pid}): stop it (it restores the devices)",
+                    path.display()
+                );
+            }
+            let file = qos_agent::blockdev::tune::originals_path(&path);
+            if !file.exists() {
+                println!("{}: no such file: no device setting to put back", file.display());
+                return Ok(ExitCode::SUCCESS);
+            }
+            let root = qos_agent::preflight::cgroup_root(&cfg)?;
+            let v2 = (root.version() == qos_agent::cgroup::CgroupVersion::V2).then(|| root.path().to_path_buf());
+            let mut tuned = qos_agent::blockdev::tune::TunedDevices::from_originals_file(v2.as_deref(), &file)?;
+            let count = tuned.tuned().len();
+            let failed = tuned.restore();
+            println!("{}: {} of {count} device setting(s) put back", file.display(), count - failed);
+            Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
         None | Some(Cmd::Run) => {
             let cfg = load(&cli)?;
             init_tracing(cli.log_json);

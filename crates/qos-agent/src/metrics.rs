@@ -68,6 +68,8 @@ pub struct Metrics {
     pub device_weight_effective: DeviceWeightEffective,
     /// CRI calls made, by call (`runtime = "cri"`).
     pub cri_requests: Family<CallLabels, Counter>,
+    /// The device settings the agent made (protection by default, `bfq_tunables`), read back at each scrape.
+    pub device_settings: DeviceSettingsMetrics,
 }
 
 impl Metrics {
@@ -88,6 +90,7 @@ impl Metrics {
             round_interval_seconds: Gauge::default(),
             device_weight_effective: DeviceWeightEffective::default(),
             cri_requests: Family::default(),
+            device_settings: DeviceSettingsMetrics::default(),
         }
     }
 
@@ -111,11 +114,14 @@ impl Metrics {
         );
         self.device_weight_effective.register(&mut r);
         r.register("cri_requests", "CRI calls made, by call", self.cri_requests.clone());
+        self.device_settings.register(&mut r);
         r
     }
 
     /// Renders the text exposition format.
     pub fn render(self: &Arc<Self>) -> String {
+        // The device settings are read back now, so a scrape sees what the devices say, not what was written.
+        let _ = self.device_settings.rows();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry()).expect("writing to a String");
         out
@@ -232,6 +238,62 @@ impl DeviceWeightEffective {
             "device_weight_effective",
             "1 if a cgroup block-I/O weight acts on the device (BFQ or io.cost), 0 if none does",
             self.family.clone(),
+        );
+    }
+}
+
+// ----- Device settings (protection by default and `bfq_tunables`): read back at each scrape and status -----
+
+/// Labels of `ddiskqos_device_setting` and `ddiskqos_device_setting_as_set`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SettingLabels {
+    /// The device, e.g. `sdb`.
+    pub device: String,
+    /// `strict_guarantees`, `max_budget`, `timeout_sync`, `scheduler`, `io.cost.model`, `io.cost.qos`, ...
+    pub setting: String,
+}
+
+/// `ddiskqos_device_setting{device,setting}`: the value a numeric setting reads now (BFQ tunables);
+/// `ddiskqos_device_setting_as_set{device,setting}`: 1 while the device reads what the agent set, 0 when not
+/// (someone changed it, or it cannot be read). Cheap to clone (shared).
+#[derive(Clone, Debug, Default)]
+pub struct DeviceSettingsMetrics {
+    view: Arc<std::sync::Mutex<Option<crate::blockdev::tune::DeviceSettingsView>>>,
+    value: Family<SettingLabels, Gauge>,
+    as_set: Family<SettingLabels, Gauge>,
+}
+
+impl DeviceSettingsMetrics {
+    /// What the agent set, to be read back from now on.
+    pub fn set_view(&self, view: crate::blockdev::tune::DeviceSettingsView) {
+        *self.view.lock().unwrap_or_else(|e| e.into_inner()) = Some(view);
+    }
+
+    /// Every setting read back now (updating both gauges), and the managed devices left as they were, with why.
+    pub fn rows(&self) -> (Vec<crate::blockdev::tune::SettingRow>, Vec<(String, String)>) {
+        let view = self.view.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(view) = view else { return (Vec::new(), Vec::new()) };
+        let rows = view.read_back();
+        for r in &rows {
+            let labels = SettingLabels { device: r.device.clone(), setting: r.setting.clone() };
+            self.as_set.get_or_create(&labels).set(i64::from(r.as_set()));
+            if let Some(n) = r.now.as_deref().and_then(|n| n.parse::<i64>().ok()) {
+                self.value.get_or_create(&labels).set(n);
+            }
+        }
+        (rows, view.notes().to_vec())
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "device_setting",
+            "A numeric device setting the agent made (BFQ tunable), as read back now",
+            self.value.clone(),
+        );
+        registry.register(
+            "device_setting_as_set",
+            "1 while a device setting the agent made reads what it set, 0 when not",
+            self.as_set.clone(),
         );
     }
 }

@@ -225,7 +225,37 @@ fn check_devices(cfg: &AgentConfig) -> Result<Vec<String>, PreflightError> {
             }
         }
     }
+    changes.extend(protect_plan(cfg));
     Ok(changes)
+}
+
+/// What protection by default will do at start, in words (the devices of `[devices] check`; the runtime's data
+/// disk is only known once the runtime answers).
+fn protect_plan(cfg: &AgentConfig) -> Vec<String> {
+    use crate::blockdev::protect;
+    if cfg.devices.protect == crate::config::ProtectMode::Off {
+        return vec!["protect = \"off\": no device is changed by protection".into()];
+    }
+    if cfg.devices.check.is_empty() {
+        let what = match cfg.runtime {
+            RuntimeKind::Docker => "the disk holding Docker's data root (asked from dockerd at start)",
+            RuntimeKind::Cri => "the disks holding [cri] state_dirs (found at start)",
+            RuntimeKind::CgroupDir => "none: name the devices in [devices] check",
+        };
+        return vec![format!("protect: managed devices: {what}; opted out: {:?}", cfg.devices.opt_out)];
+    }
+    let managed: Vec<protect::Managed> = cfg
+        .devices
+        .check
+        .iter()
+        .map(|name| protect::Managed { name: name.clone(), why: "[devices] check".into() })
+        .collect();
+    let protected = blockdev::protected_disks().map_err(|e| e.to_string());
+    let v2 = cgroup_root(cfg).ok().filter(|r| r.version() == CgroupVersion::V2).map(|r| r.path().to_path_buf());
+    protect::plan_in(Path::new("/sys"), &protected, v2.as_deref(), &cfg.devices, &managed)
+        .iter()
+        .map(|p| format!("at start: {}", p.describe()))
+        .collect()
 }
 
 #[cfg(test)]

@@ -10,8 +10,9 @@
 //! would destroy its data); without one, the write coefficients are taken equal to the read ones, and the report
 //! says so.
 //!
-//! The agent never enables io.cost by itself: only `ddiskqos-agent iocost DEVICE --apply` writes, prints what it
-//! wrote, and how to undo it.
+//! `ddiskqos-agent iocost DEVICE --apply` writes, prints what it wrote, and how to undo it. The running agent
+//! enables io.cost only through protection by default ([`super::protect`]: a managed device on cgroup v2 whose
+//! scheduler is not BFQ, with a short measurement at start), and turns it off again at stop.
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
@@ -186,10 +187,13 @@ pub fn read_line(file: &Path, dev: DevNum) -> Result<Option<String>> {
     Ok(text.lines().find(|l| l.split_whitespace().next() == Some(wanted.as_str())).map(str::to_owned))
 }
 
-fn write_line(file: &Path, line: &str, dev: DevNum) -> Result<()> {
+/// Writes one line into an io.cost root file, as `echo LINE > FILE` does (`O_TRUNC`, which cgroupfs ignores and
+/// which keeps a fixture file to the line written), and checks the file has a line for the device.
+pub(super) fn write_line(file: &Path, line: &str, dev: DevNum) -> Result<()> {
     let mut f = OpenOptions::new()
         .write(true)
         .create(false)
+        .truncate(true)
         .custom_flags(libc::O_NOFOLLOW)
         .open(file)
         .map_err(|source| DeviceError::Io { op: "open", path: file.into(), source })?;

@@ -17,6 +17,7 @@
 
 mod governor;
 pub mod iocost;
+pub mod protect;
 mod switch;
 pub mod tune;
 pub mod vrate;

@@ -35,7 +35,7 @@ fn read_mountinfo() -> Result<String> {
 }
 
 /// The allow-list and root-disk guard shared by every write.
-fn guard(sys: &Path, mountinfo: &str, name: &str, allowed: &[String]) -> Result<()> {
+pub(super) fn guard(sys: &Path, mountinfo: &str, name: &str, allowed: &[String]) -> Result<()> {
     validate_name(name)?;
     let refuse = |reason: String| DeviceError::Refused { device: name.into(), reason };
     if !allowed.iter().any(|a| a == name) {

@@ -316,3 +316,280 @@ fn device_number_errors_keep_their_words() {
     let e: DeviceError = DevNum::of_node(dir.path()).unwrap_err().into();
     assert!(matches!(e, DeviceError::Refused { ref reason, .. } if reason == "not a block device"), "{e:?}");
 }
+
+// ----- Protection by default (`[devices] protect`) -----
+
+/// `fake_sys_bfq` with what protection reads too: each disk's `dev` file and `strict_guarantees`.
+fn fake_sys_protect() -> tempfile::TempDir {
+    let sys = fake_sys_bfq();
+    for (dev, num) in [("vda", "254:0"), ("loop3", "7:3"), ("dm-0", "253:0")] {
+        fs::write(sys.path().join("devices/block").join(dev).join("dev"), format!("{num}\n")).unwrap();
+    }
+    for dev in ["loop3", "vda"] {
+        fs::write(sys.path().join("devices/block").join(dev).join("queue/iosched/strict_guarantees"), "0\n").unwrap();
+    }
+    sys
+}
+
+fn managed(names: &[&str]) -> Vec<protect::Managed> {
+    names.iter().map(|n| protect::Managed { name: n.to_string(), why: "[devices] check".into() }).collect()
+}
+
+fn decisions(plan: &[protect::Planned]) -> Vec<(String, String)> {
+    plan.iter()
+        .map(|p| {
+            let d = match &p.decision {
+                protect::Decision::Bfq { switch_from: None } => "bfq".to_string(),
+                protect::Decision::Bfq { switch_from: Some(f) } => format!("switch from {f}, bfq"),
+                protect::Decision::IoCost { dev } => format!("io.cost {dev}"),
+                protect::Decision::Leave(why) => format!("leave: {why}"),
+            };
+            (p.device.clone(), d)
+        })
+        .collect()
+}
+
+#[test]
+fn protect_plans_per_device_from_what_it_finds_and_never_the_root_disk() {
+    use crate::config::{DevicesConfig, ProtectMode};
+    let sys = fake_sys_protect();
+    let s = sys.path();
+    let root: std::result::Result<Vec<String>, String> = Ok(vec!["vda".into()]);
+    let cfg = DevicesConfig::default();
+    assert_eq!(cfg.protect, ProtectMode::Auto);
+    // v1: loop3 on bfq gets the short slots; vda backs / and is never changed (the fix is named); dm-0 has no bfq.
+    let plan = protect::plan_in(s, &root, None, &cfg, &managed(&["loop3", "vda", "dm-0", "loop3"]));
+    let d = decisions(&plan);
+    assert_eq!(d.len(), 3, "each device once: {d:?}");
+    assert_eq!(d[0], ("loop3".into(), "bfq".into()));
+    assert!(d[1].1.starts_with("leave: it backs the root filesystem") && d[1].1.contains("strict_guarantees"), "{d:?}");
+    assert!(d[2].1.contains("bfq is not available"), "{d:?}");
+    assert_eq!(
+        plan[0].bfq_settings().iter().map(|x| (x.key.as_str(), x.value.as_str())).collect::<Vec<_>>(),
+        [("strict_guarantees", "1"), ("max_budget", "256"), ("timeout_sync", "8")]
+    );
+    assert!(plan[1].bfq_settings().is_empty());
+    assert!(plan[0].describe().contains("loop3: BFQ strict_guarantees=1 max_budget=256 timeout_sync=8"));
+
+    // v1, another scheduler with bfq available: switch first, then the same settings.
+    fs::write(s.join("devices/block/loop3/queue/scheduler"), "[none] mq-deadline bfq\n").unwrap();
+    let plan = protect::plan_in(s, &root, None, &cfg, &managed(&["loop3"]));
+    assert_eq!(decisions(&plan)[0].1, "switch from none, bfq");
+    assert_eq!(plan[0].bfq_settings()[0].key, "scheduler");
+    assert_eq!(plan[0].bfq_settings().len(), 4);
+
+    // v2, not bfq: io.cost, unless it is on already or the kernel has none.
+    let v2 = tempfile::tempdir().unwrap();
+    fs::write(v2.path().join("io.cost.qos"), "").unwrap();
+    let plan = protect::plan_in(s, &root, Some(v2.path()), &cfg, &managed(&["loop3"]));
+    assert_eq!(decisions(&plan)[0].1, "io.cost 7:3");
+    fs::write(v2.path().join("io.cost.qos"), "7:3 enable=1 ctrl=user rpct=95.00\n").unwrap();
+    let plan = protect::plan_in(s, &root, Some(v2.path()), &cfg, &managed(&["loop3"]));
+    assert!(decisions(&plan)[0].1.contains("io.cost is enabled already"), "{plan:?}");
+    let no_iocost = tempfile::tempdir().unwrap();
+    let plan = protect::plan_in(s, &root, Some(no_iocost.path()), &cfg, &managed(&["loop3"]));
+    assert!(decisions(&plan)[0].1.contains("the kernel has no io.cost"), "{plan:?}");
+    fs::write(s.join("devices/block/loop3/queue/scheduler"), "mq-deadline kyber [bfq] none\n").unwrap();
+    let plan = protect::plan_in(s, &root, Some(v2.path()), &cfg, &managed(&["loop3"]));
+    assert_eq!(decisions(&plan)[0].1, "bfq", "v2 with bfq: the short slots too");
+
+    // One line opts a device out, or every device; the operator's bfq_tunables win; no root disk known: nothing.
+    let leave = |cfg: &DevicesConfig, root: &std::result::Result<Vec<String>, String>| {
+        decisions(&protect::plan_in(s, root, None, cfg, &managed(&["loop3"])))[0].1.clone()
+    };
+    let opt_out = DevicesConfig { opt_out: vec!["loop3".into()], ..DevicesConfig::default() };
+    assert_eq!(leave(&opt_out, &root), "leave: opted out ([devices] opt_out)");
+    let off = DevicesConfig { protect: ProtectMode::Off, ..DevicesConfig::default() };
+    assert_eq!(leave(&off, &root), "leave: [devices] protect = \"off\"");
+    let mut own = DevicesConfig::default();
+    own.bfq_tunables.entry("loop3".into()).or_default().insert("timeout_sync".into(), tune::TunableValue::Int(20));
+    assert_eq!(leave(&own, &root), "leave: the operator's [devices] bfq_tunables decide");
+    let unknown: std::result::Result<Vec<String>, String> = Err("no mount on /".into());
+    assert!(leave(&cfg, &unknown).contains("cannot tell which disk backs /"));
+    // A device that does not exist is left, with why.
+    assert!(decisions(&protect::plan_in(s, &root, None, &cfg, &managed(&["sdz"])))[0].1.contains("cannot read its"));
+}
+
+#[test]
+fn protect_sets_reads_back_and_restores_the_short_slots_and_after_a_kill_the_first_originals() {
+    let sys = fake_sys_protect();
+    let s = sys.path();
+    let state = tempfile::tempdir().unwrap();
+    let file = tune::originals_path(&state.path().join("state.json"));
+    let root: std::result::Result<Vec<String>, String> = Ok(vec!["vda".into()]);
+    let plan = protect::plan_in(s, &root, None, &Default::default(), &managed(&["loop3", "vda"]));
+    let settings: Vec<protect::Setting> = plan.iter().flat_map(|p| p.bfq_settings()).collect();
+    assert_eq!(settings.len(), 3, "loop3 only: {settings:?}");
+    let mut tuned =
+        tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, None, &Default::default(), &settings, Some(&file)).unwrap();
+    for (key, value) in [("strict_guarantees", "1"), ("max_budget", "256"), ("timeout_sync", "8")] {
+        assert_eq!(iosched_value(s, "loop3", key), value);
+        assert_eq!(iosched_value(s, "vda", key), if key == "timeout_sync" { "124" } else { "0" }, "vda untouched");
+    }
+    let on_disk: serde_json::Value = serde_json::from_str(&fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(on_disk["loop3"]["strict_guarantees"], "0", "{on_disk}");
+    assert_eq!(on_disk["loop3"]["timeout_sync"], "124", "{on_disk}");
+
+    // Read back for status and metrics: each as set; a value someone changed shows, and is flagged.
+    let view = tuned.view(vec![("vda".into(), "it backs the root filesystem".into())]);
+    let rows = view.read_back();
+    assert_eq!(rows.len(), 3);
+    assert!(rows.iter().all(|r| r.as_set() && r.by == "protect" && r.device == "loop3"), "{rows:?}");
+    assert_eq!(
+        (rows[2].setting.as_str(), rows[2].original.as_str(), rows[2].set.as_str()),
+        ("timeout_sync", "124", "8")
+    );
+    fs::write(s.join("devices/block/loop3/queue/iosched/timeout_sync"), "20\n").unwrap();
+    let rows = view.read_back();
+    assert_eq!(rows[2].now.as_deref(), Some("20"));
+    assert!(!rows[2].as_set());
+    let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
+    metrics.device_settings.set_view(view.clone());
+    let text = metrics.render();
+    assert!(text.contains("ddiskqos_device_setting{device=\"loop3\",setting=\"timeout_sync\"} 20"), "{text}");
+    assert!(text.contains("ddiskqos_device_setting_as_set{device=\"loop3\",setting=\"timeout_sync\"} 0"), "{text}");
+    assert!(text.contains("ddiskqos_device_setting_as_set{device=\"loop3\",setting=\"max_budget\"} 1"), "{text}");
+    fs::write(s.join("devices/block/loop3/queue/iosched/timeout_sync"), "8\n").unwrap();
+
+    // A clean stop puts every original back and removes the file.
+    assert_eq!(tuned.restore(), 0);
+    for (key, value) in [("strict_guarantees", "0"), ("max_budget", "0"), ("timeout_sync", "124")] {
+        assert_eq!(iosched_value(s, "loop3", key), value);
+    }
+    assert!(!file.exists());
+
+    // SIGKILL: the next agent records the first originals, not the killed agent's values, and restores those.
+    let tuned =
+        tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, None, &Default::default(), &settings, Some(&file)).unwrap();
+    std::mem::forget(tuned);
+    let mut next =
+        tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, None, &Default::default(), &settings, Some(&file)).unwrap();
+    assert_eq!(next.tuned().iter().map(|t| t.original.as_str()).collect::<Vec<_>>(), ["0", "0", "124"]);
+    assert_eq!(next.restore(), 0);
+    assert_eq!(iosched_value(s, "loop3", "timeout_sync"), "124");
+
+    // Or, when uninstalling after the kill: `devices restore` from the originals file alone.
+    let tuned =
+        tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, None, &Default::default(), &settings, Some(&file)).unwrap();
+    std::mem::forget(tuned);
+    let mut from_file = tune::TunedDevices::from_originals_file_in(s, ROOT_ON_VDA, None, &file).unwrap();
+    assert_eq!(from_file.tuned().len(), 3);
+    assert_eq!(from_file.restore(), 0);
+    assert_eq!(iosched_value(s, "loop3", "strict_guarantees"), "0");
+    assert_eq!(iosched_value(s, "loop3", "max_budget"), "0");
+    assert!(!file.exists());
+    let mut none = tune::TunedDevices::from_originals_file_in(s, ROOT_ON_VDA, None, &file).unwrap();
+    assert_eq!(none.restore(), 0, "no file: nothing to do");
+}
+
+#[test]
+fn protect_never_writes_the_root_disk_and_a_failing_device_does_not_stop_the_others() {
+    let sys = fake_sys_protect();
+    let s = sys.path();
+    let state = tempfile::tempdir().unwrap();
+    let file = tune::originals_path(&state.path().join("state.json"));
+    // Settings for the root disk (as if a plan were wrong) are refused by the guard; loop3 still gets its own.
+    let mut settings = Vec::new();
+    for dev in ["vda", "loop3"] {
+        for (k, v) in protect::BFQ_SETTINGS {
+            settings.push(protect::Setting { device: dev.into(), key: k.into(), value: v.into() });
+        }
+    }
+    // loop3's second setting fails (its file is gone): the first is kept and restored, the third skipped.
+    fs::remove_file(s.join("devices/block/loop3/queue/iosched/max_budget")).unwrap();
+    let mut tuned =
+        tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, None, &Default::default(), &settings, Some(&file)).unwrap();
+    assert_eq!(iosched_value(s, "vda", "strict_guarantees"), "0", "the root disk is never written");
+    assert_eq!(iosched_value(s, "loop3", "strict_guarantees"), "1");
+    assert_eq!(iosched_value(s, "loop3", "timeout_sync"), "124", "skipped after the failure");
+    assert_eq!(tuned.tuned().len(), 1);
+    assert_eq!(tuned.restore(), 0);
+    assert_eq!(iosched_value(s, "loop3", "strict_guarantees"), "0");
+}
+
+#[test]
+fn protect_enables_io_cost_with_the_measured_model_reads_it_back_and_turns_it_off_again() {
+    let sys = fake_sys_protect();
+    let s = sys.path();
+    let v2 = tempfile::tempdir().unwrap();
+    let (model, qos) = (v2.path().join("io.cost.model"), v2.path().join("io.cost.qos"));
+    fs::write(&model, "7:3 ctrl=auto model=linear rbps=174 rseqiops=1 rrandiops=1 wbps=1 wseqiops=1 wrandiops=1\n")
+        .unwrap();
+    fs::write(&qos, "7:3 enable=0 ctrl=auto rpct=0.00 rlat=250000 wpct=0.00 wlat=250000 min=1.00 max=10000.00\n")
+        .unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let file = tune::originals_path(&state.path().join("state.json"));
+    let measured = iocost::Measured {
+        model: iocost::CostModel {
+            rbps: 3_000_000_000,
+            rseqiops: 83_000,
+            rrandiops: 100_000,
+            wbps: 3_000_000_000,
+            wseqiops: 83_000,
+            wrandiops: 100_000,
+        },
+        median_4k_qd1_us: 100,
+        writes_measured: false,
+    };
+    let dev: DevNum = "7:3".parse().unwrap();
+    let settings = protect::io_cost_settings("loop3", dev, &measured);
+    assert!(settings[0].value.starts_with("7:3 ctrl=user model=linear rbps=3000000000"), "{settings:?}");
+    assert!(settings[1].value.starts_with("7:3 enable=1") && settings[1].value.contains("rlat=2000"), "{settings:?}");
+    let mut tuned =
+        tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, Some(v2.path()), &Default::default(), &settings, Some(&file))
+            .unwrap();
+    assert!(io_cost_enabled(v2.path(), dev).unwrap());
+    assert!(fs::read_to_string(&model).unwrap().contains("rbps=3000000000"));
+    let rows = tuned.view(Vec::new()).read_back();
+    assert_eq!(rows.iter().map(|r| r.setting.as_str()).collect::<Vec<_>>(), ["io.cost.model", "io.cost.qos"]);
+    assert!(rows.iter().all(|r| r.as_set()), "{rows:?}");
+    assert!(rows[1].original.contains("enable=0"));
+    assert_eq!(tuned.restore(), 0);
+    assert_eq!(fs::read_to_string(&qos).unwrap(), "7:3 enable=0", "io.cost off again");
+    assert_eq!(fs::read_to_string(&model).unwrap(), "7:3 ctrl=auto", "the kernel's model again");
+    // A line for another device is refused, naming it.
+    let wrong = [protect::Setting { device: "loop3".into(), key: "io.cost.qos".into(), value: "8:0 enable=1".into() }];
+    let tuned =
+        tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, Some(v2.path()), &Default::default(), &wrong, Some(&file))
+            .unwrap();
+    assert!(tuned.tuned().is_empty());
+    assert_eq!(fs::read_to_string(&qos).unwrap(), "7:3 enable=0");
+}
+
+#[test]
+fn protect_after_a_kill_puts_back_the_scheduler_the_killed_agent_switched() {
+    let sys = fake_sys_protect();
+    let s = sys.path();
+    let state = tempfile::tempdir().unwrap();
+    let file = tune::originals_path(&state.path().join("state.json"));
+    // What a killed agent left: loop3 switched from none to bfq and tuned; its originals on file.
+    fs::write(s.join("devices/block/loop3/queue/iosched/strict_guarantees"), "1\n").unwrap();
+    fs::write(
+        &file,
+        r#"{"loop3": {"scheduler": "none", "strict_guarantees": "0", "max_budget": "0", "timeout_sync": "124"}}"#,
+    )
+    .unwrap();
+    // This agent finds bfq, so it plans the three settings only, and adopts the scheduler's original.
+    let plan = protect::plan_in(s, &Ok(vec!["vda".into()]), None, &Default::default(), &managed(&["loop3"]));
+    let settings: Vec<protect::Setting> = plan.iter().flat_map(|p| p.bfq_settings()).collect();
+    assert_eq!(settings.len(), 3);
+    let adopt = vec!["loop3".to_string()];
+    let mut tuned = tune::TunedDevices::apply_all_adopting_in(
+        s,
+        ROOT_ON_VDA,
+        None,
+        &Default::default(),
+        &settings,
+        &adopt,
+        Some(&file),
+    )
+    .unwrap();
+    let got: Vec<(&str, &str)> = tuned.tuned().iter().map(|t| (t.key.as_str(), t.original.as_str())).collect();
+    assert_eq!(got, [("scheduler", "none"), ("strict_guarantees", "0"), ("max_budget", "0"), ("timeout_sync", "124")]);
+    let on_disk: serde_json::Value = serde_json::from_str(&fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(on_disk["loop3"]["scheduler"], "none", "still on file: {on_disk}");
+    assert_eq!(tuned.restore(), 0);
+    assert_eq!(scheduler_in(s, "loop3").unwrap().active, "none", "the scheduler goes back, last");
+    assert_eq!(iosched_value(s, "loop3", "strict_guarantees"), "0");
+    assert!(!file.exists());
+}

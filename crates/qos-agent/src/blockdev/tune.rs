@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::switch::set_bfq_tunable_in;
+use super::protect::{read_setting, restore_setting, write_setting, Setting};
 use super::{DeviceError, MOUNTINFO, SYS};
 
 /// A BFQ tunable the agent may set: its name, the smallest and largest value it accepts, and its unit.
@@ -93,12 +93,26 @@ pub fn validate(key: &str, value: &TunableValue) -> Result<u64, String> {
 pub struct Tuned {
     /// The device, e.g. `sdb`.
     pub device: String,
-    /// The tunable.
+    /// The tunable (a file of `queue/iosched/`), or `scheduler`, `io.cost.model`, `io.cost.qos`.
     pub key: String,
     /// What it read before the agent (or a killed earlier agent) changed it: what a clean shutdown puts back.
     pub original: String,
     /// What the agent wrote.
     pub value: String,
+    /// Who asked: `bfq_tunables` (the operator's list) or `protect` (protection by default).
+    pub by: String,
+}
+
+impl Tuned {
+    fn recorded(device: &str, key: &str, original: &str) -> Self {
+        Tuned {
+            device: device.into(),
+            key: key.into(),
+            original: original.into(),
+            value: "(set by an agent that did not stop cleanly)".into(),
+            by: "originals file".into(),
+        }
+    }
 }
 
 /// Where the originals of the tunables are kept while the agent runs: `<state_file>.bfq-tunables.json`.
@@ -114,6 +128,8 @@ pub fn originals_path(state_file: &Path) -> PathBuf {
 pub struct TunedDevices {
     sys: PathBuf,
     mountinfo: String,
+    /// The cgroup v2 root whose `io.cost.*` files io.cost settings go to (`None` on v1).
+    v2_root: Option<PathBuf>,
     tuned: Vec<Tuned>,
     /// The originals file, removed once everything is restored; `None` in dry run or when nothing was set.
     file: Option<PathBuf>,
@@ -193,10 +209,57 @@ impl TunedDevices {
         map: &TunableMap,
         originals: Option<&Path>,
     ) -> Result<Self, TuneError> {
+        Self::apply_all_in(sys, mountinfo, None, map, &[], originals)
+    }
+
+    /// The operator's `map` (any failure stops the start, naming the key), then the settings of protection by
+    /// default (`protect`, [`super::protect`]: a device whose setting fails is left where it got to, with a
+    /// warning, and put back at stop like everything else), on the real `/sys` and the cgroup v2 root `v2_root`
+    /// (for io.cost settings; `None` on v1).
+    ///
+    /// `adopt`: devices protection manages now (not opted out) whose originals an earlier agent recorded and that
+    /// are not among `protect`'s settings this time (e.g. the scheduler a killed agent switched: it reads `bfq` now,
+    /// so no switch is planned; io.cost a killed agent enabled): those originals are kept and put back at stop too.
+    pub fn apply_all(
+        v2_root: Option<&Path>,
+        map: &TunableMap,
+        protect: &[Setting],
+        adopt: &[String],
+        originals: Option<&Path>,
+    ) -> Result<Self, TuneError> {
+        let mountinfo = std::fs::read_to_string(MOUNTINFO)
+            .map_err(|e| TuneError::File { path: MOUNTINFO.into(), reason: e.to_string() })?;
+        Self::apply_all_adopting_in(Path::new(SYS), &mountinfo, v2_root, map, protect, adopt, originals)
+    }
+
+    /// [`apply_all`](Self::apply_all) on a given sysfs tree, mount table and v2 root (tests use fixtures), adopting
+    /// nothing.
+    pub fn apply_all_in(
+        sys: &Path,
+        mountinfo: &str,
+        v2_root: Option<&Path>,
+        map: &TunableMap,
+        protect: &[Setting],
+        originals: Option<&Path>,
+    ) -> Result<Self, TuneError> {
+        Self::apply_all_adopting_in(sys, mountinfo, v2_root, map, protect, &[], originals)
+    }
+
+    /// [`apply_all`](Self::apply_all) on a given sysfs tree, mount table and v2 root.
+    pub fn apply_all_adopting_in(
+        sys: &Path,
+        mountinfo: &str,
+        v2_root: Option<&Path>,
+        map: &TunableMap,
+        protect: &[Setting],
+        adopt: &[String],
+        originals: Option<&Path>,
+    ) -> Result<Self, TuneError> {
         validate_map(map)?;
         let mut me = TunedDevices {
             sys: sys.to_path_buf(),
             mountinfo: mountinfo.to_string(),
+            v2_root: v2_root.map(Path::to_path_buf),
             tuned: Vec::new(),
             file: None,
             restored: false,
@@ -207,27 +270,61 @@ impl TunedDevices {
                     info!(device = %device, tunable = %key, value = %value, "dry run: would set BFQ tunable");
                 }
             }
+            for s in protect {
+                info!(device = %s.device, setting = %s.key, value = %s.value, "dry run: protect would set");
+            }
             me.restored = true;
             return Ok(me);
         };
-        if map.values().all(BTreeMap::is_empty) {
+        // Originals a killed agent left behind: the values now on the devices are its, not the operator's.
+        let earlier = read_originals(file)?;
+        let adopted = |device: &String, key: &String| {
+            adopt.contains(device)
+                && !map.get(device).is_some_and(|t| t.contains_key(key))
+                && !protect.iter().any(|s| &s.device == device && &s.key == key)
+        };
+        if map.values().all(BTreeMap::is_empty)
+            && protect.is_empty()
+            && !earlier.iter().any(|(d, t)| t.keys().any(|k| adopted(d, k)))
+        {
             me.restored = true;
             return Ok(me);
         }
-        // Originals a killed agent left behind: the values now on the devices are its, not the operator's.
-        let earlier = read_originals(file)?;
+        me.file = Some(file.to_path_buf());
+        // Adopted first, so they go back last (a scheduler after the tunables it resets).
+        for (device, settings) in &earlier {
+            let mut keys: Vec<&String> = settings.keys().filter(|k| adopted(device, k)).collect();
+            keys.sort_by_key(|k| k.as_str() != super::protect::SCHEDULER);
+            for key in keys {
+                let original = &settings[key];
+                let now = read_setting(sys, v2_root, device, key).unwrap_or_else(|e| format!("(unreadable: {e})"));
+                info!(device = %device, setting = %key, now = %now, original = %original,
+                      "protect: a setting an agent that did not stop cleanly made; its original is put back at stop");
+                me.tuned.push(Tuned {
+                    device: device.clone(),
+                    key: key.clone(),
+                    original: original.clone(),
+                    value: now,
+                    by: "protect (adopted)".into(),
+                });
+            }
+        }
+        me.write_originals()?;
         for (device, tunables) in &earlier {
             for (key, original) in tunables {
-                if !map.get(device).is_some_and(|t| t.contains_key(key)) {
+                let configured = map.get(device).is_some_and(|t| t.contains_key(key))
+                    || protect.iter().any(|s| &s.device == device && &s.key == key)
+                    || adopted(device, key);
+                if !configured {
                     // No longer configured, so not this agent's to touch: the operator puts it back.
                     warn!(device = %device, tunable = %key, original = %original,
-                          "a BFQ tunable an earlier agent set is no longer configured; not restored: write the original \
-                           back by hand if it is still changed");
+                          "a device setting an earlier agent made is no longer configured; not restored: write the \
+                           original back by hand if it is still changed (or run `ddiskqos-agent devices restore`)");
                 }
             }
         }
-        let allowed: Vec<String> = map.keys().cloned().collect();
-        me.file = Some(file.to_path_buf());
+        let mut allowed: Vec<String> = map.keys().cloned().collect();
+        allowed.extend(protect.iter().map(|s| s.device.clone()));
         for (device, tunables) in map {
             for (key, value) in tunables {
                 let n = validate(key, value).expect("validated above").to_string();
@@ -238,29 +335,118 @@ impl TunedDevices {
                     source: Box::new(source),
                 };
                 require_bfq(sys, device).map_err(err)?;
-                // Record before writing, so a kill between the two still leaves the original on disk.
-                let current = read_tunable(sys, device, key).map_err(err)?;
-                let original = earlier.get(device).and_then(|t| t.get(key)).cloned().unwrap_or(current.clone());
-                me.tuned.push(Tuned { device: device.clone(), key: key.clone(), original, value: n.clone() });
-                me.write_originals()?;
-                let old = match set_bfq_tunable_in(sys, mountinfo, device, key, &n, &allowed) {
-                    Ok(old) => old,
-                    Err(e) => {
-                        // Refused before writing: nothing of ours to put back on this one. (Written but read back
-                        // otherwise: it stays listed, and dropping `me` tries to put the original back.)
-                        if read_tunable(sys, device, key).is_ok_and(|now| now == current) {
-                            me.tuned.pop();
-                            me.write_originals()?;
-                        }
-                        return Err(err(e));
-                    }
-                };
-                let t = me.tuned.last().expect("pushed above");
-                info!(device = %device, tunable = %key, old = %old, new = %n, original = %t.original,
-                      "set BFQ tunable, as configured");
+                me.set_one(device, key, &n, By::Operator, &allowed, &earlier).map_err(|e| match e {
+                    SetError::Device(d) => err(d),
+                    SetError::File(f) => f,
+                })?;
+            }
+        }
+        let mut failed: Vec<&str> = Vec::new();
+        for s in protect {
+            if failed.contains(&s.device.as_str()) {
+                continue;
+            }
+            match me.set_one(&s.device, &s.key, &s.value, By::Protect, &allowed, &earlier) {
+                Ok(_) => {}
+                Err(SetError::File(f)) => return Err(f),
+                Err(SetError::Device(e)) => {
+                    failed.push(&s.device);
+                    warn!(device = %s.device, setting = %s.key, value = %s.value, error = %e,
+                          "protect: cannot set; this device's remaining settings are skipped (what was set is put \
+                           back at stop). Opt it out with [devices] opt_out = [\"{}\"]", s.device);
+                }
             }
         }
         Ok(me)
+    }
+
+    /// Sets one setting, recording its original first (the earlier agent's, if it left one); logs old and new.
+    fn set_one(
+        &mut self,
+        device: &str,
+        key: &str,
+        value: &str,
+        by: By,
+        allowed: &[String],
+        earlier: &BTreeMap<String, BTreeMap<String, String>>,
+    ) -> Result<String, SetError> {
+        let sys = self.sys.clone();
+        let v2_root = self.v2_root.clone();
+        // Record before writing, so a kill between the two still leaves the original on disk.
+        let current = read_setting(&sys, v2_root.as_deref(), device, key).map_err(SetError::Device)?;
+        let original = earlier.get(device).and_then(|t| t.get(key)).cloned().unwrap_or(current.clone());
+        self.tuned.push(Tuned {
+            device: device.into(),
+            key: key.into(),
+            original,
+            value: value.into(),
+            by: by.as_str().into(),
+        });
+        self.write_originals().map_err(SetError::File)?;
+        let old = match write_setting(&sys, &self.mountinfo, v2_root.as_deref(), device, key, value, allowed) {
+            Ok(old) => old,
+            Err(e) => {
+                // Refused before writing: nothing of ours to put back on this one. (Written but read back
+                // otherwise: it stays listed, and restoring puts the original back.)
+                if read_setting(&sys, v2_root.as_deref(), device, key).is_ok_and(|now| now == current) {
+                    self.tuned.pop();
+                    self.write_originals().map_err(SetError::File)?;
+                }
+                return Err(SetError::Device(e));
+            }
+        };
+        let t = self.tuned.last().expect("pushed above");
+        match by {
+            By::Operator => info!(device = %device, tunable = %key, old = %old, new = %value, original = %t.original,
+                                  "set BFQ tunable, as configured"),
+            By::Protect => info!(device = %device, setting = %key, old = %old, new = %value, original = %t.original,
+                                 "protect: set device setting (restored at stop)"),
+        }
+        Ok(old)
+    }
+
+    /// A read-only view of what was set, for status and metrics; it reads the settings back when asked.
+    pub fn view(&self, notes: Vec<(String, String)>) -> DeviceSettingsView {
+        DeviceSettingsView { sys: self.sys.clone(), v2_root: self.v2_root.clone(), entries: self.tuned.clone(), notes }
+    }
+
+    /// For uninstalling after an agent that did not stop cleanly (`ddiskqos-agent devices restore`): every original
+    /// the originals file `file` holds, to be put back with [`restore`](Self::restore) (which removes the file
+    /// once all went back). An absent file: nothing to restore.
+    pub fn from_originals_file(v2_root: Option<&Path>, file: &Path) -> Result<Self, TuneError> {
+        let mountinfo = std::fs::read_to_string(MOUNTINFO)
+            .map_err(|e| TuneError::File { path: MOUNTINFO.into(), reason: e.to_string() })?;
+        Self::from_originals_file_in(Path::new(SYS), &mountinfo, v2_root, file)
+    }
+
+    /// [`from_originals_file`](Self::from_originals_file) on a given sysfs tree and mount table.
+    pub fn from_originals_file_in(
+        sys: &Path,
+        mountinfo: &str,
+        v2_root: Option<&Path>,
+        file: &Path,
+    ) -> Result<Self, TuneError> {
+        let earlier = read_originals(file)?;
+        let mut tuned = Vec::new();
+        // The order they were set in is not kept: the scheduler goes back last (switching it resets BFQ's tunables).
+        for (device, settings) in &earlier {
+            for (key, original) in settings.iter().filter(|(k, _)| k.as_str() != super::protect::SCHEDULER) {
+                tuned.push(Tuned::recorded(device, key, original));
+            }
+            if let Some(original) = settings.get(super::protect::SCHEDULER) {
+                tuned.push(Tuned::recorded(device, super::protect::SCHEDULER, original));
+            }
+        }
+        // `restore` goes last to first.
+        tuned.reverse();
+        Ok(TunedDevices {
+            sys: sys.to_path_buf(),
+            mountinfo: mountinfo.to_string(),
+            v2_root: v2_root.map(Path::to_path_buf),
+            restored: tuned.is_empty(),
+            tuned,
+            file: Some(file.to_path_buf()),
+        })
     }
 
     /// What was set.
@@ -290,8 +476,18 @@ impl TunedDevices {
         let allowed: Vec<String> = self.tuned.iter().map(|t| t.device.clone()).collect();
         let mut failures = 0;
         for t in self.tuned.iter().rev() {
-            match set_bfq_tunable_in(&self.sys, &self.mountinfo, &t.device, &t.key, &t.original, &allowed) {
-                Ok(_) => info!(device = %t.device, tunable = %t.key, value = %t.original, "restored BFQ tunable"),
+            let sys = &self.sys;
+            match restore_setting(
+                sys,
+                &self.mountinfo,
+                self.v2_root.as_deref(),
+                &t.device,
+                &t.key,
+                &t.original,
+                &allowed,
+            ) {
+                Ok(_) => info!(device = %t.device, tunable = %t.key, value = %t.original, now = %t.value,
+                               "restored device setting (BFQ tunable, scheduler or io.cost)"),
                 Err(e) => {
                     failures += 1;
                     warn!(device = %t.device, tunable = %t.key, value = %t.original, error = %e,
@@ -332,7 +528,88 @@ fn require_bfq(sys: &Path, device: &str) -> Result<(), DeviceError> {
     Ok(())
 }
 
-fn read_tunable(sys: &Path, device: &str, key: &str) -> Result<String, DeviceError> {
+/// Who asked for a setting.
+#[derive(Debug, Clone, Copy)]
+enum By {
+    Operator,
+    Protect,
+}
+
+impl By {
+    fn as_str(self) -> &'static str {
+        match self {
+            By::Operator => "bfq_tunables",
+            By::Protect => "protect",
+        }
+    }
+}
+
+enum SetError {
+    Device(DeviceError),
+    File(TuneError),
+}
+
+/// One device setting the agent made, read back now: what `status` and the metrics show.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettingRow {
+    /// The device, e.g. `sdb`.
+    pub device: String,
+    /// `strict_guarantees`, `max_budget`, `timeout_sync`, ... (BFQ tunables), `scheduler`, `io.cost.model`,
+    /// `io.cost.qos`.
+    pub setting: String,
+    /// What it was before the agent: put back at stop.
+    pub original: String,
+    /// What the agent set.
+    pub set: String,
+    /// What it reads now (`None`: it could not be read).
+    pub now: Option<String>,
+    /// `bfq_tunables` or `protect`.
+    pub by: String,
+}
+
+impl SettingRow {
+    /// Whether the device reads what the agent set (io.cost lines: every `key=value` the agent wrote is there).
+    pub fn as_set(&self) -> bool {
+        match &self.now {
+            None => false,
+            Some(now) if self.setting.starts_with("io.cost") => super::protect::line_has_all(now, &self.set),
+            Some(now) => *now == self.set,
+        }
+    }
+}
+
+/// What the agent set on devices, read back on demand (each call reads sysfs: a few small files per device).
+#[derive(Debug, Clone, Default)]
+pub struct DeviceSettingsView {
+    sys: PathBuf,
+    v2_root: Option<PathBuf>,
+    entries: Vec<Tuned>,
+    notes: Vec<(String, String)>,
+}
+
+impl DeviceSettingsView {
+    /// Every setting made, read back now.
+    pub fn read_back(&self) -> Vec<SettingRow> {
+        self.entries
+            .iter()
+            .map(|t| SettingRow {
+                device: t.device.clone(),
+                setting: t.key.clone(),
+                original: t.original.clone(),
+                set: t.value.clone(),
+                now: read_setting(&self.sys, self.v2_root.as_deref(), &t.device, &t.key).ok(),
+                by: t.by.clone(),
+            })
+            .collect()
+    }
+
+    /// Managed devices protection left as they were, with why (opted out, the root disk, ...).
+    pub fn notes(&self) -> &[(String, String)] {
+        &self.notes
+    }
+}
+
+pub(super) fn read_tunable(sys: &Path, device: &str, key: &str) -> Result<String, DeviceError> {
     let path = super::queue_dir(sys, device).join("iosched").join(key);
     std::fs::read_to_string(&path).map(|s| s.trim().to_string()).map_err(|source| DeviceError::Io {
         op: "read",

@@ -164,12 +164,19 @@ pub struct Status {
     /// cgroup v2: every device the weight writer has looked at, by device number. Empty on v1.
     #[serde(default)]
     pub devices: Vec<DeviceSummary>,
+    /// Every device setting the agent made (protection by default, `bfq_tunables`), read back now.
+    #[serde(default)]
+    pub device_settings: Vec<crate::blockdev::tune::SettingRow>,
+    /// Managed devices protection left as they were: `[device, why]`.
+    #[serde(default)]
+    pub devices_left: Vec<(String, String)>,
 }
 
 impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     /// The table, sorted by name.
     pub(super) fn status(&self) -> Status {
         let t = now();
+        let (device_settings, devices_left) = self.metrics.device_settings.rows();
         let table = self.devices.as_ref().map(|d| d.device_table()).unwrap_or_default();
         let disk_of = |dev| table.iter().find(|f| f.dev == dev).and_then(|f| f.disk.clone());
         let mut rows: Vec<StatusRow> = self
@@ -217,6 +224,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             containers: rows,
             saves_held: self.reconciler.saves_held(),
             devices: table.iter().map(DeviceSummary::of).collect(),
+            device_settings,
+            devices_left,
         }
     }
 }
@@ -247,6 +256,8 @@ mod tests {
             }],
             saves_held: false,
             devices: vec![],
+            device_settings: vec![],
+            devices_left: vec![],
         };
         let json = serde_json::to_value(&st).unwrap();
         assert_eq!(json["actuator"], serde_json::json!({"configured": "auto", "in_use": "files"}));

@@ -32,6 +32,7 @@ control_socket = "{{dir}}/agent.sock"
 [cgroup]
 parent = "{parent}"
 [devices]
+protect = "off"
 check = [{disk}]
 [mlfq]
 boost_after = "60s"
@@ -116,6 +117,7 @@ actuator = "cgroupfs"
 state_file = "{{dir}}/state.json"
 control_socket = "{{dir}}/agent.sock"
 [devices]
+protect = "off"
 check = ["{}"]
 [metrics]
 enabled = true

@@ -78,6 +78,7 @@ control_socket = "{{dir}}/agent.sock"
 [cgroup]
 parent = "{rel}"
 [devices]
+protect = "off"
 check = ["{}"]
 [mlfq]
 boost_after = "3s"

@@ -259,9 +259,18 @@ fn example_config_is_valid_and_equals_the_defaults() {
     {
         assert!(text.contains(key), "{key} not documented in deploy/agent.toml");
     }
-    for key in
-        ["[cgroup]", "[devices]", "bfq_tunables", "[metrics]", "[mlfq]", "boost_after", "idle_promote_after", "levels"]
-    {
+    for key in [
+        "[cgroup]",
+        "[devices]",
+        "protect",
+        "opt_out",
+        "bfq_tunables",
+        "[metrics]",
+        "[mlfq]",
+        "boost_after",
+        "idle_promote_after",
+        "levels",
+    ] {
         assert!(text.contains(key), "{key} not documented in deploy/agent.toml");
     }
     for key in [

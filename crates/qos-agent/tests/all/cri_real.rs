@@ -87,6 +87,7 @@ socket = "{}"
 # The test pods' namespace may pin and exclude (the default trusts none: agent_applies_the_operator_policy_...).
 trusted_namespaces = ["{}"]
 [devices]
+protect = "off"
 check = ["{}"]
 [mlfq]
 boost_after = "60s"
@@ -278,6 +279,7 @@ classes = {{ batch = {{ weight = 40 }} }}
 exclude_namespaces = ["kube-system", "monitoring"]
 exclude_pod_labels = {{ tier = "control-plane" }}
 [devices]
+protect = "off"
 check = ["{}"]
 [mlfq]
 boost_after = "60s"
@@ -389,6 +391,7 @@ socket = "{}"
 relist_interval = "300ms"
 state_dirs = ["{}", "/nonexistent/var/lib/kubelet"]
 [devices]
+protect = "off"
 check = [{devices}]
 [metrics]
 enabled = true

@@ -23,6 +23,7 @@ actuator = "auto"
 state_file = "{{dir}}/state.json"
 control_socket = "{{dir}}/agent.sock"
 [devices]
+protect = "off"
 check = ["{dev}"]
 [mlfq]
 boost_after = "3s"

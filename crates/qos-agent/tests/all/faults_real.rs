@@ -44,6 +44,7 @@ control_socket = "{{dir}}/agent.sock"
 [docker]
 socket = "{socket}"
 [devices]
+protect = "off"
 check = ["{dev}"]
 [metrics]
 enabled = true

@@ -395,7 +395,9 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
                 mlfq,
                 (trusted, ceiling, classes, exclude_ns, statics, exclude_labels, (docker_policy, kubelet_root)),
             )| {
-                use qos_agent::config::{CgroupConfig, CriConfig, DevicesConfig, DockerConfig, MetricsConfig};
+                use qos_agent::config::{
+                    CgroupConfig, CriConfig, DevicesConfig, DockerConfig, MetricsConfig, ProtectMode,
+                };
                 use qos_agent::policy::{ClassConfig, DockerLabels, PolicyConfig};
                 let policy = PolicyConfig {
                     trusted_namespaces: trusted,
@@ -425,7 +427,14 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
                     cri: CriConfig { cgroup_root: kubelet_root, ..Default::default() },
                     cgroup: CgroupConfig { root, parent },
                     policy,
-                    devices: DevicesConfig { check: devs.0, switch_to_bfq: devs.1, bfq_tunables: Default::default() },
+                    // `protect` and `opt_out` drawn from other generated values.
+                    devices: DevicesConfig {
+                        protect: if dry_run { ProtectMode::Off } else { ProtectMode::Auto },
+                        opt_out: devs.1.iter().rev().cloned().collect(),
+                        check: devs.0,
+                        switch_to_bfq: devs.1,
+                        bfq_tunables: Default::default(),
+                    },
                     metrics: MetricsConfig { enabled: m.0, listen: m.1 },
                     mlfq,
                 }

@@ -29,6 +29,8 @@
 //!   container moving its process into another cgroup, a read-only state directory, a planted symlink, an idle
 //!   status client): no cgroup at a wrong weight after a clean stop.
 //! - `tunables_real`: `[devices] bfq_tunables` set at start, restored on SIGTERM and after a SIGKILL.
+//! - `protect_real`: protection by default on a loop device of its own: switched to BFQ and given the short slots,
+//!   shown in status and metrics, put back on SIGTERM; `opt_out`; `devices restore` after a SIGKILL.
 //! - `v2_real`: the agent on real cgroup v2 (BFQ and io.cost loop devices, a dockerd on v2; status per device), the
 //!   io.cost set-up command, and the `io.stat` counters of real containers; it runs only inside
 //!   `scripts/cgroup-v2.sh` (the machine boots v1), so `scripts/test.sh` skips it in the main run and runs it there.
@@ -52,6 +54,7 @@ mod docker_real;
 mod faults_real;
 mod fuzz_parsers;
 mod k8s_manifests;
+mod protect_real;
 mod scale_real;
 mod systemd_fake;
 mod systemd_real;

@@ -131,7 +131,7 @@ fn docker_scopes_are_weighted_through_systemd_and_keep_their_weights_over_reload
         format!(
             "runtime = \"docker\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/state.json\"\n\
              control_socket = \"{0}/agent.sock\"\n[docker]\nsocket = \"/var/run/docker.sock\"\n\
-             [devices]\ncheck = [\"{1}\", \"{2}\"]\n[metrics]\nenabled = true\nlisten = \"127.0.0.1:{3}\"\n\
+             [devices]\nprotect = \"off\"\ncheck = [\"{1}\", \"{2}\"]\n[metrics]\nenabled = true\nlisten = \"127.0.0.1:{3}\"\n\
              [mlfq]\nboost_after = \"10m\"\n",
             tmp.display(),
             bfq.name,
@@ -421,7 +421,7 @@ fn pod_slices_of_the_kubelets_systemd_driver_are_weighted_through_systemd() {
         format!(
             "runtime = \"cri\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/state.json\"\n\
              control_socket = \"{0}/agent.sock\"\n[cri]\nsocket = \"{1}\"\n\
-             [policy]\ntrusted_namespaces = [\"ddiskqos-test\"]\n[devices]\ncheck = [\"{2}\", \"{3}\"]\n\
+             [policy]\ntrusted_namespaces = [\"ddiskqos-test\"]\n[devices]\nprotect = \"off\"\ncheck = [\"{2}\", \"{3}\"]\n\
              [mlfq]\nboost_after = \"10m\"\nidle_promote_after = \"off\"\n",
             tmp.display(),
             containerd.socket().display(),
@@ -542,7 +542,7 @@ fn the_agent_rides_out_a_stalled_dbus_and_restarts_of_docker_and_containerd() {
         format!(
             "runtime = \"docker\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/state.json\"\n\
              control_socket = \"{0}/agent.sock\"\n[docker]\nsocket = \"/var/run/docker.sock\"\n\
-             [devices]\ncheck = [\"{1}\", \"{2}\"]\n[metrics]\nenabled = true\nlisten = \"127.0.0.1:{3}\"\n\
+             [devices]\nprotect = \"off\"\ncheck = [\"{1}\", \"{2}\"]\n[metrics]\nenabled = true\nlisten = \"127.0.0.1:{3}\"\n\
              [mlfq]\nboost_after = \"10m\"\nidle_promote_after = \"off\"\n",
             tmp.display(),
             bfq.name,

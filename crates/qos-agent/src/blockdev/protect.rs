@@ -1,0 +1,325 @@
+//! Protection by default (`[devices] protect = "auto"`): every device the agent manages is made one where
+//! weights decide latency, chosen per device from what the agent finds there, and put back at stop.
+//!
+//! **Which devices are managed**: `[devices] check` when the operator names devices, else the disk holding the
+//! runtime's data (Docker's data root; the kubelet's and the runtime's state directories, `[cri] state_dirs`);
+//! none for `runtime = "cgroup-dir"` without `check`. Never the disk holding `/` (nor the disks under it): that one
+//! is reported, with the commands to make the change by hand, and left alone. `[devices] opt_out = ["sdb"]` leaves
+//! a managed device as it is; `protect = "off"` leaves every device.
+//!
+//! **What is set** ([`plan_in`]):
+//! - the scheduler is BFQ: BFQ's short slots with strict guarantees ([`BFQ_SETTINGS`]: `strict_guarantees = 1`,
+//!   `max_budget = 256`, `timeout_sync = 8`), what the project's main job measures as `strict-tuned` (1 MiB
+//!   1.13-1.35x Alone under a QD32 reader in Docker's default layout, background 97-105 %; untuned strict mode was
+//!   slower than no agent, so strict is never set alone);
+//! - cgroup v1, another scheduler, BFQ available: the scheduler is switched to BFQ, then the same settings;
+//! - cgroup v2, another scheduler: io.cost enabled with a model measured from the device at start
+//!   ([`super::iocost::measure`], reads only, about 4 s) and a latency target from its lone-read latency; a
+//!   device with io.cost already enabled (the operator's model) is left as it is;
+//! - a device the operator's `bfq_tunables` names: the operator's tunables, nothing of protection's.
+//!
+//! Every setting goes through the guarded writes of `switch.rs` (allow-list, root disk, read back), is logged with
+//! its old and new value, recorded before it is written in `<state_file>.bfq-tunables.json` (so an agent after a
+//! SIGKILL restores the first originals), shown in `status` and metrics, and put back at stop
+//! ([`super::tune::TunedDevices`]).
+
+use std::path::Path;
+
+use super::iocost::{self, IO_COST_MODEL, IO_COST_QOS};
+use super::switch::{guard, set_bfq_tunable_in, switch_scheduler_in};
+use super::{scheduler_in, validate_name, DevNum, DeviceError, Result};
+use crate::config::{DevicesConfig, ProtectMode};
+
+/// The BFQ settings protection makes, in the order written (and put back in reverse).
+pub const BFQ_SETTINGS: [(&str, &str); 3] = [("strict_guarantees", "1"), ("max_budget", "256"), ("timeout_sync", "8")];
+
+/// The key of a scheduler switch among the settings.
+pub const SCHEDULER: &str = "scheduler";
+
+/// How long each of the io.cost calibration's three loads runs at start (and the lone-read latency up to this).
+pub const IOCOST_SECONDS: u64 = 1;
+/// Threads of the io.cost calibration at start.
+pub const IOCOST_JOBS: usize = 4;
+
+/// One setting to make: device, key (a BFQ tunable, [`SCHEDULER`], `io.cost.model`, `io.cost.qos`), value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setting {
+    /// The device, e.g. `sdb`.
+    pub device: String,
+    /// What is set.
+    pub key: String,
+    /// The value (for io.cost, the whole line written).
+    pub value: String,
+}
+
+/// A managed device and why it is one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Managed {
+    /// Its name in /sys/block.
+    pub name: String,
+    /// Why it is managed: `[devices] check`, `Docker's data root /var/lib/docker`, ...
+    pub why: String,
+}
+
+/// What protection does to one managed device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// BFQ's short slots with strict guarantees, after switching the scheduler from the one named, if any.
+    Bfq {
+        /// The scheduler it had, when it is switched to BFQ first (cgroup v1).
+        switch_from: Option<String>,
+    },
+    /// io.cost with a model measured from the device (cgroup v2, BFQ not the scheduler).
+    IoCost {
+        /// The device's number, as in the io.cost files.
+        dev: DevNum,
+    },
+    /// Nothing changed, and why.
+    Leave(String),
+}
+
+/// One device's plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    /// The device.
+    pub device: String,
+    /// Why it is managed.
+    pub why: String,
+    /// What protection does.
+    pub decision: Decision,
+}
+
+impl Planned {
+    /// The settings of a [`Decision::Bfq`] (none for the others: io.cost's need the measurement first).
+    pub fn bfq_settings(&self) -> Vec<Setting> {
+        let Decision::Bfq { switch_from } = &self.decision else { return Vec::new() };
+        let setting =
+            |key: &str, value: &str| Setting { device: self.device.clone(), key: key.into(), value: value.into() };
+        let mut out = Vec::new();
+        if switch_from.is_some() {
+            out.push(setting(SCHEDULER, "bfq"));
+        }
+        out.extend(BFQ_SETTINGS.iter().map(|(k, v)| setting(k, v)));
+        out
+    }
+
+    /// One line for the log and `check-config`.
+    pub fn describe(&self) -> String {
+        let settings = BFQ_SETTINGS.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
+        match &self.decision {
+            Decision::Bfq { switch_from: None } => {
+                format!("{}: BFQ {settings} (protect; restored at stop) [{}]", self.device, self.why)
+            }
+            Decision::Bfq { switch_from: Some(from) } => format!(
+                "{}: scheduler {from} -> bfq, then BFQ {settings} (protect; restored at stop) [{}]",
+                self.device, self.why
+            ),
+            Decision::IoCost { dev } => format!(
+                "{}: io.cost enabled for {dev} with a model measured at start (protect; restored at stop) [{}]",
+                self.device, self.why
+            ),
+            Decision::Leave(why) => format!("{}: left as it is: {why} [{}]", self.device, self.why),
+        }
+    }
+}
+
+/// Decides, per managed device, what protection sets, from the config, the fake or real `sys`, the disks that are
+/// never changed (`protected`: the root disk and the disks under it; an error: none is changed) and the cgroup v2
+/// root (`None` on v1). Reads only.
+pub fn plan_in(
+    sys: &Path,
+    protected: &std::result::Result<Vec<String>, String>,
+    v2_root: Option<&Path>,
+    cfg: &DevicesConfig,
+    managed: &[Managed],
+) -> Vec<Planned> {
+    let mut out: Vec<Planned> = Vec::new();
+    for m in managed {
+        if out.iter().any(|p| p.device == m.name) {
+            continue;
+        }
+        let decision = decide(sys, protected, v2_root, cfg, &m.name);
+        out.push(Planned { device: m.name.clone(), why: m.why.clone(), decision });
+    }
+    out
+}
+
+fn decide(
+    sys: &Path,
+    protected: &std::result::Result<Vec<String>, String>,
+    v2_root: Option<&Path>,
+    cfg: &DevicesConfig,
+    name: &str,
+) -> Decision {
+    let leave = |why: String| Decision::Leave(why);
+    if cfg.protect == ProtectMode::Off {
+        return leave("[devices] protect = \"off\"".into());
+    }
+    if cfg.opt_out.iter().any(|d| d == name) {
+        return leave("opted out ([devices] opt_out)".into());
+    }
+    match protected {
+        Err(e) => return leave(format!("cannot tell which disk backs /, so no device is changed: {e}")),
+        Ok(p) if p.iter().any(|d| d == name) => {
+            let settings = BFQ_SETTINGS
+                .iter()
+                .map(|(k, v)| format!("echo {v} > /sys/block/{name}/queue/iosched/{k}"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            return leave(format!(
+                "it backs the root filesystem, which the agent never changes. Weights act on it only if you make \
+                 them: with bfq as its scheduler, `{settings}` (cgroup v2 without bfq: `ddiskqos-agent iocost \
+                 /dev/{name} --apply`), or put the runtime's data on another disk"
+            ));
+        }
+        Ok(_) => {}
+    }
+    if cfg.bfq_tunables.get(name).is_some_and(|t| !t.is_empty()) {
+        return leave("the operator's [devices] bfq_tunables decide".into());
+    }
+    let s = match scheduler_in(sys, name) {
+        Ok(s) => s,
+        Err(e) => return leave(format!("cannot read its scheduler: {e}")),
+    };
+    if s.active == "bfq" {
+        return Decision::Bfq { switch_from: None };
+    }
+    if let Some(v2) = v2_root {
+        let dev = match devnum_in(sys, name) {
+            Ok(dev) => dev,
+            Err(e) => return leave(format!("cannot read its device number: {e}")),
+        };
+        return match super::io_cost_enabled(v2, dev) {
+            Ok(true) => {
+                leave("io.cost is enabled already (the operator's model): weights act through io.weight".into())
+            }
+            Ok(false) if !v2.join(IO_COST_QOS).exists() => {
+                leave(format!("the kernel has no io.cost ({} missing) and the scheduler is {}", IO_COST_QOS, s.active))
+            }
+            Ok(false) => Decision::IoCost { dev },
+            Err(e) => leave(format!("cannot read io.cost.qos: {e}")),
+        };
+    }
+    if s.available.iter().any(|a| a == "bfq") {
+        return Decision::Bfq { switch_from: Some(s.active) };
+    }
+    leave(format!("its scheduler is {} and bfq is not available (`modprobe bfq`, then restart the agent)", s.active))
+}
+
+/// The device number of disk `name`, from `/sys/block/NAME/dev`.
+pub(super) fn devnum_in(sys: &Path, name: &str) -> Result<DevNum> {
+    validate_name(name)?;
+    let path = sys.join("block").join(name).join("dev");
+    let text = std::fs::read_to_string(&path).map_err(|source| DeviceError::Io { op: "read", path, source })?;
+    Ok(text.trim().parse::<DevNum>()?)
+}
+
+/// The settings of io.cost for `device` from a measurement: the model line, then the qos line.
+pub fn io_cost_settings(device: &str, dev: DevNum, measured: &iocost::Measured) -> [Setting; 2] {
+    let qos = iocost::QosTarget::from_latency(std::time::Duration::from_micros(measured.median_4k_qd1_us));
+    [
+        Setting { device: device.into(), key: IO_COST_MODEL.into(), value: measured.model.line(dev) },
+        Setting { device: device.into(), key: IO_COST_QOS.into(), value: qos.line(dev) },
+    ]
+}
+
+/// Measures `/dev/<device>` for io.cost (reads only; [`IOCOST_SECONDS`], [`IOCOST_JOBS`]).
+pub fn measure_for_io_cost(device: &str) -> Result<iocost::Measured> {
+    validate_name(device)?;
+    let cal = iocost::Calibration {
+        duration: std::time::Duration::from_secs(IOCOST_SECONDS),
+        jobs: IOCOST_JOBS,
+        write_file: None,
+    };
+    iocost::measure(&Path::new("/dev").join(device), &cal)
+}
+
+fn is_io_cost(key: &str) -> bool {
+    key == IO_COST_MODEL || key == IO_COST_QOS
+}
+
+/// Whether every `key=value` word of `want` (after its device number) is in `line`.
+pub fn line_has_all(line: &str, want: &str) -> bool {
+    let have: Vec<&str> = line.split_whitespace().collect();
+    want.split_whitespace().skip(1).all(|w| have.contains(&w))
+}
+
+/// What a setting reads now: a BFQ tunable's file, the active scheduler, or the device's io.cost line (`""` when
+/// the file has none).
+pub(crate) fn read_setting(sys: &Path, v2_root: Option<&Path>, device: &str, key: &str) -> Result<String> {
+    if key == SCHEDULER {
+        return Ok(scheduler_in(sys, device)?.active);
+    }
+    if is_io_cost(key) {
+        let v2 = v2_root.ok_or_else(|| DeviceError::Refused {
+            device: device.into(),
+            reason: format!("{key}: no cgroup v2 root"),
+        })?;
+        let dev = devnum_in(sys, device)?;
+        return Ok(iocost::read_line(&v2.join(key), dev)?.unwrap_or_default());
+    }
+    validate_name(device)?;
+    super::tune::read_tunable(sys, device, key)
+}
+
+/// Writes one setting through the guard (allow-list, root disk) and checks it reads back; returns the old value.
+pub(crate) fn write_setting(
+    sys: &Path,
+    mountinfo: &str,
+    v2_root: Option<&Path>,
+    device: &str,
+    key: &str,
+    value: &str,
+    allowed: &[String],
+) -> Result<String> {
+    if key == SCHEDULER {
+        return switch_scheduler_in(sys, mountinfo, device, value, allowed);
+    }
+    if is_io_cost(key) {
+        guard(sys, mountinfo, device, allowed)?;
+        let old = read_setting(sys, v2_root, device, key)?;
+        let v2 = v2_root.expect("read_setting checked it");
+        let dev = devnum_in(sys, device)?;
+        if value.split_whitespace().next() != Some(dev.to_string().as_str()) {
+            return Err(DeviceError::Refused {
+                device: device.into(),
+                reason: format!("{key} line {value:?} is not for its device number {dev}"),
+            });
+        }
+        iocost::write_line(&v2.join(key), value, dev)?;
+        let back = read_setting(sys, v2_root, device, key)?;
+        if !line_has_all(&back, value) {
+            return Err(DeviceError::Refused {
+                device: device.into(),
+                reason: format!("{} reads {back:?} after writing {value:?}", v2.join(key).display()),
+            });
+        }
+        return Ok(old);
+    }
+    set_bfq_tunable_in(sys, mountinfo, device, key, value, allowed)
+}
+
+/// Puts one setting back to `original` as recorded: a tunable or scheduler as it was; an io.cost line as it was,
+/// or, where io.cost was off (or had no line) or its model automatic, simply off / automatic again.
+pub(crate) fn restore_setting(
+    sys: &Path,
+    mountinfo: &str,
+    v2_root: Option<&Path>,
+    device: &str,
+    key: &str,
+    original: &str,
+    allowed: &[String],
+) -> Result<String> {
+    if is_io_cost(key) {
+        let dev = devnum_in(sys, device)?;
+        let minimal = if key == IO_COST_QOS { "enable=0" } else { "ctrl=auto" };
+        let words: Vec<&str> = original.split_whitespace().collect();
+        let value = if words.is_empty() || words.contains(&minimal) {
+            format!("{dev} {minimal}")
+        } else {
+            original.to_string()
+        };
+        return write_setting(sys, mountinfo, v2_root, device, key, &value, allowed);
+    }
+    write_setting(sys, mountinfo, v2_root, device, key, original, allowed)
+}

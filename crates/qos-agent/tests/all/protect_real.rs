@@ -1,0 +1,201 @@
+//! Protection by default (`[devices] protect = "auto"`, the embedded default) on the kernel, cgroup v1: a managed
+//! loop device whose scheduler is `none` is switched to BFQ and given the short slots at start (logged with old
+//! and new values, read back in `status` and the metrics), and put back exactly on SIGTERM; `opt_out` leaves it
+//! alone; after a SIGKILL `ddiskqos-agent devices restore` puts the first originals back, or the next agent does at
+//! its stop (the scheduler the killed agent switched included). Needs root, cgroup v1 blkio and a loop device of
+//! its own (`#[ignore]`d; see `testbed::require`). A few seconds.
+//!
+//! Never points the agent at the machine's own disks: only at the loop device it creates.
+
+use std::path::Path;
+use std::process::Command;
+
+use testbed::agent::Agent;
+use testbed::blkio::CgroupGuard;
+use testbed::loopdev::LoopDevice;
+use testbed::{require, Need};
+
+use crate::AGENT;
+
+fn read(dev: &str, file: &str) -> String {
+    std::fs::read_to_string(Path::new("/sys/block").join(dev).join("queue").join(file)).unwrap().trim().into()
+}
+
+fn active_scheduler(dev: &str) -> String {
+    let text = read(dev, "scheduler");
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix('[').and_then(|w| w.strip_suffix(']')))
+        .unwrap_or(text.as_str())
+        .to_string()
+}
+
+fn select(dev: &str, scheduler: &str) {
+    std::fs::write(Path::new("/sys/block").join(dev).join("queue/scheduler"), scheduler).unwrap();
+    assert_eq!(active_scheduler(dev), scheduler);
+}
+
+/// Leaves the loop device's queue with `none` however the test ends (a detached loop device keeps its queue).
+struct NoneOnDrop(String);
+
+impl Drop for NoneOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::write(Path::new("/sys/block").join(&self.0).join("queue/scheduler"), "none");
+    }
+}
+
+#[test]
+#[ignore = "needs root, cgroup v1 blkio and a loop device: run ./scripts/test.sh"]
+fn protection_by_default_switches_tunes_reports_and_puts_back_a_managed_device() {
+    if !require(
+        "protection_by_default_switches_tunes_reports_and_puts_back_a_managed_device",
+        &[Need::Root, Need::BlkioV1, Need::LoopDevices, Need::Bfq],
+    ) {
+        return;
+    }
+    let _machine = testbed::exclusive();
+    let disk = LoopDevice::with_bfq(64);
+    let dev = disk.name.clone();
+    let _none = NoneOnDrop(dev.clone());
+    select(&dev, "none");
+    let parent = CgroupGuard::new("ddiskqos-protect");
+    let port = testbed::probe::free_port();
+    // The embedded defaults but for what a test must set: no `protect` line, so this is the shipped default.
+    let config = format!(
+        r#"
+runtime = "cgroup-dir"
+sample_interval = "100ms"
+state_file = "{{dir}}/state.json"
+control_socket = "{{dir}}/agent.sock"
+[cgroup]
+parent = "{rel}"
+[devices]
+check = ["{dev}"]
+[metrics]
+enabled = true
+listen = "127.0.0.1:{port}"
+"#,
+        rel = parent.rel
+    );
+
+    // check-config says what protection will do, and changes nothing.
+    let cfg_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(cfg_file.path(), config.replace("{dir}", "/run/ddiskqos-protect-test")).unwrap();
+    let out = Command::new(AGENT).arg("check-config").arg(cfg_file.path()).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        stdout.contains(&format!(
+            "at start: {dev}: scheduler none -> bfq, then BFQ strict_guarantees=1 max_budget=256 timeout_sync=8"
+        )),
+        "{stdout}"
+    );
+    assert_eq!(active_scheduler(&dev), "none", "check-config wrote");
+
+    // Start: switched to bfq and tuned, each change logged with old and new value.
+    let mut agent = Agent::start(AGENT, &config);
+    assert_eq!(active_scheduler(&dev), "bfq");
+    for (key, value) in [("strict_guarantees", "1"), ("max_budget", "256"), ("timeout_sync", "8")] {
+        assert_eq!(read(&dev, &format!("iosched/{key}")), value, "{key}");
+    }
+    let log = testbed::probe::strip_ansi(&agent.log_text());
+    for (key, old, new) in [("scheduler", "none", "bfq"), ("strict_guarantees", "0", "1"), ("max_budget", "0", "256")] {
+        assert!(
+            log.lines().any(|l| l.contains("protect: set device setting")
+                && l.contains(&format!("setting={key}"))
+                && l.contains(&format!("old={old}"))
+                && l.contains(&format!("new={new}"))),
+            "{key}: {log}"
+        );
+    }
+    // Read back in status and metrics.
+    let status = agent.status().unwrap();
+    assert!(status.contains("DEVICE SETTINGS"), "{status}");
+    let row =
+        |setting: &str| status.lines().find(|l| l.contains(&dev) && l.contains(setting)).unwrap_or("").to_string();
+    assert!(
+        row("timeout_sync").split_whitespace().collect::<Vec<_>>().ends_with(&["124", "8", "8", "protect"]),
+        "{status}"
+    );
+    assert!(
+        row("scheduler").split_whitespace().collect::<Vec<_>>().ends_with(&["none", "bfq", "bfq", "protect"]),
+        "{status}"
+    );
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let (code, metrics) = testbed::probe::http_get(addr, "/metrics").expect("metrics answer");
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains(&format!("ddiskqos_device_setting{{device=\"{dev}\",setting=\"max_budget\"}} 256")),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!("ddiskqos_device_setting_as_set{{device=\"{dev}\",setting=\"scheduler\"}} 1")),
+        "{metrics}"
+    );
+    // Someone changes a setting behind the agent's back: status and metrics say so.
+    std::fs::write(Path::new("/sys/block").join(&dev).join("queue/iosched/timeout_sync"), "20").unwrap();
+    let status = agent.status().unwrap();
+    assert!(status.contains("20 (CHANGED)"), "{status}");
+    let (_, metrics) = testbed::probe::http_get(addr, "/metrics").unwrap();
+    assert!(
+        metrics.contains(&format!("ddiskqos_device_setting_as_set{{device=\"{dev}\",setting=\"timeout_sync\"}} 0")),
+        "{metrics}"
+    );
+    let originals = agent.dir.path().join("state.json.bfq-tunables.json");
+    assert!(originals.exists());
+    // SIGTERM: every setting back, the scheduler last (none again), the originals file gone.
+    assert!(agent.stop().success(), "{}", agent.log_text());
+    assert_eq!(active_scheduler(&dev), "none");
+    assert!(!originals.exists(), "originals file left after a clean stop");
+    let log = testbed::probe::strip_ansi(&agent.log_text());
+    assert!(log.contains("restored device setting"), "{log}");
+
+    // One line opts the device out: nothing changed, and status says why.
+    select(&dev, "bfq");
+    let (sg, mb) = (read(&dev, "iosched/strict_guarantees"), read(&dev, "iosched/max_budget"));
+    let opted = config.replace(&format!("check = [\"{dev}\"]"), &format!("check = [\"{dev}\"]\nopt_out = [\"{dev}\"]"));
+    let mut agent = Agent::start(AGENT, &opted);
+    assert_eq!((read(&dev, "iosched/strict_guarantees"), read(&dev, "iosched/max_budget")), (sg.clone(), mb.clone()));
+    let status = agent.status().unwrap();
+    assert!(status.contains("left as it is: opted out ([devices] opt_out)"), "{status}");
+    assert!(agent.stop().success());
+
+    // SIGKILL: the settings stay; uninstalling, `devices restore` puts the first originals back.
+    let mut killed = Agent::start(AGENT, &config);
+    assert_eq!(read(&dev, "iosched/max_budget"), "256");
+    let state = killed.state_file();
+    let cfg = killed.dir.path().join("agent.toml");
+    killed.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = killed.wait(std::time::Duration::from_secs(5));
+    assert_eq!(read(&dev, "iosched/max_budget"), "256", "nothing restores after SIGKILL");
+    let out = Command::new(AGENT)
+        .arg("-c")
+        .arg(&cfg)
+        .args(["devices", "restore", "--state-file"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("3 of 3 device setting(s) put back"), "{stdout}");
+    assert_eq!((read(&dev, "iosched/strict_guarantees"), read(&dev, "iosched/max_budget")), (sg, mb));
+    assert_eq!(read(&dev, "iosched/timeout_sync"), "124");
+    drop(killed);
+
+    // SIGKILL of an agent that switched the scheduler: the next agent on its state file finds bfq (so plans no
+    // switch), adopts the killed agent's original scheduler, and puts it back at its own stop.
+    select(&dev, "none");
+    let mut killed = Agent::start(AGENT, &config);
+    assert_eq!(active_scheduler(&dev), "bfq");
+    let dir = killed.dir.path().to_path_buf();
+    killed.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = killed.wait(std::time::Duration::from_secs(5));
+    assert_eq!(active_scheduler(&dev), "bfq", "nothing restores after SIGKILL");
+    let config2 = config.replace("{dir}/state.json", &dir.join("state.json").display().to_string());
+    let mut next = Agent::start(AGENT, &config2);
+    let log = testbed::probe::strip_ansi(&next.log_text());
+    assert!(log.lines().any(|l| l.contains("did not stop cleanly") && l.contains("setting=scheduler")), "{log}");
+    assert!(next.stop().success(), "{}", next.log_text());
+    assert_eq!(active_scheduler(&dev), "none", "the first original scheduler is back");
+    assert!(!dir.join("state.json.bfq-tunables.json").exists());
+    drop(killed);
+}
