@@ -284,7 +284,8 @@ pub fn soak(args: &SoakArgs, cleanup: &'static Cleanup) -> Result<RunReport> {
     finish(&run, &common.out)?;
     let mode = &run.modes[0];
     let rows = || mode.exp1.iter().chain(&mode.exp2);
-    let reads: usize = rows().filter_map(|r| r.variant(crate::workload::Variant::DDiskQos)).map(|c| c.samples.len()).sum();
+    let reads: usize =
+        rows().filter_map(|r| r.variant(crate::workload::Variant::DDiskQos)).map(|c| c.samples.len()).sum();
     let starved: usize = rows().map(|r| r.starved().len()).sum();
     println!("soak: {reads} dDiskQoS reads in {:.1} min, {starved} STARVED", run.meta.duration_s / 60.0);
     Ok(run)

@@ -78,9 +78,11 @@ impl BfqMode {
         }
     }
 
-    /// The mode whose Original is this one's without the agent's tunables (shown beside, never judged).
-    pub fn untuned(self) -> Option<BfqMode> {
-        (self == BfqMode::StrictTuned).then_some(BfqMode::Strict)
+    /// The mode whose Original is "the host as it was" for this one: `strict-tuned` is the device as the shipped
+    /// agent's protection sets it (strict_guarantees, max_budget, timeout_sync), and a host as found has BFQ's
+    /// defaults. Its dDiskQoS is judged against both Originals of the run (issue 26).
+    pub fn as_found(self) -> Option<BfqMode> {
+        (self == BfqMode::StrictTuned).then_some(BfqMode::Default)
     }
 
     /// Whether io.cost (not BFQ) governs the device: `io.weight` acts, and only on cgroup v2.

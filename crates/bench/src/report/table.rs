@@ -234,6 +234,28 @@ pub fn target_checks(run: &RunReport, mode: &ModeReport) -> Vec<Check> {
             }
         }
     }
+    if let Some((found, rows)) = against_as_found(run, mode) {
+        for (label, median, mean) in rows {
+            let limit = if label == "1MiB" { 0.5 } else { 1.0 };
+            checks.push(ratio(
+                format!("{label} vs the host as it was ({}): median <= {limit} x", found.name()),
+                Some(median),
+                limit,
+            ));
+            checks.push(ratio(
+                format!("{label} vs the host as it was ({}): mean <= 1.0 x", found.name()),
+                Some(mean),
+                1.0,
+            ));
+        }
+        if let Some(r) = background_against_as_found(run, mode) {
+            checks.push(Check {
+                what: format!("background vs the host as it was ({}): >= 90 % of its Original", found.name()),
+                value: format!("{:.0} %", r * 100.0),
+                ok: r >= 0.9,
+            });
+        }
+    }
     checks.push(starved_check(mode));
     if let Some(r) = background_ratio(mode) {
         checks.push(Check {
@@ -337,29 +359,46 @@ fn reaction_line(run: &RunReport, mode: &ModeReport) -> String {
     )
 }
 
-/// `strict-tuned`: its dDiskQoS beside the untuned mode's Original of the same run, labelled as not the judged
-/// comparison (the tunables alone speed Original up too).
-fn untuned_line(run: &RunReport, mode: &ModeReport) -> String {
-    let Some(untuned) = mode.mode.untuned().and_then(|u| run.modes.iter().find(|m| m.mode == u)) else {
-        return String::new();
-    };
-    let parts: Vec<String> = mode
+/// One Experiment 1 size against the host as it was: (label, median / median, mean / mean).
+type AsFoundRow = (String, f64, f64);
+
+/// dDiskQoS of `mode` against the Original of the mode that is the host as it was ([`BfqMode::as_found`]) in the same
+/// run, per Experiment 1 size; `None` without that mode.
+fn against_as_found(run: &RunReport, mode: &ModeReport) -> Option<(BfqMode, Vec<AsFoundRow>)> {
+    let found = mode.mode.as_found().and_then(|f| run.modes.iter().find(|m| m.mode == f))?;
+    let rows = mode
         .exp1
         .iter()
         .filter_map(|row| {
-            let ddq = summary(row, Variant::DDiskQos)?.p50_ms;
-            let orig = untuned.exp1.iter().find(|r| r.size_mib == row.size_mib)?;
-            let orig = summary(orig, Variant::Original)?.p50_ms;
-            Some(format!("{} {}", row.label, fmt_ratio(Some(ddq / orig))))
+            let ddq = summary(row, Variant::DDiskQos)?;
+            let orig = summary(found.exp1.iter().find(|r| r.size_mib == row.size_mib)?, Variant::Original)?;
+            Some((row.label.clone(), ddq.p50_ms / orig.p50_ms, ddq.mean_ms / orig.mean_ms))
         })
         .collect();
-    if parts.is_empty() {
+    Some((found.mode, rows))
+}
+
+/// The background of `mode`'s dDiskQoS blocks over that of the as-found mode's Original blocks.
+fn background_against_as_found(run: &RunReport, mode: &ModeReport) -> Option<f64> {
+    let found = mode.mode.as_found().and_then(|f| run.modes.iter().find(|m| m.mode == f))?;
+    let o = found.background_blocks.get(&Variant::Original)?;
+    let d = mode.background_blocks.get(&Variant::DDiskQos)?;
+    (o.mib_per_s > 0.0).then(|| d.mib_per_s / o.mib_per_s)
+}
+
+fn as_found_line(run: &RunReport, mode: &ModeReport) -> String {
+    let Some((found, rows)) = against_as_found(run, mode) else { return String::new() };
+    if rows.is_empty() {
         return String::new();
     }
+    let parts: Vec<String> = rows
+        .iter()
+        .map(|(label, median, mean)| format!("{label} {} (means {})", fmt_ratio(Some(*median)), fmt_ratio(Some(*mean))))
+        .collect();
     format!(
-        "for reference only, not judged: median dDiskQoS read here / median Original read of mode {} (no tunables) in \
-         this run: {}",
-        untuned.mode.name(),
+        "against the host as it was (mode {}'s Original in this run, blocks not interleaved with these): median \
+         dDiskQoS read / median Original read: {}",
+        found.name(),
         parts.join(", ")
     )
 }
@@ -504,7 +543,7 @@ pub fn mode_section(run: &RunReport, mode: &ModeReport) -> String {
     if !vrate.is_empty() {
         let _ = writeln!(out, "{vrate}");
     }
-    for line in [reaction_line(run, mode), untuned_line(run, mode)] {
+    for line in [reaction_line(run, mode), as_found_line(run, mode)] {
         if !line.is_empty() {
             let _ = writeln!(out, "{line}");
         }
@@ -676,6 +715,30 @@ pub(crate) mod tests {
         assert_eq!(default.len(), 3 + 3 + 1 + 1, "{default:?}");
         assert!(default.iter().all(|c| c.ok), "{default:?}");
         assert!((background_ratio(&fake_mode(BfqMode::Default, 1.0)).unwrap() - 0.95).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_shipped_device_set_up_is_judged_against_the_host_as_it_was_too() {
+        let found = fake_mode(BfqMode::Default, 20.0);
+        let tuned = fake_mode(BfqMode::StrictTuned, 1.2);
+        let run = fake_run(vec![found, tuned.clone()]);
+        let checks = target_checks(&run, &tuned);
+        let as_found: Vec<_> = checks.iter().filter(|c| c.what.contains("host as it was (default)")).collect();
+        // Per size a median and a mean check, and the background.
+        assert_eq!(as_found.len(), 3 * 2 + 1, "{checks:?}");
+        assert!(as_found.iter().all(|c| c.ok), "{as_found:?}");
+        let line = as_found_line(&run, &tuned);
+        assert!(line.contains("mode default's Original") && line.contains("1MiB 0.012"), "{line}");
+        // 60 ms is 0.6 x the host's 100 ms: over the 0.5 for 1 MiB, within 1.0 for the others.
+        let slow = fake_mode(BfqMode::StrictTuned, 60.0);
+        let run = fake_run(vec![fake_mode(BfqMode::Default, 20.0), slow.clone()]);
+        let failed: Vec<_> = target_checks(&run, &slow).into_iter().filter(|c| !c.ok).collect();
+        assert!(failed.iter().any(|c| c.what.starts_with("1MiB vs the host as it was")), "{failed:?}");
+        assert!(!failed.iter().any(|c| c.what.starts_with("10MiB vs the host")), "{failed:?}");
+        // Without the default mode in the run there is nothing to judge against, and no line.
+        let alone = fake_run(vec![tuned.clone()]);
+        assert!(!target_checks(&alone, &tuned).iter().any(|c| c.what.contains("host as it was")));
+        assert!(as_found_line(&alone, &tuned).is_empty());
     }
 
     #[test]
