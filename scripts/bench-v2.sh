@@ -67,8 +67,9 @@ fi
 SUITE=${DDISKQOS_GUEST_SUITE:-bookworm}
 OUT=bench-out-v2
 MODES=default,strict,strict-tuned,iocost-kernel,iocost-calibrated
-# Quick mode took ~N min per mode under emulation (see the README); the guest is killed after this.
-TIMEOUT=7200
+# The guest is killed after this. In the first run (2026-11-26, a busy host) a quick-mode mode ran 10-15 min before
+# failing, and a Debian 12 boot took 2-2.5 min: five modes need well over an hour.
+TIMEOUT=10800
 while [ $# -gt 0 ]; do
   case $1 in
     --suite) [ $# -ge 2 ] || die "--suite needs bookworm or trixie"; SUITE=$2; shift 2 ;;
