@@ -2,8 +2,15 @@
 # The main job: replays the dDiskQoS paper's experiments (Tables 3-5) on this machine in quick mode, both BFQ
 # modes, Alone vs Original vs dDiskQoS, and writes the table, JSON and charts to ./bench-out. Root needed (loop
 # device, cgroups, dockerd). Extra arguments go to `ddiskqos-bench run` (e.g. --full, --runtime cgroup-dir).
+#
+# `scripts/bench.sh --v2 [...]`: the v2 main job instead (cgroup v2 + systemd in the guest, on a throttled disk):
+# scripts/bench-v2.sh, which takes the remaining arguments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --v2 ]; then
+  shift
+  exec bash scripts/bench-v2.sh "$@"
+fi
 bash scripts/setup-host.sh
 export PATH="/usr/bin:$PATH"
 cargo build --release --locked -p bench

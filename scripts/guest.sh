@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The systemd guest: a Debian 12 virtual machine with systemd as PID 1 and a pure cgroup v2 hierarchy, booted under
+# The systemd guest: a Debian 12 (or 13) virtual machine with systemd as PID 1 and a pure cgroup v2 hierarchy, booted under
 # qemu's software emulation (TCG), for the tests that need cgroup v2 (../shared/TESTBED.md, "The systemd guest").
 # The host of this machine kind boots cgroup v1 and its controllers cannot move to v2; the guest is the host our
 # users run (systemd, cgroup v2, Docker and containerd from Debian).
@@ -17,23 +17,54 @@
 #                  the test image ddiskqos-test:latest imported from the guest's busybox-static
 #   --image NAME   an image of the host's dockerd to load into it (docker save here, docker load there)
 #   --timeout SECS kill the guest after this long (default 1800); a timeout is a failure (exit 124)
-# Inside, CMD sees DDISKQOS_GUEST=1, DDISKQOS_GUEST_DISKS="vdb vdc", DDISKQOS_TIME_SCALE=10 (unless set here: how
-# much longer waits may take under emulation), and the host's DDISKQOS_*, CI and RUST_* variables. The guest's own docker.service and containerd.service are installed but not started.
+# Inside, CMD sees DDISKQOS_GUEST=1, DDISKQOS_GUEST_DISKS="vdb vdc", DDISKQOS_GUEST_SUITE and
+# DDISKQOS_GUEST_DISK_MODEL (as below), DDISKQOS_TIME_SCALE=10 (unless set here: how much longer waits may take under
+# emulation), and the host's DDISKQOS_*, CI and RUST_* variables. The guest's own docker.service and containerd.service are installed but not started.
 #
 # The image (rootfs by mmdebstrap from the Debian mirror the host's apt uses, kernel and initrd from it, an ext4
-# image by mke2fs -d) is cached under $DDISKQOS_GUEST_CACHE (default /var/cache/ddiskqos-guest) keyed by a hash of
-# its package list, suite, mirror and the files this script puts into it; a failing download is an error.
+# image by mke2fs -d) is cached under $DDISKQOS_GUEST_CACHE/<suite> (default /var/cache/ddiskqos-guest) keyed by a
+# hash of its package list, suite, mirror and the files this script puts into it; a failing download is an error.
+#
+# Environment (all optional):
+#   DDISKQOS_GUEST_SUITE=bookworm|trixie  the Debian release (default bookworm: Debian 12, kernel 6.1, systemd 252,
+#                  Docker 20.10, containerd 1.6; trixie: Debian 13, kernel 6.12, systemd 257, Docker 26.1 whose CLI is
+#                  the separate docker-cli package, containerd 1.7). Each suite has its own cached image.
+#   DDISKQOS_GUEST_DISK_MODEL=none|ssd    what the experiment disks vdb and vdc are (default none):
+#                  none  plain virtio on a host file (cache=none). Under TCG the emulated CPU, not this disk, is the
+#                        bottleneck (1.6-3.4 GB/s sequential): no queue forms in the guest and weights show nothing.
+#                  ssd   the same, throttled by qemu to 150 MiB/s and 1500 IOPS (throttling.bps-total,
+#                        throttling.iops-total): a small SATA/cloud SSD volume's order of magnitude, and the values
+#                        issue 25 measured with fio (a 1 MiB QD1 probe 0.97 ms alone, 216 ms behind a QD32 reader
+#                        with no scheduler, 49 -> 8.7 ms with BFQ strict weights 100/100 -> 10/1000): slow enough
+#                        that the queue forms in the guest, where its scheduler orders it, and far below what the
+#                        emulated CPU can drive, so the CPU stops mattering. qemu lets an idle disk burst.
+#   DDISKQOS_GUEST_DISK_SIZE=SIZE          size of vdb and vdc (default 1G; sparse files in the run directory).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 CHECKOUT=$(cd "$HERE/.." && pwd)
 CACHE=${DDISKQOS_GUEST_CACHE:-/var/cache/ddiskqos-guest}
 MEM=${DDISKQOS_GUEST_MEM:-6144}
-SUITE=bookworm
+SUITE=${DDISKQOS_GUEST_SUITE:-bookworm}
 # What the tests need in the guest: systemd and D-Bus (PID 1, the systemd cgroup driver), the kernel and its
 # modules (bfq, loop, 9p, null_blk), Docker and containerd (runc with them), the test image's busybox, fio, and the
 # tools the tests call (losetup, mkfs.ext4, ip, ps); libfontconfig1 and a font for the bench's charts (plotters).
 PACKAGES=systemd,systemd-sysv,dbus,linux-image-amd64,initramfs-tools,udev,kmod,docker.io,containerd,runc,busybox-static,fio,iproute2,procps,util-linux,mount,e2fsprogs,libfontconfig1,fonts-dejavu-core
+case $SUITE in
+  bookworm) ;;
+  # Debian 13's docker.io ships the daemon only; the CLI (which the tests and the bench call) is docker-cli.
+  trixie) PACKAGES=$PACKAGES,docker-cli ;;
+  *) printf '[guest] error: DDISKQOS_GUEST_SUITE must be bookworm or trixie, got %s\n' "$SUITE" >&2; exit 2 ;;
+esac
+DISK_MODEL=${DDISKQOS_GUEST_DISK_MODEL:-none}
+# The experiment disks' device model as qemu -drive options (see the header).
+case $DISK_MODEL in
+  none) DISK_OPTS="" ;;
+  ssd) DISK_OPTS=",throttling.bps-total=157286400,throttling.iops-total=1500" ;;
+  *) printf '[guest] error: DDISKQOS_GUEST_DISK_MODEL must be none or ssd, got %s\n' "$DISK_MODEL" >&2; exit 2 ;;
+esac
+DISK_SIZE=${DDISKQOS_GUEST_DISK_SIZE:-1G}
+[[ $DISK_SIZE =~ ^[0-9]+[KMGT]?$ ]] || { printf '[guest] error: bad DDISKQOS_GUEST_DISK_SIZE %s\n' "$DISK_SIZE" >&2; exit 2; }
 DOCKER_CLI=/usr/bin/docker
 
 log() { printf '[guest] %s\n' "$*" >&2; }
@@ -109,7 +140,7 @@ image_key() {
   rm -rf "$scratch"
 }
 
-image_dir() { echo "$CACHE/$(image_key)"; }
+image_dir() { echo "$CACHE/$SUITE/$(image_key)"; }
 
 need_host_tools() {
   local need=()
@@ -132,8 +163,8 @@ build() {
     log "image cached: $dir"
     return 0
   fi
-  mkdir -p "$CACHE"
-  local tmp; tmp=$(mktemp -d "$CACHE/build.XXXXXX")
+  mkdir -p "$CACHE/$SUITE"
+  local tmp; tmp=$(mktemp -d "$CACHE/$SUITE/build.XXXXXX")
   # Removed on any exit of the build, also a failed or interrupted one.
   trap 'rm -rf "'"$tmp"'"' EXIT
   trap 'exit 130' INT
@@ -170,10 +201,14 @@ build() {
   touch "$tmp/ready"
   rm -rf "$dir"
   mv "$tmp" "$dir"
-  # Images of older inputs are of no use any more.
+  # Images of this suite's older inputs are of no use any more (another suite's image stays), nor are images of
+  # the cache's earlier layout (one directory per key, no suite level).
   local other
-  for other in "$CACHE"/*/; do
-    [ "${other%/}" = "$dir" ] || rm -rf "${other%/}"
+  for other in "$CACHE/$SUITE"/*/ "$CACHE"/*/; do
+    case ${other%/} in
+      "$dir" | "$CACHE/bookworm" | "$CACHE/trixie") ;;
+      *) rm -rf "${other%/}" ;;
+    esac
   done
   trap - EXIT INT TERM
   log "image built in $((SECONDS - t0)) s: $dir ($(du -sh "$dir" | cut -f1) on disk)"
@@ -183,8 +218,8 @@ status() {
   local dir; dir=$(image_dir)
   if [ -f "$dir/ready" ]; then echo "image: $dir (current)"; else echo "image: not built (would be $dir)"; fi
   local other
-  for other in "$CACHE"/*/; do
-    [ -d "$other" ] && [ "${other%/}" != "$dir" ] && echo "stale image: ${other%/}"
+  for other in "$CACHE"/*/*/; do
+    [ -d "$other" ] && [ "${other%/}" != "$dir" ] && echo "other image: ${other%/}"
   done
   pgrep -a -f 'qemu-system-x86_64.*ddiskqos.run=' || echo "no guest running"
 }
@@ -223,17 +258,19 @@ run() {
     "$DOCKER_CLI" image inspect "$image" >/dev/null 2>&1 || die "image $image is not in the host's dockerd"
     "$DOCKER_CLI" save -o "$RUN_DIR/images/$(echo "$image" | tr '/:' '__').tar" "$image"
   done
-  truncate -s 1G "$RUN_DIR/vdb.img" "$RUN_DIR/vdc.img"
+  truncate -s "$DISK_SIZE" "$RUN_DIR/vdb.img" "$RUN_DIR/vdc.img"
+  echo "$DISK_MODEL" > "$RUN_DIR/disk-model"
+  echo "$SUITE" > "$RUN_DIR/suite"
   : > "$RUN_DIR/output.log"
-  log "booting the guest (qemu TCG, 2 vCPUs, ${MEM} MiB; about a minute), then: $*"
+  log "booting the guest (Debian $SUITE, qemu TCG, 2 vCPUs, ${MEM} MiB; experiment disks $DISK_SIZE, model $DISK_MODEL; about a minute), then: $*"
   local t0=$SECONDS
   qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m "$MEM" -smp 2 -nodefaults -display none -no-reboot \
     -serial "file:$RUN_DIR/console.log" -monitor none \
     -kernel "$dir/vmlinuz" -initrd "$dir/initrd.img" \
     -append "root=/dev/vda rw console=ttyS0 quiet apparmor=0 systemd.show_status=0 ddiskqos.share=$CHECKOUT ddiskqos.run=$RUN_DIR" \
     -drive "file=$dir/rootfs.img,format=raw,if=virtio,snapshot=on" \
-    -drive "file=$RUN_DIR/vdb.img,format=raw,if=virtio,cache=none" \
-    -drive "file=$RUN_DIR/vdc.img,format=raw,if=virtio,cache=none" \
+    -drive "file=$RUN_DIR/vdb.img,format=raw,if=virtio,cache=none$DISK_OPTS" \
+    -drive "file=$RUN_DIR/vdc.img,format=raw,if=virtio,cache=none$DISK_OPTS" \
     -virtfs "local,path=$CHECKOUT,mount_tag=checkout,security_model=passthrough,id=checkout" \
     -nic none &
   QEMU_PID=$!
@@ -280,9 +317,12 @@ inside() {
   # shellcheck disable=SC1091
   . "$run/env"
   export DDISKQOS_GUEST=1 DDISKQOS_GUEST_DISKS="vdb vdc"
+  export DDISKQOS_GUEST_DISK_MODEL DDISKQOS_GUEST_SUITE
+  DDISKQOS_GUEST_DISK_MODEL=$(cat "$run/disk-model")
+  DDISKQOS_GUEST_SUITE=$(cat "$run/suite")
   # Software emulation: everything takes several times longer than on the host (testbed::process::patience).
   export DDISKQOS_TIME_SCALE=${DDISKQOS_TIME_SCALE:-10}
-  echo "[guest] $(uname -r), systemd $(systemctl --version | awk 'NR == 1 { print $2 }'), cgroup $(stat -fc %T /sys/fs/cgroup), up $(cut -d' ' -f1 /proc/uptime) s"
+  echo "[guest] Debian $(cat /etc/debian_version), $(uname -r), systemd $(systemctl --version | awk 'NR == 1 { print $2 }'), cgroup $(stat -fc %T /sys/fs/cgroup), experiment disks $DDISKQOS_GUEST_DISK_MODEL, up $(cut -d' ' -f1 /proc/uptime) s"
   modprobe bfq
   modprobe loop
   # io and cpu for the root's children (systemd has them on already with DefaultIOAccounting=yes).

@@ -497,10 +497,11 @@ impl Agent {
                     reached: Some(false),
                 });
             }
-            if waited > WEIGHT_TIMEOUT {
+            let timeout = crate::runtime::patience(WEIGHT_TIMEOUT);
+            if waited > timeout {
                 let (have, path) = have?;
                 bail!(
-                    "{} still reads {have} ({}) {WEIGHT_TIMEOUT:?} after the container started: the agent did not \
+                    "{} still reads {have} ({}) {timeout:?} after the container started: the agent did not \
                      give it the top weight {want} ({value} in this file)",
                     path.display(),
                     self.probe.describe()

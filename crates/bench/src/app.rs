@@ -245,6 +245,8 @@ pub fn run(args: &RunArgs, cleanup: &'static Cleanup) -> Result<RunReport> {
     bar.finish_and_clear();
     drop(hogs);
     let mut meta = meta(common, &setup, &cfg, plan, !args.full, date, background)?;
+    // The caller's remarks on the test bed (`--note`) first.
+    meta.notes.splice(0..0, args.notes.iter().cloned());
     meta.duration_s = started.elapsed().as_secs_f64();
     let run = RunReport { meta, modes };
     finish(&run, &common.out)?;

@@ -248,6 +248,10 @@ pub struct RunArgs {
     /// Skip Experiment 2.
     #[arg(long)]
     pub no_exp2: bool,
+    /// A remark about the test bed that the report and the JSON carry first among their notes (repeatable), e.g.
+    /// that the run is under emulation on a throttled disk (`scripts/bench-v2.sh` says so).
+    #[arg(long = "note", value_name = "TEXT")]
+    pub notes: Vec<String>,
 }
 
 impl RunArgs {
@@ -349,6 +353,11 @@ mod tests {
         assert_eq!(run.common.sample_interval, qos_agent::config::AgentConfig::default().sample_interval);
         assert_eq!(run.common.out, PathBuf::from("bench-out"));
         assert_eq!(run.common.runtime, RuntimeChoice::Auto);
+        assert!(run.notes.is_empty());
+        let Cmd::Run(noted) = parse(&["run", "--note", "under emulation", "--note", "throttled"]).command else {
+            panic!()
+        };
+        assert_eq!(noted.notes, vec!["under emulation", "throttled"]);
     }
 
     #[test]
