@@ -193,12 +193,16 @@ pub fn validate_map(map: &TunableMap) -> Result<(), TuneError> {
     Ok(())
 }
 
+/// This process's mount table, which says which disk holds `/` (never tuned).
+fn read_mountinfo() -> Result<String, TuneError> {
+    std::fs::read_to_string(MOUNTINFO).map_err(|e| TuneError::File { path: MOUNTINFO.into(), reason: e.to_string() })
+}
+
 impl TunedDevices {
     /// Sets every configured tunable on the real `/sys`, keeping the originals in `originals` (see
     /// [`originals_path`]; `None`: dry run, nothing is written and the plan is only logged).
     pub fn apply(map: &TunableMap, originals: Option<&Path>) -> Result<Self, TuneError> {
-        let mountinfo = std::fs::read_to_string(MOUNTINFO)
-            .map_err(|e| TuneError::File { path: MOUNTINFO.into(), reason: e.to_string() })?;
+        let mountinfo = read_mountinfo()?;
         Self::apply_in(Path::new(SYS), &mountinfo, map, originals)
     }
 
@@ -227,8 +231,7 @@ impl TunedDevices {
         adopt: &[String],
         originals: Option<&Path>,
     ) -> Result<Self, TuneError> {
-        let mountinfo = std::fs::read_to_string(MOUNTINFO)
-            .map_err(|e| TuneError::File { path: MOUNTINFO.into(), reason: e.to_string() })?;
+        let mountinfo = read_mountinfo()?;
         Self::apply_all_adopting_in(Path::new(SYS), &mountinfo, v2_root, map, protect, adopt, originals)
     }
 
@@ -414,8 +417,7 @@ impl TunedDevices {
     /// the originals file `file` holds, to be put back with [`restore`](Self::restore) (which removes the file
     /// once all went back). An absent file: nothing to restore.
     pub fn from_originals_file(v2_root: Option<&Path>, file: &Path) -> Result<Self, TuneError> {
-        let mountinfo = std::fs::read_to_string(MOUNTINFO)
-            .map_err(|e| TuneError::File { path: MOUNTINFO.into(), reason: e.to_string() })?;
+        let mountinfo = read_mountinfo()?;
         Self::from_originals_file_in(Path::new(SYS), &mountinfo, v2_root, file)
     }
 
