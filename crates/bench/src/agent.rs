@@ -316,15 +316,13 @@ impl Agent {
         }
         cfg.validate().context("agent configuration")?;
         let originals = OriginalWeights::load(Some(&cfg.state_file)).context("agent state file")?;
-        // The agent's own opt-in (its start-up check does the same): the daemon's dry run is the bench's Alone and
-        // Original blocks, so the tunables are set for all three variants of the mode.
-        let tuned = if cfg.devices.bfq_tunables.is_empty() {
-            None
-        } else {
-            let file = qos_agent::blockdev::tune::originals_path(&cfg.state_file);
-            Some(TunedDevices::apply(&cfg.devices.bfq_tunables, Some(&file)).context("agent: [devices] bfq_tunables")?)
-        };
         let metrics = Arc::new(Metrics::new());
+        // What the agent does to its devices at start, by its own code ([devices] protect on the managed devices,
+        // the operator's bfq_tunables): the daemon's dry run is the bench's Alone and Original blocks, so the
+        // settings hold for all three variants of the mode; put back at the agent's stop.
+        let managed = qos_agent::app::managed_devices(&cfg, std::iter::empty());
+        let tuned =
+            Some(qos_agent::app::devices_at_start(&cfg, &root, managed, &metrics).context("agent: devices at start")?);
         let (commands, rx) = mpsc::channel(16);
         let (announce, discovery) = match backends {
             Backends::Docker | Backends::Cri { .. } => (None, None),

@@ -119,9 +119,10 @@ pub struct Common {
     /// whether a new high-weight container gets the disk at once (`strict-tuned` is the remedy for nested).
     #[arg(long, value_enum, default_value = "nested")]
     pub cgroup_layout: CgroupLayout,
-    /// BFQ modes to run, in order: BFQ defaults; strict_guarantees=1; the same with the agent's short BFQ slots
-    /// (`strict-tuned`); strict_guarantees=1 with BFQ's low-latency heuristics off.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "default,strict,strict-tuned,strict-nolowlat")]
+    /// BFQ modes to run, in order: BFQ defaults (the host as it was); the device as the shipped agent protects it
+    /// (`protect`); strict_guarantees=1 with the short BFQ slots (`strict-tuned`); strict_guarantees=1 alone.
+    /// (Also: `strict-nolowlat`, and on cgroup v2 `iocost-kernel`, `iocost-calibrated`.)
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "default,protect,strict-tuned,strict")]
     pub modes: Vec<BfqMode>,
     /// Use this (unmounted) block device instead of a loop device; needs --format.
     #[arg(long, conflicts_with = "dir")]
@@ -342,10 +343,7 @@ mod tests {
     #[test]
     fn run_without_flags_is_quick_both_modes_with_the_papers_engine() {
         let Cmd::Run(run) = parse(&["run"]).command else { panic!() };
-        assert_eq!(
-            run.common.modes,
-            vec![BfqMode::Default, BfqMode::Strict, BfqMode::StrictTuned, BfqMode::StrictNoLowLatency]
-        );
+        assert_eq!(run.common.modes, vec![BfqMode::Default, BfqMode::Protect, BfqMode::StrictTuned, BfqMode::Strict]);
         assert_eq!(run.common.cgroup_layout, CgroupLayout::Nested);
         assert_eq!(run.plan().unwrap(), Plan::quick());
         assert_eq!(run.common.engine_config().unwrap(), Config::default());

@@ -152,7 +152,7 @@ impl Disk {
             base.clone().unwrap_or_default()
         };
         let (strict, low_latency) = match mode {
-            BfqMode::Default => ("0", base.as_str()),
+            BfqMode::Default | BfqMode::Protect => ("0", base.as_str()),
             BfqMode::Strict | BfqMode::StrictTuned => ("1", base.as_str()),
             BfqMode::StrictNoLowLatency => ("1", "0"),
             BfqMode::IocostKernel | BfqMode::IocostCalibrated => unreachable!("handled above"),

@@ -167,6 +167,14 @@ fn run_mode_on_device(
     let test_disk = v2.then_some(env.disk.info.disk_name.as_str());
     let mut agent_cfg = crate::agent::config(cfg.engine.clone(), cfg.sample_interval, &env.run_dir, test_disk);
     agent_cfg.nice = cfg.agent_nice;
+    // The device set-up is the mode's: the agent's protection runs (its own code, at its start, on the test disk as
+    // its managed device) in `protect` mode only; every other mode sets the device itself.
+    if mode == BfqMode::Protect {
+        agent_cfg.devices.protect = qos_agent::config::ProtectMode::Auto;
+        agent_cfg.devices.check = vec![env.disk.info.disk_name.clone()];
+    } else {
+        agent_cfg.devices.protect = qos_agent::config::ProtectMode::Off;
+    }
     let mode_tunables = mode.agent_tunables().iter().map(|(k, v)| format!("{k}={v}"));
     for assignment in cfg.agent_bfq.iter().cloned().chain(mode_tunables) {
         let Some((key, value)) = assignment.split_once('=') else {

@@ -26,6 +26,11 @@ pub enum BfqMode {
     #[value(name = "strict-tuned")]
     #[serde(rename = "strict-tuned")]
     StrictTuned,
+    /// What the shipped agent makes of a BFQ device by default (`[devices] protect = "auto"`, the test disk as its
+    /// managed device): BFQ's defaults with a shallow request queue (`nr_requests=4`), set by the agent's own code
+    /// (`qos_agent::blockdev::protect`) at its start, so the mode's Alone and Original run with it too; judged
+    /// also against the `default` mode's Original, the host as it was.
+    Protect,
     /// cgroup v2 only: scheduler `none`, io.cost enabled (`io.cost.qos` enable=1) with the kernel's automatic
     /// model; `io.weight` acts.
     #[value(name = "iocost-kernel")]
@@ -47,6 +52,7 @@ impl BfqMode {
             BfqMode::Strict => "BFQ strict_guarantees=1",
             BfqMode::StrictNoLowLatency => "BFQ strict_guarantees=1 + low_latency=0",
             BfqMode::StrictTuned => "BFQ strict_guarantees=1 + agent's bfq_tunables max_budget=256 timeout_sync=8",
+            BfqMode::Protect => "BFQ as the agent protects it by default (nr_requests=4, BFQ's tunables as found)",
             BfqMode::IocostKernel => "io.cost, kernel's model (scheduler none)",
             BfqMode::IocostCalibrated => "io.cost, calibrated model (scheduler none)",
         }
@@ -59,14 +65,21 @@ impl BfqMode {
             BfqMode::Strict => "strict",
             BfqMode::StrictNoLowLatency => "strict-nolowlat",
             BfqMode::StrictTuned => "strict-tuned",
+            BfqMode::Protect => "protect",
             BfqMode::IocostKernel => "iocost-kernel",
             BfqMode::IocostCalibrated => "iocost-calibrated",
         }
     }
 
-    /// Whether strict_guarantees is on (the issue's targets apply).
+    /// Whether strict_guarantees is on.
     pub fn is_strict(self) -> bool {
         matches!(self, BfqMode::Strict | BfqMode::StrictNoLowLatency | BfqMode::StrictTuned)
+    }
+
+    /// Whether the device is set up to protect small reads (strict modes, the agent's protection): the small-read
+    /// targets (1 MiB near Alone, well under Original) apply.
+    pub fn protects(self) -> bool {
+        self.is_strict() || self == BfqMode::Protect
     }
 
     /// The BFQ tunables the agent sets on the test device in this mode (its `[devices] bfq_tunables`), besides
@@ -78,11 +91,10 @@ impl BfqMode {
         }
     }
 
-    /// The mode whose Original is "the host as it was" for this one: `strict-tuned` is the device as the shipped
-    /// agent's protection sets it (strict_guarantees, max_budget, timeout_sync), and a host as found has BFQ's
-    /// defaults. Its dDiskQoS is judged against both Originals of the run (issue 26).
+    /// The mode whose Original is "the host as it was" for this one: `protect` and `strict-tuned` change the
+    /// device, and a host as found has BFQ's defaults. Their dDiskQoS is judged against both Originals of the run.
     pub fn as_found(self) -> Option<BfqMode> {
-        (self == BfqMode::StrictTuned).then_some(BfqMode::Default)
+        matches!(self, BfqMode::Protect | BfqMode::StrictTuned).then_some(BfqMode::Default)
     }
 
     /// Whether io.cost (not BFQ) governs the device: `io.weight` acts, and only on cgroup v2.

@@ -144,7 +144,7 @@ async fn run_daemon<D: Discovery, C: CounterSource, W: WeightWriter>(
 
 /// The managed devices: `[devices] check` when the operator names devices, else `runtime_disks` (the disk holding
 /// the runtime's data, with why).
-fn managed_devices(cfg: &AgentConfig, runtime_disks: impl Iterator<Item = (String, String)>) -> Vec<Managed> {
+pub fn managed_devices(cfg: &AgentConfig, runtime_disks: impl Iterator<Item = (String, String)>) -> Vec<Managed> {
     if cfg.devices.check.is_empty() {
         runtime_disks.map(|(name, why)| Managed { name, why }).collect()
     } else {
@@ -162,7 +162,7 @@ fn managed_devices(cfg: &AgentConfig, runtime_disks: impl Iterator<Item = (Strin
 /// that warns about a device no weight acts on, once per device, whether the device comes from the config or from a
 /// container's `io.stat`. (This was `blockdev::check`: it reads the config and the cgroup version, so it sits here,
 /// above both `blockdev` and `cgroup`, which no longer import each other.)
-fn devices_at_start(
+pub fn devices_at_start(
     cfg: &AgentConfig,
     root: &CgroupRoot,
     managed: Vec<Managed>,

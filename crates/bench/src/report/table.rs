@@ -211,7 +211,7 @@ pub fn target_checks(run: &RunReport, mode: &ModeReport) -> Vec<Check> {
             checks.push(ratio(format!("{} median/rep: dDiskQoS <= 0.5 x Original", row.label), o, 0.5));
         }
     } else {
-        if mode.mode.is_strict() {
+        if mode.mode.protects() {
             for row in mode.exp1.iter().filter(|r| r.size_mib == 1) {
                 let (a, o) = (row.reps_over_alone.map(|s| s.median), row.reps_over_original.map(|s| s.median));
                 checks.push(ratio(format!("{} median/rep: dDiskQoS <= 1.5 x Alone", row.label), a, 1.5));

@@ -8,10 +8,14 @@
 //! a managed device as it is; `protect = "off"` leaves every device.
 //!
 //! **What is set** ([`plan_in`]):
-//! - the scheduler is BFQ: BFQ's short slots with strict guarantees ([`BFQ_SETTINGS`]: `strict_guarantees = 1`,
-//!   `max_budget = 256`, `timeout_sync = 8`), what the project's main job measures as `strict-tuned` (1 MiB
-//!   1.13-1.35x Alone under a QD32 reader in Docker's default layout, background 97-105 %; untuned strict mode was
-//!   slower than no agent, so strict is never set alone);
+//! - the scheduler is BFQ: a shallow request queue ([`BFQ_SETTINGS`]: `queue/nr_requests = 4`, BFQ's own tunables
+//!   left as they are). A big reader then holds at most four requests, so a small reader's request waits behind a
+//!   few requests, not behind the big reader's 32 or 256 in the device, and BFQ's weights pick it next. Measured
+//!   (2026-11-26, loop device, v1; `crates/bench/results/2026-11-26/slots-*`): a 1 MiB read every 50 ms beside a
+//!   QD32 sequential reader took 3.3 ms (max 7-10 ms) against 61-69 ms as found, and the big reader kept its
+//!   throughput (92-105 %); BFQ's `strict_guarantees` protected as well but cost the big reader 14-42 %, and
+//!   the short slots without it (`max_budget=256 timeout_sync=8`) made the small reader wait 380 ms;
+//! - cgroup v1, another scheduler, BFQ available: the scheduler is switched to BFQ, then the same settings;
 //! - cgroup v1, another scheduler, BFQ available: the scheduler is switched to BFQ, then the same settings;
 //! - cgroup v2, another scheduler: io.cost enabled with a model measured from the device at start
 //!   ([`super::iocost::measure`], reads only, about 4 s) and a latency target from its lone-read latency; a
@@ -26,12 +30,26 @@
 use std::path::Path;
 
 use super::iocost::{self, IO_COST_MODEL, IO_COST_QOS};
-use super::switch::{guard, set_bfq_tunable_in, switch_scheduler_in};
+use super::switch::{guard, set_bfq_tunable_in, set_queue_file_in, switch_scheduler_in};
 use super::{scheduler_in, validate_name, DevNum, DeviceError, Result};
 use crate::config::{DevicesConfig, ProtectMode};
 
-/// The BFQ settings protection makes, in the order written (and put back in reverse).
-pub const BFQ_SETTINGS: [(&str, &str); 3] = [("strict_guarantees", "1"), ("max_budget", "256"), ("timeout_sync", "8")];
+/// The settings protection makes on a BFQ device, in the order written (and put back in reverse): keys are BFQ
+/// tunables or [`NR_REQUESTS`].
+pub const BFQ_SETTINGS: [(&str, &str); 1] = [(NR_REQUESTS, "4")];
+
+/// The key of the queue's depth (`/sys/block/NAME/queue/nr_requests`, not a BFQ tunable) among the settings.
+pub const NR_REQUESTS: &str = "nr_requests";
+
+/// Where setting `key` of a BFQ device lives, relative to its queue directory: `nr_requests`, or
+/// `iosched/<key>` for a BFQ tunable.
+pub fn queue_file(key: &str) -> std::path::PathBuf {
+    if key == NR_REQUESTS {
+        NR_REQUESTS.into()
+    } else {
+        Path::new("iosched").join(key)
+    }
+}
 
 /// The key of a scheduler switch among the settings.
 pub const SCHEDULER: &str = "scheduler";
@@ -64,7 +82,7 @@ pub struct Managed {
 /// What protection does to one managed device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// BFQ's short slots with strict guarantees, after switching the scheduler from the one named, if any.
+    /// BFQ with a shallow request queue ([`BFQ_SETTINGS`]), after switching the scheduler from the one named, if any.
     Bfq {
         /// The scheduler it had, when it is switched to BFQ first (cgroup v1).
         switch_from: Option<String>,
@@ -108,10 +126,10 @@ impl Planned {
         let settings = BFQ_SETTINGS.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
         match &self.decision {
             Decision::Bfq { switch_from: None } => {
-                format!("{}: BFQ {settings} (protect; restored at stop) [{}]", self.device, self.why)
+                format!("{}: BFQ with {settings} (protect; restored at stop) [{}]", self.device, self.why)
             }
             Decision::Bfq { switch_from: Some(from) } => format!(
-                "{}: scheduler {from} -> bfq, then BFQ {settings} (protect; restored at stop) [{}]",
+                "{}: scheduler {from} -> bfq, then BFQ with {settings} (protect; restored at stop) [{}]",
                 self.device, self.why
             ),
             Decision::IoCost { dev } => format!(
@@ -163,7 +181,7 @@ fn decide(
         Ok(p) if p.iter().any(|d| d == name) => {
             let settings = BFQ_SETTINGS
                 .iter()
-                .map(|(k, v)| format!("echo {v} > /sys/block/{name}/queue/iosched/{k}"))
+                .map(|(k, v)| format!("echo {v} > /sys/block/{name}/queue/{}", queue_file(k).display()))
                 .collect::<Vec<_>>()
                 .join("; ");
             return leave(format!(
@@ -259,6 +277,14 @@ pub(crate) fn read_setting(sys: &Path, v2_root: Option<&Path>, device: &str, key
         return Ok(iocost::read_line(&v2.join(key), dev)?.unwrap_or_default());
     }
     validate_name(device)?;
+    if key == NR_REQUESTS {
+        let path = super::queue_dir(sys, device).join(NR_REQUESTS);
+        return std::fs::read_to_string(&path).map(|s| s.trim().to_string()).map_err(|source| DeviceError::Io {
+            op: "read",
+            path,
+            source,
+        });
+    }
     super::tune::read_tunable(sys, device, key)
 }
 
@@ -295,6 +321,9 @@ pub(crate) fn write_setting(
             });
         }
         return Ok(old);
+    }
+    if key == NR_REQUESTS {
+        return set_queue_file_in(sys, mountinfo, device, Path::new(NR_REQUESTS), value, allowed);
     }
     set_bfq_tunable_in(sys, mountinfo, device, key, value, allowed)
 }

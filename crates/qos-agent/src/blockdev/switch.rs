@@ -82,10 +82,23 @@ pub(super) fn set_bfq_tunable_in(
     value: &str,
     allowed: &[String],
 ) -> Result<String> {
-    guard(sys, mountinfo, name, allowed)?;
     validate_value("BFQ tunable", key)?;
-    validate_value("BFQ tunable value", value)?;
-    let path = queue_dir(sys, name).join("iosched").join(key);
+    set_queue_file_in(sys, mountinfo, name, &Path::new("iosched").join(key), value, allowed)
+}
+
+/// Sets the file `rel` of device `name`'s queue directory (`nr_requests`, `iosched/<tunable>`) to `value` under the
+/// guard, and checks it reads back. Returns the old value.
+pub(super) fn set_queue_file_in(
+    sys: &Path,
+    mountinfo: &str,
+    name: &str,
+    rel: &Path,
+    value: &str,
+    allowed: &[String],
+) -> Result<String> {
+    guard(sys, mountinfo, name, allowed)?;
+    validate_value("queue setting value", value)?;
+    let path = queue_dir(sys, name).join(rel);
     let old = read_trim(&path)?;
     write_existing(&path, value)?;
     let back = read_trim(&path)?;

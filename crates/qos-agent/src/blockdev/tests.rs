@@ -327,8 +327,13 @@ fn fake_sys_protect() -> tempfile::TempDir {
     }
     for dev in ["loop3", "vda"] {
         fs::write(sys.path().join("devices/block").join(dev).join("queue/iosched/strict_guarantees"), "0\n").unwrap();
+        fs::write(sys.path().join("devices/block").join(dev).join("queue/nr_requests"), "256\n").unwrap();
     }
     sys
+}
+
+fn nr_requests(sys: &Path, dev: &str) -> String {
+    fs::read_to_string(sys.join("devices/block").join(dev).join("queue/nr_requests")).unwrap().trim().to_string()
 }
 
 fn managed(names: &[&str]) -> Vec<protect::Managed> {
@@ -362,21 +367,25 @@ fn protect_plans_per_device_from_what_it_finds_and_never_the_root_disk() {
     let d = decisions(&plan);
     assert_eq!(d.len(), 3, "each device once: {d:?}");
     assert_eq!(d[0], ("loop3".into(), "bfq".into()));
-    assert!(d[1].1.starts_with("leave: it backs the root filesystem") && d[1].1.contains("strict_guarantees"), "{d:?}");
+    assert!(
+        d[1].1.starts_with("leave: it backs the root filesystem")
+            && d[1].1.contains("echo 4 > /sys/block/vda/queue/nr_requests"),
+        "{d:?}"
+    );
     assert!(d[2].1.contains("bfq is not available"), "{d:?}");
     assert_eq!(
         plan[0].bfq_settings().iter().map(|x| (x.key.as_str(), x.value.as_str())).collect::<Vec<_>>(),
-        [("strict_guarantees", "1"), ("max_budget", "256"), ("timeout_sync", "8")]
+        [("nr_requests", "4")]
     );
     assert!(plan[1].bfq_settings().is_empty());
-    assert!(plan[0].describe().contains("loop3: BFQ strict_guarantees=1 max_budget=256 timeout_sync=8"));
+    assert!(plan[0].describe().contains("loop3: BFQ with nr_requests=4"), "{}", plan[0].describe());
 
     // v1, another scheduler with bfq available: switch first, then the same settings.
     fs::write(s.join("devices/block/loop3/queue/scheduler"), "[none] mq-deadline bfq\n").unwrap();
     let plan = protect::plan_in(s, &root, None, &cfg, &managed(&["loop3"]));
     assert_eq!(decisions(&plan)[0].1, "switch from none, bfq");
     assert_eq!(plan[0].bfq_settings()[0].key, "scheduler");
-    assert_eq!(plan[0].bfq_settings().len(), 4);
+    assert_eq!(plan[0].bfq_settings().len(), 2);
 
     // v2, not bfq: io.cost, unless it is on already or the kernel has none.
     let v2 = tempfile::tempdir().unwrap();
@@ -411,7 +420,7 @@ fn protect_plans_per_device_from_what_it_finds_and_never_the_root_disk() {
 }
 
 #[test]
-fn protect_sets_reads_back_and_restores_the_short_slots_and_after_a_kill_the_first_originals() {
+fn protect_sets_reads_back_and_restores_the_queue_depth_and_after_a_kill_the_first_originals() {
     let sys = fake_sys_protect();
     let s = sys.path();
     let state = tempfile::tempdir().unwrap();
@@ -419,64 +428,62 @@ fn protect_sets_reads_back_and_restores_the_short_slots_and_after_a_kill_the_fir
     let root: std::result::Result<Vec<String>, String> = Ok(vec!["vda".into()]);
     let plan = protect::plan_in(s, &root, None, &Default::default(), &managed(&["loop3", "vda"]));
     let settings: Vec<protect::Setting> = plan.iter().flat_map(|p| p.bfq_settings()).collect();
-    assert_eq!(settings.len(), 3, "loop3 only: {settings:?}");
+    assert_eq!(settings.len(), 1, "loop3 only: {settings:?}");
     let mut tuned =
         tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, None, &Default::default(), &settings, Some(&file)).unwrap();
-    for (key, value) in [("strict_guarantees", "1"), ("max_budget", "256"), ("timeout_sync", "8")] {
-        assert_eq!(iosched_value(s, "loop3", key), value);
-        assert_eq!(iosched_value(s, "vda", key), if key == "timeout_sync" { "124" } else { "0" }, "vda untouched");
+    assert_eq!(nr_requests(s, "loop3"), "4");
+    assert_eq!(nr_requests(s, "vda"), "256", "vda untouched");
+    for (key, value) in [("strict_guarantees", "0"), ("max_budget", "0"), ("timeout_sync", "124")] {
+        assert_eq!(iosched_value(s, "loop3", key), value, "BFQ's tunables are left as they are");
     }
     let on_disk: serde_json::Value = serde_json::from_str(&fs::read_to_string(&file).unwrap()).unwrap();
-    assert_eq!(on_disk["loop3"]["strict_guarantees"], "0", "{on_disk}");
-    assert_eq!(on_disk["loop3"]["timeout_sync"], "124", "{on_disk}");
+    assert_eq!(on_disk["loop3"]["nr_requests"], "256", "{on_disk}");
 
-    // Read back for status and metrics: each as set; a value someone changed shows, and is flagged.
+    // Read back for status and metrics: as set; a value someone changed (a scheduler switch resets it) shows, and
+    // is flagged.
     let view = tuned.view(vec![("vda".into(), "it backs the root filesystem".into())]);
     let rows = view.read_back();
-    assert_eq!(rows.len(), 3);
+    assert_eq!(rows.len(), 1);
     assert!(rows.iter().all(|r| r.as_set() && r.by == "protect" && r.device == "loop3"), "{rows:?}");
     assert_eq!(
-        (rows[2].setting.as_str(), rows[2].original.as_str(), rows[2].set.as_str()),
-        ("timeout_sync", "124", "8")
+        (rows[0].setting.as_str(), rows[0].original.as_str(), rows[0].set.as_str()),
+        ("nr_requests", "256", "4")
     );
-    fs::write(s.join("devices/block/loop3/queue/iosched/timeout_sync"), "20\n").unwrap();
+    fs::write(s.join("devices/block/loop3/queue/nr_requests"), "64\n").unwrap();
     let rows = view.read_back();
-    assert_eq!(rows[2].now.as_deref(), Some("20"));
-    assert!(!rows[2].as_set());
+    assert_eq!(rows[0].now.as_deref(), Some("64"));
+    assert!(!rows[0].as_set());
     let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
     metrics.device_settings.set_view(view.clone());
     let text = metrics.render();
-    assert!(text.contains("ddiskqos_device_setting{device=\"loop3\",setting=\"timeout_sync\"} 20"), "{text}");
-    assert!(text.contains("ddiskqos_device_setting_as_set{device=\"loop3\",setting=\"timeout_sync\"} 0"), "{text}");
-    assert!(text.contains("ddiskqos_device_setting_as_set{device=\"loop3\",setting=\"max_budget\"} 1"), "{text}");
-    fs::write(s.join("devices/block/loop3/queue/iosched/timeout_sync"), "8\n").unwrap();
+    assert!(text.contains("ddiskqos_device_setting{device=\"loop3\",setting=\"nr_requests\"} 64"), "{text}");
+    assert!(text.contains("ddiskqos_device_setting_as_set{device=\"loop3\",setting=\"nr_requests\"} 0"), "{text}");
+    fs::write(s.join("devices/block/loop3/queue/nr_requests"), "4\n").unwrap();
+    assert!(metrics.render().contains("ddiskqos_device_setting_as_set{device=\"loop3\",setting=\"nr_requests\"} 1"));
 
-    // A clean stop puts every original back and removes the file.
+    // A clean stop puts the original back and removes the file.
     assert_eq!(tuned.restore(), 0);
-    for (key, value) in [("strict_guarantees", "0"), ("max_budget", "0"), ("timeout_sync", "124")] {
-        assert_eq!(iosched_value(s, "loop3", key), value);
-    }
+    assert_eq!(nr_requests(s, "loop3"), "256");
     assert!(!file.exists());
 
-    // SIGKILL: the next agent records the first originals, not the killed agent's values, and restores those.
+    // SIGKILL: the next agent records the first original, not the killed agent's value, and restores that.
     let tuned =
         tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, None, &Default::default(), &settings, Some(&file)).unwrap();
     std::mem::forget(tuned);
     let mut next =
         tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, None, &Default::default(), &settings, Some(&file)).unwrap();
-    assert_eq!(next.tuned().iter().map(|t| t.original.as_str()).collect::<Vec<_>>(), ["0", "0", "124"]);
+    assert_eq!(next.tuned().iter().map(|t| t.original.as_str()).collect::<Vec<_>>(), ["256"]);
     assert_eq!(next.restore(), 0);
-    assert_eq!(iosched_value(s, "loop3", "timeout_sync"), "124");
+    assert_eq!(nr_requests(s, "loop3"), "256");
 
     // Or, when uninstalling after the kill: `devices restore` from the originals file alone.
     let tuned =
         tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, None, &Default::default(), &settings, Some(&file)).unwrap();
     std::mem::forget(tuned);
     let mut from_file = tune::TunedDevices::from_originals_file_in(s, ROOT_ON_VDA, None, &file).unwrap();
-    assert_eq!(from_file.tuned().len(), 3);
+    assert_eq!(from_file.tuned().len(), 1);
     assert_eq!(from_file.restore(), 0);
-    assert_eq!(iosched_value(s, "loop3", "strict_guarantees"), "0");
-    assert_eq!(iosched_value(s, "loop3", "max_budget"), "0");
+    assert_eq!(nr_requests(s, "loop3"), "256");
     assert!(!file.exists());
     let mut none = tune::TunedDevices::from_originals_file_in(s, ROOT_ON_VDA, None, &file).unwrap();
     assert_eq!(none.restore(), 0, "no file: nothing to do");
@@ -488,23 +495,25 @@ fn protect_never_writes_the_root_disk_and_a_failing_device_does_not_stop_the_oth
     let s = sys.path();
     let state = tempfile::tempdir().unwrap();
     let file = tune::originals_path(&state.path().join("state.json"));
-    // Settings for the root disk (as if a plan were wrong) are refused by the guard; loop3 still gets its own.
-    let mut settings = Vec::new();
-    for dev in ["vda", "loop3"] {
-        for (k, v) in protect::BFQ_SETTINGS {
-            settings.push(protect::Setting { device: dev.into(), key: k.into(), value: v.into() });
-        }
-    }
-    // loop3's second setting fails (its file is gone): the first is kept and restored, the third skipped.
+    // Settings for the root disk (as if a plan were wrong) are refused by the guard; loop3 still gets its own. A
+    // list of three, protection's and two BFQ tunables, shows the order: loop3's second setting fails (its file is
+    // gone), the first is kept and restored, the third skipped.
+    let setting = |dev: &str, k: &str, v: &str| protect::Setting { device: dev.into(), key: k.into(), value: v.into() };
+    let mut settings: Vec<protect::Setting> = protect::BFQ_SETTINGS.iter().map(|(k, v)| setting("vda", k, v)).collect();
+    settings.extend([
+        setting("loop3", protect::NR_REQUESTS, "4"),
+        setting("loop3", "max_budget", "256"),
+        setting("loop3", "timeout_sync", "8"),
+    ]);
     fs::remove_file(s.join("devices/block/loop3/queue/iosched/max_budget")).unwrap();
     let mut tuned =
         tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, None, &Default::default(), &settings, Some(&file)).unwrap();
-    assert_eq!(iosched_value(s, "vda", "strict_guarantees"), "0", "the root disk is never written");
-    assert_eq!(iosched_value(s, "loop3", "strict_guarantees"), "1");
+    assert_eq!(nr_requests(s, "vda"), "256", "the root disk is never written");
+    assert_eq!(nr_requests(s, "loop3"), "4");
     assert_eq!(iosched_value(s, "loop3", "timeout_sync"), "124", "skipped after the failure");
     assert_eq!(tuned.tuned().len(), 1);
     assert_eq!(tuned.restore(), 0);
-    assert_eq!(iosched_value(s, "loop3", "strict_guarantees"), "0");
+    assert_eq!(nr_requests(s, "loop3"), "256");
 }
 
 #[test]
@@ -562,17 +571,15 @@ fn protect_after_a_kill_puts_back_the_scheduler_the_killed_agent_switched() {
     let s = sys.path();
     let state = tempfile::tempdir().unwrap();
     let file = tune::originals_path(&state.path().join("state.json"));
-    // What a killed agent left: loop3 switched from none to bfq and tuned; its originals on file.
+    // What a killed agent left: loop3 switched from none to bfq, its queue depth set (and, from an older version,
+    // strict_guarantees); its originals on file.
     fs::write(s.join("devices/block/loop3/queue/iosched/strict_guarantees"), "1\n").unwrap();
-    fs::write(
-        &file,
-        r#"{"loop3": {"scheduler": "none", "strict_guarantees": "0", "max_budget": "0", "timeout_sync": "124"}}"#,
-    )
-    .unwrap();
-    // This agent finds bfq, so it plans the three settings only, and adopts the scheduler's original.
+    fs::write(s.join("devices/block/loop3/queue/nr_requests"), "4\n").unwrap();
+    fs::write(&file, r#"{"loop3": {"scheduler": "none", "nr_requests": "256", "strict_guarantees": "0"}}"#).unwrap();
+    // This agent finds bfq, so it plans the queue depth only, and adopts the other originals.
     let plan = protect::plan_in(s, &Ok(vec!["vda".into()]), None, &Default::default(), &managed(&["loop3"]));
     let settings: Vec<protect::Setting> = plan.iter().flat_map(|p| p.bfq_settings()).collect();
-    assert_eq!(settings.len(), 3);
+    assert_eq!(settings.len(), 1);
     let adopt = vec!["loop3".to_string()];
     let mut tuned = tune::TunedDevices::apply_all_adopting_in(
         s,
@@ -584,12 +591,14 @@ fn protect_after_a_kill_puts_back_the_scheduler_the_killed_agent_switched() {
         Some(&file),
     )
     .unwrap();
-    let got: Vec<(&str, &str)> = tuned.tuned().iter().map(|t| (t.key.as_str(), t.original.as_str())).collect();
-    assert_eq!(got, [("scheduler", "none"), ("strict_guarantees", "0"), ("max_budget", "0"), ("timeout_sync", "124")]);
+    let mut got: Vec<(&str, &str)> = tuned.tuned().iter().map(|t| (t.key.as_str(), t.original.as_str())).collect();
+    got.sort();
+    assert_eq!(got, [("nr_requests", "256"), ("scheduler", "none"), ("strict_guarantees", "0")]);
     let on_disk: serde_json::Value = serde_json::from_str(&fs::read_to_string(&file).unwrap()).unwrap();
     assert_eq!(on_disk["loop3"]["scheduler"], "none", "still on file: {on_disk}");
     assert_eq!(tuned.restore(), 0);
     assert_eq!(scheduler_in(s, "loop3").unwrap().active, "none", "the scheduler goes back, last");
     assert_eq!(iosched_value(s, "loop3", "strict_guarantees"), "0");
+    assert_eq!(nr_requests(s, "loop3"), "256");
     assert!(!file.exists());
 }

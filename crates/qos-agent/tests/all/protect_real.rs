@@ -84,21 +84,25 @@ listen = "127.0.0.1:{port}"
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(
-        stdout.contains(&format!(
-            "at start: {dev}: scheduler none -> bfq, then BFQ strict_guarantees=1 max_budget=256 timeout_sync=8"
-        )),
+        stdout.contains(&format!("at start: {dev}: scheduler none -> bfq, then BFQ with nr_requests=4")),
         "{stdout}"
     );
     assert_eq!(active_scheduler(&dev), "none", "check-config wrote");
 
-    // Start: switched to bfq and tuned, each change logged with old and new value.
+    // What BFQ's queue depth is on this device when BFQ is selected anew (the original protection records).
+    select(&dev, "bfq");
+    let depth0 = read(&dev, "nr_requests");
+    select(&dev, "none");
+    // Start: switched to bfq and the queue made shallow, each change logged with old and new value; BFQ's own
+    // tunables left as they are.
     let mut agent = Agent::start(AGENT, &config);
     assert_eq!(active_scheduler(&dev), "bfq");
-    for (key, value) in [("strict_guarantees", "1"), ("max_budget", "256"), ("timeout_sync", "8")] {
-        assert_eq!(read(&dev, &format!("iosched/{key}")), value, "{key}");
+    assert_eq!(read(&dev, "nr_requests"), "4");
+    for (key, value) in [("strict_guarantees", "0"), ("max_budget", "0"), ("timeout_sync", "124")] {
+        assert_eq!(read(&dev, &format!("iosched/{key}")), value, "{key} left as BFQ has it");
     }
     let log = testbed::probe::strip_ansi(&agent.log_text());
-    for (key, old, new) in [("scheduler", "none", "bfq"), ("strict_guarantees", "0", "1"), ("max_budget", "0", "256")] {
+    for (key, old, new) in [("scheduler", "none", "bfq"), ("nr_requests", depth0.as_str(), "4")] {
         assert!(
             log.lines().any(|l| l.contains("protect: set device setting")
                 && l.contains(&format!("setting={key}"))
@@ -113,7 +117,7 @@ listen = "127.0.0.1:{port}"
     let row =
         |setting: &str| status.lines().find(|l| l.contains(&dev) && l.contains(setting)).unwrap_or("").to_string();
     assert!(
-        row("timeout_sync").split_whitespace().collect::<Vec<_>>().ends_with(&["124", "8", "8", "protect"]),
+        row("nr_requests").split_whitespace().collect::<Vec<_>>().ends_with(&[depth0.as_str(), "4", "4", "protect"]),
         "{status}"
     );
     assert!(
@@ -124,7 +128,7 @@ listen = "127.0.0.1:{port}"
     let (code, metrics) = testbed::probe::http_get(addr, "/metrics").expect("metrics answer");
     assert_eq!(code, 200);
     assert!(
-        metrics.contains(&format!("ddiskqos_device_setting{{device=\"{dev}\",setting=\"max_budget\"}} 256")),
+        metrics.contains(&format!("ddiskqos_device_setting{{device=\"{dev}\",setting=\"nr_requests\"}} 4")),
         "{metrics}"
     );
     assert!(
@@ -132,12 +136,12 @@ listen = "127.0.0.1:{port}"
         "{metrics}"
     );
     // Someone changes a setting behind the agent's back: status and metrics say so.
-    std::fs::write(Path::new("/sys/block").join(&dev).join("queue/iosched/timeout_sync"), "20").unwrap();
+    std::fs::write(Path::new("/sys/block").join(&dev).join("queue/nr_requests"), "20").unwrap();
     let status = agent.status().unwrap();
     assert!(status.contains("20 (CHANGED)"), "{status}");
     let (_, metrics) = testbed::probe::http_get(addr, "/metrics").unwrap();
     assert!(
-        metrics.contains(&format!("ddiskqos_device_setting_as_set{{device=\"{dev}\",setting=\"timeout_sync\"}} 0")),
+        metrics.contains(&format!("ddiskqos_device_setting_as_set{{device=\"{dev}\",setting=\"nr_requests\"}} 0")),
         "{metrics}"
     );
     let originals = agent.dir.path().join("state.json.bfq-tunables.json");
@@ -151,22 +155,22 @@ listen = "127.0.0.1:{port}"
 
     // One line opts the device out: nothing changed, and status says why.
     select(&dev, "bfq");
-    let (sg, mb) = (read(&dev, "iosched/strict_guarantees"), read(&dev, "iosched/max_budget"));
+    assert_eq!(read(&dev, "nr_requests"), depth0);
     let opted = config.replace(&format!("check = [\"{dev}\"]"), &format!("check = [\"{dev}\"]\nopt_out = [\"{dev}\"]"));
     let mut agent = Agent::start(AGENT, &opted);
-    assert_eq!((read(&dev, "iosched/strict_guarantees"), read(&dev, "iosched/max_budget")), (sg.clone(), mb.clone()));
+    assert_eq!(read(&dev, "nr_requests"), depth0, "opted out, yet changed");
     let status = agent.status().unwrap();
     assert!(status.contains("left as it is: opted out ([devices] opt_out)"), "{status}");
     assert!(agent.stop().success());
 
     // SIGKILL: the settings stay; uninstalling, `devices restore` puts the first originals back.
     let mut killed = Agent::start(AGENT, &config);
-    assert_eq!(read(&dev, "iosched/max_budget"), "256");
+    assert_eq!(read(&dev, "nr_requests"), "4");
     let state = killed.state_file();
     let cfg = killed.dir.path().join("agent.toml");
     killed.signal(nix::sys::signal::Signal::SIGKILL);
     let _ = killed.wait(std::time::Duration::from_secs(5));
-    assert_eq!(read(&dev, "iosched/max_budget"), "256", "nothing restores after SIGKILL");
+    assert_eq!(read(&dev, "nr_requests"), "4", "nothing restores after SIGKILL");
     let out = Command::new(AGENT)
         .arg("-c")
         .arg(&cfg)
@@ -176,9 +180,8 @@ listen = "127.0.0.1:{port}"
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("3 of 3 device setting(s) put back"), "{stdout}");
-    assert_eq!((read(&dev, "iosched/strict_guarantees"), read(&dev, "iosched/max_budget")), (sg, mb));
-    assert_eq!(read(&dev, "iosched/timeout_sync"), "124");
+    assert!(stdout.contains("1 of 1 device setting(s) put back"), "{stdout}");
+    assert_eq!(read(&dev, "nr_requests"), depth0);
     drop(killed);
 
     // SIGKILL of an agent that switched the scheduler: the next agent on its state file finds bfq (so plans no

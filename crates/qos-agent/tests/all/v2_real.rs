@@ -1165,7 +1165,8 @@ fn protection_by_default_enables_io_cost_where_bfq_is_not_the_scheduler_and_puts
     assert!(!io_cost_on(&cost.num), "io.cost already on for {}", cost.num);
     let tunable =
         |key: &str| read(Path::new(&format!("/sys/block/{}/queue/iosched/{key}", bfq.name))).trim().to_string();
-    let budget0 = tunable("max_budget");
+    let depth = || read(Path::new(&format!("/sys/block/{}/queue/nr_requests", bfq.name))).trim().to_string();
+    let (budget0, depth0) = (tunable("max_budget"), depth());
     let rel = format!("ddiskqos-protect-{}", std::process::id());
     let parent = Path::new(CGROUP).join(&rel);
     std::fs::create_dir(&parent).unwrap();
@@ -1197,12 +1198,12 @@ fn protection_by_default_enables_io_cost_where_bfq_is_not_the_scheduler_and_puts
     assert!(io_cost_on(&cost.num), "io.cost not enabled for {}:\n{}", cost.num, agent.log_text());
     let model = root_line("io.cost.model", &cost.num).unwrap_or_default();
     assert!(model.contains("ctrl=user") && model.contains("model=linear"), "{model}");
-    assert_eq!(tunable("strict_guarantees"), "1");
-    assert_eq!(tunable("max_budget"), "256");
+    assert_eq!(depth(), "4", "the BFQ device's queue made shallow");
+    assert_eq!(tunable("max_budget"), budget0, "BFQ's tunables left as they are");
     let st = status_json(&socket);
     let row =
         |dev: &str, setting: &str| st.device_settings.iter().find(|r| r.device == dev && r.setting == setting).cloned();
-    for (dev, setting) in [(&cost.name, "io.cost.model"), (&cost.name, "io.cost.qos"), (&bfq.name, "timeout_sync")] {
+    for (dev, setting) in [(&cost.name, "io.cost.model"), (&cost.name, "io.cost.qos"), (&bfq.name, "nr_requests")] {
         let r = row(dev, setting).unwrap_or_else(|| panic!("no {dev} {setting} row: {st:?}"));
         assert!(r.as_set(), "{r:?}");
     }
@@ -1211,6 +1212,6 @@ fn protection_by_default_enables_io_cost_where_bfq_is_not_the_scheduler_and_puts
     assert!(!io_cost_on(&cost.num), "io.cost left on:\n{}", agent.log_text());
     let model = root_line("io.cost.model", &cost.num);
     assert!(model.as_deref().is_none_or(|l| l.contains("ctrl=auto")), "model left: {model:?}");
+    assert_eq!(depth(), depth0);
     assert_eq!(tunable("max_budget"), budget0);
-    assert_eq!(tunable("strict_guarantees"), "0");
 }
