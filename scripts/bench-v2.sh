@@ -66,7 +66,7 @@ fi
 [ "$(id -u)" = 0 ] || die "must run as root (the guest's image is built with mmdebstrap's root mode)"
 SUITE=${DDISKQOS_GUEST_SUITE:-bookworm}
 OUT=bench-out-v2
-MODES=default,strict,strict-tuned,iocost-kernel,iocost-calibrated
+MODES=default,protect,strict,strict-tuned,iocost-kernel,iocost-calibrated
 # The guest is killed after this. In the first run (2026-11-26, a busy host) a quick-mode mode ran 10-15 min before
 # failing, and a Debian 12 boot took 2-2.5 min: five modes need well over an hour.
 TIMEOUT=10800

@@ -14,4 +14,4 @@ fi
 bash scripts/setup-host.sh
 export PATH="/usr/bin:$PATH"
 cargo build --release --locked -p bench
-exec ./target/release/ddiskqos-bench run "$@"
+exec "${CARGO_TARGET_DIR:-target}/release/ddiskqos-bench" run "$@"

@@ -6,7 +6,12 @@
 # prerequisite a failure, never a skip (testbed::require).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Where the time goes: each phase's start, in minutes since this script's.
+T0=$(date +%s)
+phase() { echo "scripts/test.sh: [$(( ($(date +%s) - T0) / 60 )) min $(( ($(date +%s) - T0) % 60 )) s] $*" >&2; }
+phase "host set-up"
 bash scripts/setup-host.sh
+phase "the DaemonSet's image"
 # The DaemonSet's image (a static agent alone in an image), as an operator builds it: deploy_real runs it as a pod.
 bash deploy/kubernetes/build-image.sh
 # The Debian releases the v2 pass runs in, one guest after the other (scripts/guest.sh, DDISKQOS_GUEST_SUITE):
@@ -36,10 +41,12 @@ wait_guest_image() {
 }
 export DDISKQOS_REQUIRE_REAL=1
 export PATH="/usr/bin:$PATH"   # Debian's docker CLI, matching the daemon
+phase "the host pass (build, then run)"
 # Every target; --no-fail-fast: one run reports every failing binary. The cgroup-v2 module needs the v2 test bed
 # and runs below, in it. The criterion benches (their own harness, which takes no --skip) run once in test mode.
 cargo test --workspace --lib --bins --tests --examples --locked --no-fail-fast -- --include-ignored --skip v2_real:: \
   --skip systemd_real::
+phase "the criterion benches in test mode, the doc tests"
 cargo test --workspace --benches --locked --no-fail-fast
 cargo test --workspace --doc --locked
 
@@ -57,17 +64,19 @@ V2_TEST=$(cargo test -p qos-agent --test all --no-run --locked --message-format=
 BENCH_V2_TEST=$(cargo test -p bench --test real_run --no-run --locked --message-format=json \
   | grep -o '"executable":"[^"]*/real_run-[^"]*"' | cut -d'"' -f4 | tail -1)
 [ -x "$BENCH_V2_TEST" ] || { echo "scripts/test.sh: cannot find the bench's real_run test binary" >&2; exit 1; }
+phase "waiting for the guest image"
 wait_guest_image
 # Both binaries run (one boot per suite), and either failing in either suite fails the pass (every suite runs).
 failed=""
 for suite in $SUITES; do
-  echo "scripts/test.sh: the v2 pass in the $suite guest" >&2
+  phase "the v2 pass in the $suite guest"
   DDISKQOS_GUEST_SUITE=$suite bash scripts/guest.sh run --dockerd --image ddiskqos-agent:0.1.0 -- sh -c \
     '"$1" --include-ignored --test-threads=1 --show-output v2_real:: systemd_real::; a=$?
      "$2" --include-ignored --test-threads=1 --show-output v2_real::; b=$?; [ "$a" = 0 ] && [ "$b" = 0 ]' \
     sh "$V2_TEST" "$BENCH_V2_TEST" || failed="$failed $suite"
 done
 [ -z "$failed" ] || { echo "scripts/test.sh: the v2 pass failed in:$failed" >&2; exit 1; }
+phase "done"
 # The machine as it was: no guest left running.
 if pgrep -f 'qemu-system-x86_64.*ddiskqos.run=' >/dev/null; then
   echo "scripts/test.sh: a guest is still running" >&2

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the agent's container image locally: a statically linked release build of ddiskqos-agent (glibc,
+# Builds the agent's container image locally: a statically linked build of ddiskqos-agent (the `ship` profile:
+# release without debug info, stripped; glibc,
 # `-C target-feature=+crt-static`: no registry and no musl toolchain needed) alone in an otherwise empty image,
 # made with `docker import` (no base image to pull). Usage: deploy/kubernetes/build-image.sh [TAG]
 # (default ddiskqos-agent:<workspace version>, the tag the DaemonSet names, also tagged ddiskqos-agent:latest for
@@ -15,8 +16,8 @@ tag=${1:-ddiskqos-agent:$version}
 alias_latest=$([ $# -eq 0 ] && echo yes || true)
 target=x86_64-unknown-linux-gnu
 RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-  cargo build --release --locked -p qos-agent --bin ddiskqos-agent --target "$target"
-bin=target/$target/release/ddiskqos-agent
+  cargo build --profile ship --locked -p qos-agent --bin ddiskqos-agent --target "$target"
+bin=${CARGO_TARGET_DIR:-target}/$target/ship/ddiskqos-agent
 # Static: no interpreter, no shared libraries.
 if file "$bin" 2>/dev/null | grep -q 'dynamically linked'; then
   echo "build-image: $bin is not static" >&2

@@ -321,8 +321,10 @@ impl Agent {
         // the operator's bfq_tunables): the daemon's dry run is the bench's Alone and Original blocks, so the
         // settings hold for all three variants of the mode; put back at the agent's stop.
         let managed = qos_agent::app::managed_devices(&cfg, std::iter::empty());
-        let tuned =
-            Some(qos_agent::app::devices_at_start(&cfg, &root, managed, &metrics).context("agent: devices at start")?);
+        let tuned = Some(
+            qos_agent::app::devices_at_start(&cfg, &root, managed, &metrics, true)
+                .context("agent: devices at start")?,
+        );
         let (commands, rx) = mpsc::channel(16);
         let (announce, discovery) = match backends {
             Backends::Docker | Backends::Cri { .. } => (None, None),

@@ -188,8 +188,20 @@ fn run_mode_on_device(
             .insert(key.into(), qos_agent::blockdev::tune::TunableValue::Text(value.into()));
     }
     let agent = Agent::start(agent_cfg, env.backends.clone(), env.root.clone(), probe)?;
-    // After the agent's start: the report shows what the agent set too.
+    // After the agent's start: the report shows what the agent set too, and the mode's set-up must be in force.
     let iosched = env.disk.iosched();
+    for (key, want) in mode.expected_settings() {
+        if iosched.get(key).map(String::as_str) != Some(want) {
+            drop(agent);
+            anyhow::bail!(
+                "{} mode: {key} of {} reads {:?} after the agent's start, not {want:?}: the mode's device set-up is \
+                 not in force",
+                mode.name(),
+                env.disk.info.disk_name,
+                iosched.get(key)
+            );
+        }
+    }
     progress.set_message(format!("{}: preparing {} readers", mode.name(), reads.len()));
     let bg = env.runtime.prepare(&reads).and_then(|()| {
         progress.set_message(format!("{}: starting the background", mode.name()));

@@ -91,6 +91,20 @@ impl BfqMode {
         }
     }
 
+    /// What the device must read once the agent started in this mode (its set-up read back; a mode that measured
+    /// the device as found would report a wrong figure): the BFQ tunables and queue settings, by name.
+    pub fn expected_settings(self) -> Vec<(&'static str, &'static str)> {
+        match self {
+            BfqMode::Protect => qos_agent::blockdev::protect::BFQ_SETTINGS.to_vec(),
+            BfqMode::StrictTuned => {
+                let mut out = vec![("strict_guarantees", "1")];
+                out.extend_from_slice(self.agent_tunables());
+                out
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// The mode whose Original is "the host as it was" for this one: `protect` and `strict-tuned` change the
     /// device, and a host as found has BFQ's defaults. Their dDiskQoS is judged against both Originals of the run.
     pub fn as_found(self) -> Option<BfqMode> {

@@ -67,7 +67,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
                 cfg.devices.check.clone()
             };
             let managed = managed_devices(&cfg, data_disk.iter().map(|d| (d.clone(), "Docker's data root".into())));
-            let tuned = devices_at_start(&cfg, &root, managed, &metrics)?;
+            let tuned = devices_at_start(&cfg, &root, managed, &metrics, !cfg.dry_run)?;
             let backends = docker::backends(docker, root.clone(), cfg.actuator, devices, &metrics).await?;
             let backends = with_systemd(&cfg, &root, backends)?;
             info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
@@ -75,7 +75,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
         }
         RuntimeKind::CgroupDir => {
             let managed = managed_devices(&cfg, std::iter::empty());
-            let tuned = devices_at_start(&cfg, &root, managed, &metrics)?;
+            let tuned = devices_at_start(&cfg, &root, managed, &metrics, !cfg.dry_run)?;
             let backends = cgroup_dir::backends(&cfg, root.clone(), &metrics).with_context(|| {
                 format!("cgroup.parent = {:?}: no such cgroup under {}", cfg.cgroup.parent, root.path().display())
             })?;
@@ -111,7 +111,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             } else {
                 readiness.devices().iter().map(|d| Managed { name: d.name.clone(), why: d.why.clone() }).collect()
             };
-            let tuned = devices_at_start(&cfg, &root, managed, &metrics)?;
+            let tuned = devices_at_start(&cfg, &root, managed, &metrics, !cfg.dry_run)?;
             let backends = with_systemd(&cfg, &root, cri::backends(&cfg, client, root.clone(), &metrics))?;
             info!(dry_run = cfg.dry_run, "managing Kubernetes pods (one weight per pod cgroup)");
             let readiness = Some(Arc::new(readiness));
@@ -162,11 +162,15 @@ pub fn managed_devices(cfg: &AgentConfig, runtime_disks: impl Iterator<Item = (S
 /// that warns about a device no weight acts on, once per device, whether the device comes from the config or from a
 /// container's `io.stat`. (This was `blockdev::check`: it reads the config and the cgroup version, so it sits here,
 /// above both `blockdev` and `cgroup`, which no longer import each other.)
+///
+/// `write`: false for the agent's dry run (the plan is logged, nothing is written); an embedder whose daemon runs
+/// in dry run for its own reasons (the bench: its Alone and Original blocks) passes true.
 pub fn devices_at_start(
     cfg: &AgentConfig,
     root: &CgroupRoot,
     managed: Vec<Managed>,
     metrics: &Metrics,
+    write: bool,
 ) -> Result<TunedDevices> {
     for name in &cfg.devices.switch_to_bfq {
         blockdev::switch_to_bfq(name, &cfg.devices.switch_to_bfq)
@@ -199,7 +203,7 @@ pub fn devices_at_start(
                 info!(device = %p.device, managed_as = %p.why, "protect: {}", p.describe());
                 settings.extend(p.bfq_settings());
             }
-            Decision::IoCost { dev } if cfg.dry_run => {
+            Decision::IoCost { dev } if !write => {
                 info!(device = %p.device, dev = %dev, "dry run: protect would measure the device and enable io.cost");
             }
             Decision::IoCost { dev } => {
@@ -235,7 +239,7 @@ pub fn devices_at_start(
         &cfg.devices.bfq_tunables,
         &settings,
         &adopt,
-        (!cfg.dry_run).then_some(originals.as_path()),
+        write.then_some(originals.as_path()),
     )?;
     metrics.device_settings.set_view(tuned.view(left));
     if root.version() == CgroupVersion::V2 {

@@ -158,6 +158,9 @@ pub trait WeightWriter: Send {
         info: &ContainerInfo,
         original: Weight,
     ) -> impl Future<Output = Result<AppliedVia, BackendError>> + Send;
+    /// Drops what the writer keeps about a container that is gone (a restore snapshot, a unit's own properties),
+    /// so what it keeps does not grow with every container ever seen. The daemon calls it when it drops one.
+    fn forget(&mut self, _id: &ContainerId) {}
 }
 
 /// The block devices as the weights see them, for the daemon: what governs each (cgroup v2: BFQ, io.cost or

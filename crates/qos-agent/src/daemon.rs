@@ -362,6 +362,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     fn drop_tracked(&mut self, id: &ContainerId) {
         self.engine.handle_removed(id, now());
         self.counters.detach(id);
+        self.writer.forget(id);
         self.unattached.remove(id);
         if let Some(t) = self.tracked.remove(id) {
             self.metrics.forget(&t.labels);

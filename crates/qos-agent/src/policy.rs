@@ -9,7 +9,9 @@
 //! - `ddiskqos.io/class` lets any pod pick one of the classes the operator defined (`classes`, none by default),
 //!   as containerd/goresctrl let pods pick only among block-I/O classes an administrator defined;
 //! - system pods are never touched: static pods (annotation `kubernetes.io/config.source` other than `api`),
-//!   pods of `exclude_namespaces` (`kube-system`) and pods carrying one of `exclude_pod_labels`.
+//!   pods of `exclude_namespaces` (`kube-system`) and pods of `trusted_namespaces` carrying one of
+//!   `exclude_pod_labels` (a pod's author sets its labels, so a label excludes only where the operator trusts the
+//!   authors: a tenant that copies `tier=control-plane` elsewhere is managed like any other pod).
 //!
 //! An annotation that is not honoured is reported once per pod sandbox (pod, annotation, value, rule) and
 //! ignored: the pod is managed like any other. [`PolicyConfig::decide_pod`] is pure; CRI discovery applies it
@@ -72,9 +74,10 @@ pub struct PolicyConfig {
     pub exclude_namespaces: Vec<String>,
     /// Static pods (annotation `kubernetes.io/config.source` other than `api`) are never touched. Default: true.
     pub exclude_static_pods: bool,
-    /// Pods carrying any of these labels (key = value) are never touched, e.g. `{ tier = "control-plane" }`.
+    /// Pods of `trusted_namespaces` carrying any of these labels (key = value) are never touched, e.g.
+    /// `{ tier = "control-plane" }`; a pod elsewhere with the same label is managed (its author chose the label).
     /// (A pod's priority class is not part of what the CRI runtime knows, and the agent does not talk to the API
-    /// server; label such pods, or put them in an excluded namespace.) Default: none.
+    /// server; label such pods, or put them in an excluded namespace.) Default: none. Needs `trusted_namespaces`.
     pub exclude_pod_labels: BTreeMap<String, String>,
     /// Docker labels: `"trusted"` (default) or `"policy"` (see the module doc).
     pub docker_labels: DockerLabels,
@@ -137,6 +140,16 @@ impl PolicyConfig {
                 return Err(invalid(format!("policy.classes.{name}.weight"), class.weight, "must be 1..=1000"));
             }
         }
+        if !self.exclude_pod_labels.is_empty() && self.trusted_namespaces.is_empty() {
+            let (key, value) = self.exclude_pod_labels.iter().next().expect("not empty");
+            return Err(invalid(
+                format!("policy.exclude_pod_labels.{key}"),
+                value,
+                "acts only on pods of policy.trusted_namespaces (a pod's author sets its labels, so any tenant could \
+                 copy the label), and trusted_namespaces is empty: name the namespaces whose pods may be excluded by \
+                 label, or use policy.exclude_namespaces",
+            ));
+        }
         for (key, value) in &self.exclude_pod_labels {
             if key.is_empty() || key.len() > 317 || key.chars().any(|c| c.is_whitespace() || c == '=') {
                 return Err(invalid(format!("policy.exclude_pod_labels.{key}"), key, "not a Kubernetes label key"));
@@ -164,7 +177,7 @@ impl PolicyConfig {
         if self.exclude_namespaces.iter().any(|n| n == pod.namespace) {
             return Some(format!("namespace {:?} is in policy.exclude_namespaces", pod.namespace));
         }
-        for (key, value) in &self.exclude_pod_labels {
+        for (key, value) in self.exclude_pod_labels.iter().filter(|_| self.trusts(pod.namespace)) {
             if pod.labels.get(key) == Some(value) {
                 return Some(format!("pod label {key}={value:?} is in policy.exclude_pod_labels"));
             }
@@ -433,6 +446,10 @@ mod tests {
         assert_eq!(decide(&cfg, "default", &[(CONFIG_SOURCE_ANNOTATION, "api")], &[]).0, Policy::Managed);
         assert_eq!(decide(&cfg, "default", &[], &[("tier", "control-plane")]).0, Policy::Excluded);
         assert_eq!(decide(&cfg, "default", &[], &[("tier", "web")]).0, Policy::Managed);
+        // A label excludes only in a trusted namespace: a tenant elsewhere that copies it is managed.
+        let some = PolicyConfig { trusted_namespaces: vec!["platform".into()], ..cfg.clone() };
+        assert_eq!(decide(&some, "platform", &[], &[("tier", "control-plane")]).0, Policy::Excluded);
+        assert_eq!(decide(&some, "team-a", &[], &[("tier", "control-plane")]).0, Policy::Managed);
         // Switched off: a static pod is managed.
         let off = PolicyConfig { exclude_static_pods: false, exclude_namespaces: vec![], ..Default::default() };
         assert_eq!(decide(&off, "kube-system", &[(CONFIG_SOURCE_ANNOTATION, "file")], &[]).0, Policy::Managed);
@@ -488,7 +505,17 @@ mod tests {
             |c| c.classes = BTreeMap::from([("Gold Class".into(), ClassConfig { weight: 5 })]),
             "policy.classes.Gold Class",
         );
-        bad(|c| c.exclude_pod_labels = BTreeMap::from([("a b".into(), "x".into())]), "policy.exclude_pod_labels.a b");
+        bad(
+            |c| {
+                c.trusted_namespaces = vec!["platform".into()];
+                c.exclude_pod_labels = BTreeMap::from([("a b".into(), "x".into())]);
+            },
+            "policy.exclude_pod_labels.a b",
+        );
+        bad(
+            |c| c.exclude_pod_labels = BTreeMap::from([("tier".into(), "control-plane".into())]),
+            "policy.exclude_pod_labels.tier = control-plane: acts only on pods of policy.trusted_namespaces",
+        );
         PolicyConfig::default().validate().unwrap();
         assert!(is_namespace_name("kube-system") && !is_namespace_name("-x") && !is_namespace_name(&"a".repeat(64)));
     }

@@ -362,6 +362,10 @@ impl WeightWriter for FileWriter {
     async fn restore(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
         self.restore_weight(info, original)
     }
+
+    fn forget(&mut self, id: &ContainerId) {
+        self.snapshots.remove(id);
+    }
 }
 
 #[cfg(test)]

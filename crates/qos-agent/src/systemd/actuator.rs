@@ -228,6 +228,11 @@ impl<W: WeightWriter> WeightWriter for SystemdActuator<W> {
             None => self.inner.restore(info, original).await,
         }
     }
+
+    fn forget(&mut self, id: &ContainerId) {
+        self.unit_originals.remove(id);
+        self.inner.forget(id);
+    }
 }
 
 /// Calls `check` until it passes, [`READ_BACK_TRIES`] times at most, [`READ_BACK_PAUSE`] apart (systemd applies a
@@ -278,5 +283,26 @@ fn bus_error(info: &ContainerInfo, e: BusError) -> BackendError {
             CgroupError::Vanished { path: dir.path().to_owned(), source }.into()
         }
         _ => runtime_error(info, e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::files::FileWriter;
+
+    /// A unit's recorded properties go with its container (they grew with every container ever seen before).
+    #[test]
+    fn forget_drops_a_units_recorded_properties() {
+        let tmp = tempfile::tempdir().unwrap();
+        let files = || FileWriter::new(tmp.path());
+        let mut act = SystemdActuator::new(files(), true, files(), tmp.path().into());
+        let (gone, kept) = (ContainerId::new("gone"), ContainerId::new("kept"));
+        for id in [&gone, &kept] {
+            let props = UnitIoProperties { io_weight: 300, device_weights: Vec::new() };
+            act.unit_originals.insert(id.clone(), props);
+        }
+        act.forget(&gone);
+        assert_eq!(act.unit_originals.keys().collect::<Vec<_>>(), [&kept]);
     }
 }

@@ -59,6 +59,8 @@ struct Inner {
     restores: Vec<(String, u32)>,
     /// Every write attempted (successful or not), by container.
     write_attempts: HashMap<String, usize>,
+    /// Containers the daemon told the writer to forget, in order.
+    forgotten: Vec<String>,
     /// Samples taken, by container.
     samples: HashMap<String, usize>,
     attached: BTreeSet<String>,
@@ -119,6 +121,10 @@ impl World {
 
     fn restores_of(&self, id: &str) -> Vec<u32> {
         self.with(|w| w.restores.iter().filter(|(i, _)| i == id).map(|(_, v)| *v).collect())
+    }
+
+    fn forgotten(&self) -> Vec<String> {
+        self.with(|w| w.forgotten.clone())
     }
 
     fn attempts(&self, id: &str) -> usize {
@@ -257,6 +263,10 @@ impl WeightWriter for FakeWriter {
 
     async fn restore(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
         self.put(info, original, true)
+    }
+
+    fn forget(&mut self, id: &ContainerId) {
+        self.0.with(|w| w.forgotten.push(id.to_string()));
     }
 }
 
@@ -533,6 +543,7 @@ async fn stopped_container_is_dropped() {
     assert_eq!(h.ids().await, vec!["b"]);
     assert_eq!(h.metrics.containers.get(), 1);
     assert_eq!(world.attached(), BTreeSet::from(["b".to_string()]), "counters detached");
+    assert_eq!(world.forgotten(), vec!["a"], "the writer keeps what it holds about a container that is gone");
     let before = world.samples_of("a");
     h.rounds(2).await;
     assert_eq!(world.samples_of("a"), before, "a removed container is not sampled");

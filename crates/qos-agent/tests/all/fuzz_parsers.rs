@@ -399,6 +399,8 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
                     CgroupConfig, CriConfig, DevicesConfig, DockerConfig, MetricsConfig, ProtectMode,
                 };
                 use qos_agent::policy::{ClassConfig, DockerLabels, PolicyConfig};
+                // Labels exclude only in trusted namespaces, so a config naming labels names those too.
+                let exclude_labels = if trusted.is_empty() { Default::default() } else { exclude_labels };
                 let policy = PolicyConfig {
                     trusted_namespaces: trusted,
                     max_pinned_weight: ceiling,

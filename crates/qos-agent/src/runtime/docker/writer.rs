@@ -28,8 +28,12 @@ use crate::files::{FileDevices, FileWriter};
 pub struct DockerWriter {
     docker: Docker,
     mode: ActuatorMode,
-    /// `Some(false)` once Docker was seen to discard a weight: `auto` then writes the file directly.
+    /// `Some(false)` once Docker was seen to discard a weight (it answered success and the weight was not in
+    /// force): `auto` then writes the file directly. An API error (a timeout, a restarting dockerd) is not such
+    /// evidence: that write goes to the file, and the next one asks Docker again.
     docker_delivers: Option<bool>,
+    /// Set by [`Self::via_docker`] when Docker answered success but the file did not hold the weight.
+    not_in_force: bool,
     /// Why the last Docker write was not in force, for the one fallback message.
     missed: Missed,
     /// Writes and verifies the cgroup files (and holds the restore snapshots and the devices it plans with).
@@ -55,7 +59,15 @@ impl DockerWriter {
 
     /// A writer in the given mode whose file writes and checks go through `files`.
     pub fn with_files(docker: Docker, mode: ActuatorMode, files: FileWriter) -> Self {
-        Self { docker, mode, docker_delivers: None, missed: Missed::Other, files, starting: Starting::default() }
+        Self {
+            docker,
+            mode,
+            docker_delivers: None,
+            not_in_force: false,
+            missed: Missed::Other,
+            files,
+            starting: Starting::default(),
+        }
     }
 
     /// Takes discovery's set of containers still starting ([`DockerDiscovery::starting`](super::DockerDiscovery)).
@@ -70,6 +82,7 @@ impl DockerWriter {
     }
 
     async fn via_docker(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
+        self.not_in_force = false;
         if weight.get() < 10 {
             return Err(BackendError::Runtime {
                 id: info.id.clone(),
@@ -98,6 +111,7 @@ impl DockerWriter {
                 }
                 _ => Missed::Other,
             };
+            self.not_in_force = true;
             return Err(BackendError::Runtime {
                 id: info.id.clone(),
                 what: "docker update --blkio-weight",
@@ -119,6 +133,10 @@ impl WeightWriter for DockerWriter {
 
     async fn restore(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
         self.apply(info, original, true).await
+    }
+
+    fn forget(&mut self, id: &qos_core::ContainerId) {
+        self.files.forget(id);
     }
 }
 
@@ -149,6 +167,9 @@ impl DockerWriter {
                             return Ok(via);
                         }
                         Err(e) if e.is_vanished() => return Err(e),
+                        Err(e) if !self.not_in_force => warn!(container = %info.id.short(), error = %e,
+                            "actuator auto: the Docker API failed; writing this weight to the cgroup files directly \
+                             (the next one asks Docker again)"),
                         Err(e) => {
                             match self.missed {
                                 Missed::IoWeight => warn!(container = %info.id.short(), error = %e,
@@ -210,10 +231,19 @@ mod tests {
             labels: Default::default(),
             cgroup: Some(root.resolve_relative(c).unwrap()),
         };
-        // A dockerd that is not there (a socket nobody listens on any more): any call to it fails, and `auto`
-        // then gives up on Docker for good.
-        let sock = tmp.path().join("gone-dockerd.sock");
-        drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+        // A dockerd that fails every call (it accepts the connection and closes it): `auto` falls back to the
+        // files for that write and asks again next time (an API error is no evidence that Docker discards weights).
+        let sock = tmp.path().join("failing-dockerd.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = asked.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                drop(conn);
+            }
+        });
+        let asked = move || asked.load(std::sync::atomic::Ordering::SeqCst);
         let docker = Docker::connect_with_unix(sock.to_str().unwrap(), 2, bollard::API_DEFAULT_VERSION).unwrap();
         let starting = Starting::default();
         starting.insert(&ContainerId::new("new"));
@@ -221,12 +251,18 @@ mod tests {
 
         assert_eq!(writer.write(&info("new"), w(1000)).await.unwrap(), AppliedVia::CgroupFile);
         assert_eq!(std::fs::read_to_string(tmp.path().join("new/blkio.bfq.weight")).unwrap(), "1000\n");
-        assert_eq!(writer.docker_delivers, None, "Docker was asked about a starting container");
+        assert_eq!(asked(), 0, "Docker was asked about a starting container");
 
-        // Started: its next weight goes to Docker first (here unreachable, so `auto` falls back and says so).
+        // Started: its next weight goes to Docker first (here failing, so `auto` falls back for this write) ...
         starting.remove(&ContainerId::new("new"));
         assert_eq!(writer.write(&info("new"), w(200)).await.unwrap(), AppliedVia::CgroupFile);
-        assert_eq!(writer.docker_delivers, Some(false), "Docker was not asked about a started container");
+        assert!(asked() >= 1, "Docker was not asked about a started container");
         assert_eq!(std::fs::read_to_string(tmp.path().join("new/blkio.bfq.weight")).unwrap(), "200\n");
+        // ... and a failed call does not turn Docker off for the life of the agent: the next write asks again.
+        let before = asked();
+        assert_eq!(writer.write(&info("old"), w(500)).await.unwrap(), AppliedVia::CgroupFile);
+        assert!(asked() > before, "one API error made the agent stop asking Docker");
+        assert_eq!(writer.docker_delivers, None);
+        assert_eq!(std::fs::read_to_string(tmp.path().join("old/blkio.bfq.weight")).unwrap(), "500\n");
     }
 }
