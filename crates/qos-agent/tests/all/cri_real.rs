@@ -244,7 +244,9 @@ fn agent_applies_the_operator_policy_and_leaves_system_pods_under_kinds_cgroup_r
             123,
         ),
         ("prometheus", "monitoring", &[], &[], Qos::BestEffort, sleep, 123, 123),
-        ("apiserver-ha", "default", &[("tier", "control-plane")], &[], Qos::Guaranteed, sleep, 123, 123),
+        // A label excludes in a trusted namespace only: a tenant that copies it is managed (issue 28, defect 4).
+        ("apiserver-ha", "trusted", &[("tier", "control-plane")], &[], Qos::Guaranteed, sleep, 123, 123),
+        ("label-copier", "team-a", &[("tier", "control-plane")], &[], Qos::BestEffort, sleep, 123, 1000),
         ("api-pod", "default", &[], &[("kubernetes.io/config.source", "api")], Qos::BestEffort, sleep, 100, 1000),
         ("reader", "team-a", &[], &[], Qos::Burstable, &read, 100, 10),
     ];
@@ -324,7 +326,7 @@ idle_promote_after = "off"
         ("kube-system/coredns", "namespace \"kube-system\" is in policy.exclude_namespaces"),
         ("default/etcd-node", "static pod"),
         ("monitoring/prometheus", "namespace \"monitoring\" is in policy.exclude_namespaces"),
-        ("default/apiserver-ha", "pod label tier=\"control-plane\" is in policy.exclude_pod_labels"),
+        ("trusted/apiserver-ha", "pod label tier=\"control-plane\" is in policy.exclude_pod_labels"),
     ] {
         let n = log
             .lines()
@@ -333,6 +335,11 @@ idle_promote_after = "off"
         assert_eq!(n, 1, "{pod}: system pod not said exactly once:\n{log}");
         assert!(log.lines().any(|l| l.contains(&format!("pod={pod} ")) && l.contains(rule)), "{pod}: {rule}\n{log}");
     }
+
+    assert!(
+        !log.lines().any(|l| l.contains("system pod") && l.contains("pod=team-a/label-copier ")),
+        "a tenant excluded itself with a copied label:\n{log}"
+    );
 
     // A new pod under /kubelet: at the top at once (inotify on /kubelet/kubepods/...).
     let fresh = uid(199);
