@@ -277,14 +277,6 @@ pub(crate) fn read_setting(sys: &Path, v2_root: Option<&Path>, device: &str, key
         return Ok(iocost::read_line(&v2.join(key), dev)?.unwrap_or_default());
     }
     validate_name(device)?;
-    if key == NR_REQUESTS {
-        let path = super::queue_dir(sys, device).join(NR_REQUESTS);
-        return std::fs::read_to_string(&path).map(|s| s.trim().to_string()).map_err(|source| DeviceError::Io {
-            op: "read",
-            path,
-            source,
-        });
-    }
     super::tune::read_tunable(sys, device, key)
 }
 

@@ -611,8 +611,9 @@ impl DeviceSettingsView {
     }
 }
 
+/// What setting `key` (a BFQ tunable, or [`super::protect::NR_REQUESTS`]) of `device` reads now.
 pub(super) fn read_tunable(sys: &Path, device: &str, key: &str) -> Result<String, DeviceError> {
-    let path = super::queue_dir(sys, device).join("iosched").join(key);
+    let path = super::queue_dir(sys, device).join(super::protect::queue_file(key));
     std::fs::read_to_string(&path).map(|s| s.trim().to_string()).map_err(|source| DeviceError::Io {
         op: "read",
         path,
