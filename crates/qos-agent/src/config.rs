@@ -72,10 +72,14 @@ pub enum RuntimeKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum ActuatorMode {
-    /// Docker API first; if the weight does not arrive in the cgroup file, the cgroup file from then on (default).
+    /// The cgroup weight files, and on a systemd host with cgroup v2 systemd's runtime unit properties for cgroups
+    /// that are units (default). Never Docker's API: `docker update` persists a weight in the container's
+    /// configuration, where a crashed or removed agent's demotion would outlive it.
     #[default]
     Auto,
-    /// Docker API only (`docker update --blkio-weight`), verified in the cgroup file.
+    /// Docker API (`docker update --blkio-weight`), verified in the cgroup file; a container still starting gets
+    /// its file written directly. Docker keeps the weight in the container's `hostconfig.json`: the restore at stop
+    /// puts the original back there, a crash leaves the last one (the state file keeps the original).
     Docker,
     /// The cgroup weight files only (the files layer, [`crate::files::FileWriter`]). Its first name, `cgroupfs`,
     /// is still accepted in the config and on the command line; it named the cgroup drivers too, and it is no

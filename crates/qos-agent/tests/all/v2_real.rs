@@ -267,7 +267,7 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     std::fs::write(
         &config,
         format!(
-            "runtime = \"docker\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/state.json\"\n\
+            "runtime = \"docker\"\nactuator = \"docker\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/state.json\"\n\
              control_socket = \"{0}/agent.sock\"\n[docker]\nsocket = \"{1}\"\n\
              [devices]\nprotect = \"off\"\ncheck = [\"{2}\", \"{3}\", \"{4}\"]\n[metrics]\nenabled = true\nlisten = \"127.0.0.1:{5}\"\n\
              [mlfq]\nboost_after = \"10m\"\n",
@@ -360,8 +360,7 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     );
     assert!(fresh_i >= 50 * heavy_i_now, "io.weight {fresh_i} vs heavy {heavy_i_now}: less than 50x");
 
-    // The agent said what acts where: metric per device, one warning for the device nothing governs, and the
-    // Docker fallback once.
+    // The agent said what acts where: metric per device, one warning for the device nothing governs.
     let metrics = scrape(port);
     for (num, governor, value) in [(&bfq.num, "bfq", 1), (&cost.num, "io-cost", 1), (&plain.num, "none", 0)] {
         let series = format!("ddiskqos_device_weight_effective{{device=\"{num}\",governor=\"{governor}\"}} {value}");
@@ -436,7 +435,13 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
         assert!(text.contains(&line), "`ddiskqos-agent status` lacks {line:?}:\n{text}");
     }
     eprintln!("ddiskqos-agent status:\n{text}");
-    assert_eq!(log_text.matches("writes io.bfq.weight only").count(), 1, "one fallback notice:\n{log_text}");
+    // `auto` never asks Docker (issue 28, defect 3): the agent's weights are not in the containers' Docker
+    // configuration, where they would outlive the agent (a restarted container would come back demoted).
+    assert!(!log_text.contains("docker update"), "auto went through Docker's API:\n{log_text}");
+    for (what, id) in [("heavy", &heavy), ("new", &fresh)] {
+        let persisted = run(DOCKER, &["inspect", "-f", "{{.HostConfig.BlkioWeight}}", id]);
+        assert_eq!(persisted, "300", "{what}: Docker's BlkioWeight is no longer the container's own --blkio-weight");
+    }
 
     // SIGTERM: both files of both containers back to what Docker made them.
     let status = agent.sigterm_and_wait(patience(Duration::from_secs(10)));
@@ -450,14 +455,14 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     drop((bfq, cost, plain));
 }
 
-/// Where Docker does deliver weights (v2, a BFQ device, Docker's cgroupfs driver), `auto` sends them through
-/// `docker update`, which dockerd answers only once a starting container's start completed. A container seen at
-/// its cgroup's creation must get the top weight before Docker's `start` event all the same: the agent writes a
-/// starting container's file directly, and Docker's API from then on.
+/// Where Docker does deliver weights (v2, a BFQ device, Docker's cgroupfs driver), `actuator = "docker"` sends
+/// them through `docker update`, which dockerd answers only once a starting container's start completed. A
+/// container seen at its cgroup's creation must get the top weight before Docker's `start` event all the same: the
+/// agent writes a starting container's file directly, and Docker's API from then on.
 #[test]
 #[ignore = "needs cgroup v2: the systemd guest, scripts/guest.sh"]
-fn auto_weights_a_starting_container_before_its_start_event_where_docker_delivers() {
-    let test = "v2_real::auto_weights_a_starting_container_before_its_start_event_where_docker_delivers";
+fn docker_mode_weights_a_starting_container_before_its_start_event_where_docker_delivers() {
+    let test = "v2_real::docker_mode_weights_a_starting_container_before_its_start_event_where_docker_delivers";
     if !testbed::require(test, &[testbed::Need::Root, testbed::Need::V2TestBed]) {
         return;
     }
@@ -478,7 +483,7 @@ fn auto_weights_a_starting_container_before_its_start_event_where_docker_deliver
     std::fs::write(
         &config,
         format!(
-            "runtime = \"docker\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/state.json\"\n\
+            "runtime = \"docker\"\nactuator = \"docker\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/state.json\"\n\
              control_socket = \"{0}/agent.sock\"\n[docker]\nsocket = \"{1}\"\n[devices]\nprotect = \"off\"\ncheck = [\"{2}\"]\n\
              [mlfq]\nboost_after = \"10m\"\n",
             tmp.display(),
@@ -526,7 +531,7 @@ fn auto_weights_a_starting_container_before_its_start_event_where_docker_deliver
         agent.log_text()
     );
     let log = agent.log_text();
-    assert!(!log.contains("writing cgroup weight files directly from now on"), "auto gave up on Docker:\n{log}");
+    assert!(!log.contains("not in force"), "a weight sent through Docker was not in force:\n{log}");
 
     // SIGTERM: both back to what Docker made them.
     let status = agent.sigterm_and_wait(patience(Duration::from_secs(10)));

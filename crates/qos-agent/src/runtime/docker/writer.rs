@@ -1,21 +1,24 @@
-//! [`DockerWriter`]: weights through `docker update --blkio-weight` and/or the cgroup file, always verified in
-//! the file.
+//! [`DockerWriter`]: weights through the cgroup files (`auto`, `files`) or through `docker update --blkio-weight`
+//! (`docker`), always verified in the file.
 //!
-//! On cgroup v2 Docker 20.10 writes `io.bfq.weight` (`default N`) and never `io.weight`, so its weight reaches
-//! BFQ devices only. The check after `docker update` is therefore the cgroup-dir writer's per-device one: the
-//! effective value in the file that governs each device. When a device under io.cost does not get the weight,
-//! `auto` writes the files itself from then on (which writes `io.weight`), and says so once.
+//! `auto` never asks Docker: `docker update` persists the weight in the container's `hostconfig.json`, so after an
+//! agent crash or removal a restarted container would come back at the agent's last demotion (10), and a new agent
+//! would take that for the container's own weight. The agent's weights are transient; the files hold them for the
+//! cgroup's life and no longer. (On a systemd host the units' weights go through systemd's runtime properties, see
+//! `SystemdActuator`, which do not persist either.)
 //!
-//! A container seen at its cgroup's creation is still starting, and dockerd answers a `docker update` for it only
-//! once the start completed (it holds the container's lock meanwhile): tens to hundreds of milliseconds during
-//! which the container already runs at whatever weight its cgroup had, and the agent's round waits. `auto` writes
-//! such a container's files directly ([`Starting`]); its later weights go through Docker as usual. `docker` mode
-//! always asks Docker, and so waits.
+//! `docker` is for an operator who wants Docker's own view to show the weight, and accepts that persistence: the
+//! restore at stop writes the original back through Docker too. On cgroup v2 Docker 20.10 writes `io.bfq.weight`
+//! (`default N`) and never `io.weight`, so its weight reaches BFQ devices only; the check after `docker update` is
+//! the file writer's per-device one, and a weight not in force is an error. A container seen at its cgroup's
+//! creation is still starting, and dockerd answers a `docker update` for it only once the start completed (it holds
+//! the container's lock meanwhile), so such a container's files are written directly ([`Starting`]); its later
+//! weights go through Docker.
 
 use bollard::models::ContainerUpdateBody;
 use bollard::Docker;
 use qos_core::Weight;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::cgroup_watch::Starting;
 use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
@@ -23,31 +26,20 @@ use crate::cgroup::{CgroupError, V2_IO_WEIGHT};
 use crate::config::ActuatorMode;
 use crate::files::{FileDevices, FileWriter};
 
-/// Applies weights through `docker update --blkio-weight` and/or the cgroup file, per [`ActuatorMode`]; every
+/// Applies weights through the cgroup files or `docker update --blkio-weight`, per [`ActuatorMode`]; every
 /// write is verified by reading the cgroup file back.
 pub struct DockerWriter {
     docker: Docker,
     mode: ActuatorMode,
-    /// `Some(false)` once Docker was seen to discard a weight (it answered success and the weight was not in
-    /// force): `auto` then writes the file directly. An API error (a timeout, a restarting dockerd) is not such
-    /// evidence: that write goes to the file, and the next one asks Docker again.
-    docker_delivers: Option<bool>,
-    /// Set by [`Self::via_docker`] when Docker answered success but the file did not hold the weight.
-    not_in_force: bool,
-    /// Why the last Docker write was not in force, for the one fallback message.
-    missed: Missed,
     /// Writes and verifies the cgroup files (and holds the restore snapshots and the devices it plans with).
     files: FileWriter,
-    /// Containers still starting (from discovery): `auto` writes their files rather than wait for dockerd.
+    /// Containers still starting (from discovery): `docker` writes their files rather than wait for dockerd.
     starting: Starting,
 }
 
 impl std::fmt::Debug for DockerWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DockerWriter")
-            .field("mode", &self.mode)
-            .field("docker_delivers", &self.docker_delivers)
-            .finish()
+        f.debug_struct("DockerWriter").field("mode", &self.mode).finish()
     }
 }
 
@@ -59,15 +51,7 @@ impl DockerWriter {
 
     /// A writer in the given mode whose file writes and checks go through `files`.
     pub fn with_files(docker: Docker, mode: ActuatorMode, files: FileWriter) -> Self {
-        Self {
-            docker,
-            mode,
-            docker_delivers: None,
-            not_in_force: false,
-            missed: Missed::Other,
-            files,
-            starting: Starting::default(),
-        }
+        Self { docker, mode, files, starting: Starting::default() }
     }
 
     /// Takes discovery's set of containers still starting ([`DockerDiscovery::starting`](super::DockerDiscovery)).
@@ -82,7 +66,6 @@ impl DockerWriter {
     }
 
     async fn via_docker(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
-        self.not_in_force = false;
         if weight.get() < 10 {
             return Err(BackendError::Runtime {
                 id: info.id.clone(),
@@ -102,20 +85,23 @@ impl DockerWriter {
             if e.is_vanished() {
                 return Err(e);
             }
-            self.missed = match &e {
+            let why = match &e {
                 BackendError::Cgroup(CgroupError::DeviceMismatch { path, .. }) if path.ends_with(V2_IO_WEIGHT) => {
-                    Missed::IoWeight
+                    "Docker's --blkio-weight writes io.bfq.weight only, which does not act on a device under io.cost"
                 }
                 BackendError::Cgroup(CgroupError::DeviceMismatch { what, .. }) if what.contains("override") => {
-                    Missed::Override
+                    "Docker's --blkio-weight sets only the default of io.bfq.weight, and a per-device override \
+                     (e.g. from --blkio-weight-device) wins over it"
                 }
-                _ => Missed::Other,
+                _ => "Docker discards --blkio-weight on kernels without blkio.weight (e.g. BFQ-only cgroup v1)",
             };
-            self.not_in_force = true;
             return Err(BackendError::Runtime {
                 id: info.id.clone(),
                 what: "docker update --blkio-weight",
-                detail: format!("dockerd answered success but the weight is not in force: {e}"),
+                detail: format!(
+                    "dockerd answered success but the weight is not in force ({why}; actuator \"auto\" writes the \
+                     files): {e}"
+                ),
             });
         }
         Ok(AppliedVia::DockerApi)
@@ -153,57 +139,16 @@ impl DockerWriter {
         };
         match self.mode {
             // `systemd`: units go through `SystemdActuator` around this writer; what reaches here is not a unit.
-            ActuatorMode::Files | ActuatorMode::Systemd => direct(&mut self.files),
-            ActuatorMode::Docker => self.via_docker(info, weight).await,
-            ActuatorMode::Auto => {
-                if self.starting.contains(&info.id) {
-                    debug!(container = %info.id.short(), %weight,
-                        "container still starting: writing its cgroup files directly (dockerd would answer \
-                         docker update only after the start)");
-                } else if self.docker_delivers != Some(false) && weight.get() >= 10 {
-                    match self.via_docker(info, weight).await {
-                        Ok(via) => {
-                            self.docker_delivers = Some(true);
-                            return Ok(via);
-                        }
-                        Err(e) if e.is_vanished() => return Err(e),
-                        Err(e) if !self.not_in_force => warn!(container = %info.id.short(), error = %e,
-                            "actuator auto: the Docker API failed; writing this weight to the cgroup files directly \
-                             (the next one asks Docker again)"),
-                        Err(e) => {
-                            match self.missed {
-                                Missed::IoWeight => warn!(container = %info.id.short(), error = %e,
-                                    "actuator auto: Docker's --blkio-weight writes io.bfq.weight only, which does \
-                                     not act on a device under io.cost; writing the cgroup weight files (io.weight \
-                                     included) directly from now on"),
-                                Missed::Override => warn!(container = %info.id.short(), error = %e,
-                                    "actuator auto: Docker's --blkio-weight sets only the default of io.bfq.weight, \
-                                     and a per-device override (e.g. from --blkio-weight-device) wins over it; \
-                                     writing the cgroup weight files (overrides included) directly from now on"),
-                                Missed::Other => warn!(container = %info.id.short(), error = %e,
-                                    "actuator auto: the Docker API did not deliver the weight to the kernel \
-                                     (Docker discards --blkio-weight on kernels without blkio.weight, e.g. \
-                                     BFQ-only cgroup v1); writing cgroup weight files directly from now on"),
-                            }
-                            self.docker_delivers = Some(false);
-                        }
-                    }
-                }
+            ActuatorMode::Auto | ActuatorMode::Files | ActuatorMode::Systemd => direct(&mut self.files),
+            ActuatorMode::Docker if self.starting.contains(&info.id) => {
+                debug!(container = %info.id.short(), %weight,
+                    "container still starting: writing its cgroup files directly (dockerd would answer \
+                     docker update only after the start)");
                 direct(&mut self.files)
             }
+            ActuatorMode::Docker => self.via_docker(info, weight).await,
         }
     }
-}
-
-/// Why a weight written through Docker was not in force.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Missed {
-    /// v2: a device under io.cost did not get it (Docker never writes `io.weight`).
-    IoWeight,
-    /// v2: a per-device `io.bfq.weight` override won over Docker's `default N`.
-    Override,
-    /// Anything else (v1: Docker discarded the weight).
-    Other,
 }
 
 #[cfg(test)]
@@ -217,23 +162,9 @@ mod tests {
         Weight::new(n).unwrap()
     }
 
-    #[tokio::test]
-    async fn auto_writes_a_starting_containers_file_without_asking_docker() {
-        let tmp = tempfile::tempdir().unwrap();
-        for c in ["new", "old"] {
-            std::fs::create_dir(tmp.path().join(c)).unwrap();
-            std::fs::write(tmp.path().join(c).join("blkio.bfq.weight"), "100\n").unwrap();
-        }
-        let root = CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap();
-        let info = |c: &str| ContainerInfo {
-            id: ContainerId::new(c),
-            name: c.into(),
-            labels: Default::default(),
-            cgroup: Some(root.resolve_relative(c).unwrap()),
-        };
-        // A dockerd that fails every call (it accepts the connection and closes it): `auto` falls back to the
-        // files for that write and asks again next time (an API error is no evidence that Docker discards weights).
-        let sock = tmp.path().join("failing-dockerd.sock");
+    /// A dockerd that fails every call (it accepts the connection and closes it), and how often it was asked.
+    fn failing_dockerd(dir: &std::path::Path) -> (Docker, impl Fn() -> usize) {
+        let sock = dir.join("failing-dockerd.sock");
         let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
         let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = asked.clone();
@@ -243,26 +174,68 @@ mod tests {
                 drop(conn);
             }
         });
-        let asked = move || asked.load(std::sync::atomic::Ordering::SeqCst);
         let docker = Docker::connect_with_unix(sock.to_str().unwrap(), 2, bollard::API_DEFAULT_VERSION).unwrap();
+        (docker, move || asked.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    fn fixture() -> (tempfile::TempDir, impl Fn(&str) -> ContainerInfo, impl Fn(&str) -> String) {
+        let tmp = tempfile::tempdir().unwrap();
+        for c in ["new", "old"] {
+            std::fs::create_dir(tmp.path().join(c)).unwrap();
+            std::fs::write(tmp.path().join(c).join("blkio.bfq.weight"), "100\n").unwrap();
+        }
+        let root = CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap();
+        let info = move |c: &str| ContainerInfo {
+            id: ContainerId::new(c),
+            name: c.into(),
+            labels: Default::default(),
+            cgroup: Some(root.resolve_relative(c).unwrap()),
+        };
+        let base = tmp.path().to_owned();
+        let file = move |c: &str| std::fs::read_to_string(base.join(c).join("blkio.bfq.weight")).unwrap();
+        (tmp, info, file)
+    }
+
+    /// Defect 3 of issue 28: `docker update` persists the weight in the container's hostconfig.json, so `auto`
+    /// never sends one there, started or starting, write or restore.
+    #[tokio::test]
+    async fn auto_never_asks_docker_so_no_weight_of_the_agent_persists_in_the_containers_config() {
+        let (tmp, info, file) = fixture();
+        let (docker, asked) = failing_dockerd(tmp.path());
         let starting = Starting::default();
         starting.insert(&ContainerId::new("new"));
         let mut writer = DockerWriter::new(docker, ActuatorMode::Auto).with_starting(starting.clone());
+        assert_eq!(writer.read(&info("old")).await.unwrap(), w(100));
+        for (c, weight) in [("new", 1000), ("old", 1000), ("old", 10), ("new", 200)] {
+            assert_eq!(writer.write(&info(c), w(weight)).await.unwrap(), AppliedVia::CgroupFile);
+            assert_eq!(file(c), format!("{weight}\n"));
+            starting.remove(&ContainerId::new("new"));
+        }
+        assert_eq!(writer.restore(&info("old"), w(100)).await.unwrap(), AppliedVia::CgroupFile);
+        assert_eq!(file("old"), "100\n");
+        assert_eq!(asked(), 0, "auto asked Docker, which would persist the agent's weight in hostconfig.json");
+    }
+
+    /// `docker`: a starting container's files directly (dockerd would answer only after the start), then Docker;
+    /// a failed call is an error for that write and leaves the file alone (no silent fallback in this mode).
+    #[tokio::test]
+    async fn docker_mode_writes_a_starting_containers_file_then_asks_docker() {
+        let (tmp, info, file) = fixture();
+        let (docker, asked) = failing_dockerd(tmp.path());
+        let starting = Starting::default();
+        starting.insert(&ContainerId::new("new"));
+        let mut writer = DockerWriter::new(docker, ActuatorMode::Docker).with_starting(starting.clone());
 
         assert_eq!(writer.write(&info("new"), w(1000)).await.unwrap(), AppliedVia::CgroupFile);
-        assert_eq!(std::fs::read_to_string(tmp.path().join("new/blkio.bfq.weight")).unwrap(), "1000\n");
+        assert_eq!(file("new"), "1000\n");
         assert_eq!(asked(), 0, "Docker was asked about a starting container");
 
-        // Started: its next weight goes to Docker first (here failing, so `auto` falls back for this write) ...
         starting.remove(&ContainerId::new("new"));
-        assert_eq!(writer.write(&info("new"), w(200)).await.unwrap(), AppliedVia::CgroupFile);
+        let err = writer.write(&info("new"), w(200)).await.unwrap_err().to_string();
+        assert!(err.contains("docker update --blkio-weight"), "{err}");
         assert!(asked() >= 1, "Docker was not asked about a started container");
-        assert_eq!(std::fs::read_to_string(tmp.path().join("new/blkio.bfq.weight")).unwrap(), "200\n");
-        // ... and a failed call does not turn Docker off for the life of the agent: the next write asks again.
-        let before = asked();
-        assert_eq!(writer.write(&info("old"), w(500)).await.unwrap(), AppliedVia::CgroupFile);
-        assert!(asked() > before, "one API error made the agent stop asking Docker");
-        assert_eq!(writer.docker_delivers, None);
-        assert_eq!(std::fs::read_to_string(tmp.path().join("old/blkio.bfq.weight")).unwrap(), "500\n");
+        assert_eq!(file("new"), "1000\n", "a failed Docker call must not be papered over by a file write");
+        let err = writer.write(&info("old"), w(5)).await.unwrap_err().to_string();
+        assert!(err.contains("10..=1000") && err.contains('5'), "{err}");
     }
 }
