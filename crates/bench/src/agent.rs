@@ -3,10 +3,13 @@
 //!
 //! - Docker runtime: the backends `qos_agent::runtime::docker::backends` assembles for the agent binary
 //!   (`DockerDiscovery` by events, `DockerCounters` behind the parent gate, `DockerWriter` in the `auto` actuator
-//!   mode). The daemon finds the bench's containers itself, as it would any container.
+//!   mode), inside `qos_agent::app::with_systemd` as the binary wraps them (on a systemd host with cgroup v2 the
+//!   containers' scopes get their weights through systemd). The daemon finds the bench's containers itself, as it
+//!   would any container.
 //! - CRI runtime: the backends `qos_agent::runtime::cri::backends` assembles for the agent binary with
 //!   `runtime = "cri"` (`CriDiscovery` over the CRI socket, `FileCounters` and `FileWriter` on the pod
-//!   cgroups). The daemon finds the bench's pods itself, as it would on a Kubernetes node.
+//!   cgroups), inside `with_systemd` too. The daemon finds the bench's pods itself, as it would on a Kubernetes
+//!   node.
 //! - cgroup runtime: a [`ChannelDiscovery`] (the bench announces `Started`/`Stopped` of its reader cgroups, which
 //!   sit directly under the blkio root where no discovery of the agent's could tell them from the host's other
 //!   cgroups) on the files layer (`qos_agent::files::backends_on_files`: `FileCounters::with_root` and the
@@ -83,11 +86,11 @@ impl Backends {
         match self {
             Backends::Docker => {
                 "qos_agent::runtime::docker::backends: DockerDiscovery (events), DockerCounters::with_root, \
-                 DockerWriter (actuator auto)"
+                 DockerWriter (actuator auto), in app::with_systemd (units through systemd on a systemd v2 host)"
             }
             Backends::Cri { .. } => {
                 "qos_agent::runtime::cri::backends: CriDiscovery (CRI re-list + inotify on kubepods), \
-                 FileCounters::with_root and FileWriter on the pod cgroups"
+                 FileCounters::with_root and FileWriter on the pod cgroups, in app::with_systemd"
             }
             Backends::CgroupDir => {
                 "bench ChannelDiscovery (Started/Stopped announced by the bench) on qos_agent::files::backends_on_files: \
@@ -349,14 +352,26 @@ impl Agent {
                             client.version().await.with_context(|| {
                                 format!("CRI runtime on {} (is it running?)", c.cri.socket.display())
                             })?;
-                            let backends = qos_agent::runtime::cri::backends(&c, client, root, &m);
+                            let backends = qos_agent::runtime::cri::backends(&c, client, root.clone(), &m);
+                            // As the binary: units (the kubelet's systemd driver) through systemd on such hosts.
+                            let backends = qos_agent::app::with_systemd(&c, &root, backends)?;
                             Ok(backends.into_daemon(c, originals, m)?.run(rx).await?)
                         }
                         None => {
                             let docker = qos_agent::runtime::docker::connect(&c.docker.socket).await?;
                             let check = c.devices.check.clone();
-                            let backends = qos_agent::runtime::docker::backends(docker, root, c.actuator, check, &m);
-                            Ok(backends.await?.into_daemon(c, originals, m)?.run(rx).await?)
+                            let records = qos_agent::files::records_file(&c);
+                            let backends = qos_agent::runtime::docker::backends(
+                                docker,
+                                root.clone(),
+                                c.actuator,
+                                check,
+                                records,
+                                &m,
+                            );
+                            // As the binary: units (Docker's systemd driver) through systemd on such hosts.
+                            let backends = qos_agent::app::with_systemd(&c, &root, backends.await?)?;
+                            Ok(backends.into_daemon(c, originals, m)?.run(rx).await?)
                         }
                         Some(d) => {
                             let backends = qos_agent::files::backends_on_files(d, &c, &root, &m);

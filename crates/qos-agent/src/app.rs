@@ -68,7 +68,8 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             };
             let managed = managed_devices(&cfg, data_disk.iter().map(|d| (d.clone(), "Docker's data root".into())));
             let tuned = devices_at_start(&cfg, &root, managed, &metrics, !cfg.dry_run)?;
-            let backends = docker::backends(docker, root.clone(), cfg.actuator, devices, &metrics).await?;
+            let records = crate::files::records_file(&cfg);
+            let backends = docker::backends(docker, root.clone(), cfg.actuator, devices, records, &metrics).await?;
             let backends = with_systemd(&cfg, &root, backends)?;
             info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
             run_daemon(&cfg, backends, originals, metrics, systemd, config_path, tuned, None).await?
@@ -286,7 +287,10 @@ pub fn with_systemd<D, C, W: WeightWriter>(
     // of a container weighted through systemd shown in status like any other.
     let files = FileWriter::with_shared_devices(backends.devices.clone());
     let RuntimeBackends { discovery, counters, writer, devices } = backends;
-    let writer = SystemdActuator::new(writer, enabled, files, root.path().to_owned());
+    let mut writer = SystemdActuator::new(writer, enabled, files, root.path().to_owned());
+    if enabled && !cfg.dry_run {
+        writer = writer.with_records_file(crate::restore_records::records_path(&cfg.state_file, "units"));
+    }
     Ok(RuntimeBackends { discovery, counters, writer, devices })
 }
 

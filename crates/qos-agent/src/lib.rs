@@ -51,6 +51,7 @@ pub mod preflight;
 pub mod priority;
 pub mod readiness;
 pub mod reconcile;
+pub mod restore_records;
 pub mod runtime;
 pub mod state;
 pub mod systemd;

@@ -22,17 +22,21 @@ pub const V2_BFQ_WEIGHT: &str = "io.bfq.weight";
 /// v2 io.cost weight, 1..=10000. Reads `default 100\n` plus `MAJ:MIN N` overrides; accepts `default N`.
 pub const V2_IO_WEIGHT: &str = "io.weight";
 
-/// Which weight file a [`WeightFile`] manages; each has its own range and write format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Which weight file a [`WeightFile`] manages; each has its own range and write format. Serialized as its file name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub enum WeightFileKind {
     /// v1 `blkio.bfq.weight`.
+    #[serde(rename = "blkio.bfq.weight")]
     V1Bfq,
     /// v1 `blkio.weight` (CFQ).
+    #[serde(rename = "blkio.weight")]
     V1Blkio,
     /// v2 `io.bfq.weight`.
+    #[serde(rename = "io.bfq.weight")]
     V2Bfq,
     /// v2 `io.weight` (io.cost).
+    #[serde(rename = "io.weight")]
     V2Io,
 }
 
@@ -252,7 +256,8 @@ impl WeightFile {
 }
 
 /// A v2 weight file's content: `default N` and the per-device `MAJ:MIN N` overrides (file scale).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WeightLines {
     /// The `default` line.
     pub default: u32,

@@ -21,6 +21,7 @@ pub use devices::FileDevices;
 pub use v2_plan::{check_restored, governs, restore_lines, Line, Mismatch, V2Plan, V2_FILES};
 pub use writer::FileWriter;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::cgroup::{CgroupRoot, CgroupVersion};
@@ -31,14 +32,23 @@ use crate::metrics::Metrics;
 /// The file writer as the agent configures it: on v2 it checks the devices `check` names (`[devices] check`, or
 /// Docker's data disk) besides each container's own, and exports which weight acts on each device; on v2 it
 /// looks at those devices at once, so one where no weight acts is warned about (once: the start-up check leaves
-/// v2 devices to it) before any write.
-pub fn agent_writer(root: &CgroupRoot, check: Vec<String>, metrics: &Metrics) -> FileWriter {
+/// v2 devices to it) before any write; its restore snapshots go to `records` too ([`records_file`]).
+pub fn agent_writer(root: &CgroupRoot, check: Vec<String>, records: Option<PathBuf>, metrics: &Metrics) -> FileWriter {
     let mut writer =
         FileWriter::new(root.path()).with_devices(check).with_metric(metrics.device_weight_effective.clone());
+    if let Some(path) = records.filter(|_| root.version() == CgroupVersion::V2) {
+        writer = writer.with_records_file(path);
+    }
     if root.version() == CgroupVersion::V2 {
         writer.check_configured();
     }
     writer
+}
+
+/// Where the agent's file writer keeps its restore snapshots: beside the state file (`<state file>.v2-files.jsonl`,
+/// see [`crate::restore_records`]); none in a dry run, which writes nothing.
+pub fn records_file(cfg: &AgentConfig) -> Option<PathBuf> {
+    (!cfg.dry_run).then(|| crate::restore_records::records_path(&cfg.state_file, "v2-files"))
 }
 
 /// The backends of a runtime whose containers are plain cgroup directories (cgroup-dir, CRI pod cgroups, the
@@ -49,7 +59,7 @@ pub fn backends_on_files<D>(
     root: &Arc<CgroupRoot>,
     metrics: &Metrics,
 ) -> RuntimeBackends<D, FileCounters, FileWriter> {
-    let writer = agent_writer(root, cfg.devices.check.clone(), metrics);
+    let writer = agent_writer(root, cfg.devices.check.clone(), records_file(cfg), metrics);
     let devices = writer.devices();
     RuntimeBackends { discovery, counters: FileCounters::with_root(root.clone()), writer, devices }
 }

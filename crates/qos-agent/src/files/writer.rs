@@ -21,11 +21,16 @@
 //! added (by writing `MAJ:MIN default`, which removes an override in both files, checked on Linux 6.18). A write
 //! is always a write, even of the weight `read` returned: a pinned weight equal to the original must be in force
 //! on every governed device, which the snapshot's overrides need not be.
+//!
+//! The agent's writer keeps the snapshots in a [`RestoreRecords`] file beside the state file
+//! ([`FileWriter::with_records_file`]), so an agent restarted after a crash puts the files back exactly too: an
+//! `io.weight` above 1000 (the engine's scale ends there) and per-device overrides included.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use qos_core::{ContainerId, Weight};
+use serde::{Deserialize, Serialize};
 
 use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
 use crate::blockdev::DeviceTable;
@@ -33,6 +38,7 @@ use crate::cgroup::{CgroupDir, CgroupError, CgroupVersion, WeightFile, WeightFil
 use crate::files::{check_restored, restore_lines, FileDevices, Line, Mismatch, V2Plan};
 use crate::kernel::DevNum;
 use crate::metrics::DeviceWeightEffective;
+use crate::restore_records::RestoreRecords;
 
 /// Where the v2 hierarchy is mounted unless told otherwise (its root holds `io.cost.qos`).
 const DEFAULT_V2_ROOT: &str = "/sys/fs/cgroup";
@@ -43,13 +49,14 @@ pub struct FileWriter {
     /// The devices, shared with the daemon (its [`crate::backend::DeviceMonitor`]).
     devices: FileDevices,
     /// v2 files as the first `read` found them, per container: what a restore puts back.
-    snapshots: HashMap<ContainerId, Snapshot>,
+    snapshots: RestoreRecords<Snapshot>,
     /// Map size at which snapshots of vanished cgroups are dropped next.
     prune_at: usize,
 }
 
 /// A container's v2 weight files before the agent changed them.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Snapshot {
     /// What `read` returned: a restore to another weight (an original from the state file) cannot use the files.
     weight: Weight,
@@ -73,19 +80,26 @@ impl FileWriter {
 
     /// A writer over a given device table (fixtures).
     pub fn with_table(table: DeviceTable) -> Self {
-        Self { devices: FileDevices::new(table), snapshots: HashMap::new(), prune_at: 64 }
+        Self { devices: FileDevices::new(table), snapshots: RestoreRecords::in_memory(), prune_at: 64 }
     }
 
     /// A writer planning with `devices`, shared with another writer (the systemd actuator's read-back beside the
     /// runtime's writer): one device table, each device reported once, every container's devices in one place.
     pub fn with_shared_devices(devices: FileDevices) -> Self {
-        Self { devices, snapshots: HashMap::new(), prune_at: 64 }
+        Self { devices, snapshots: RestoreRecords::in_memory(), prune_at: 64 }
     }
 
     /// Devices (names in /sys/block) written and checked on v2 whatever the container's `io.stat` says:
     /// `[devices] check`.
     pub fn with_devices(self, names: Vec<String>) -> Self {
         self.devices.set_configured(names);
+        self
+    }
+
+    /// Keeps the v2 snapshots in `path` too (see [`RestoreRecords`]): an agent restarted after a crash loads them
+    /// and restores the files exactly. Snapshots already taken are kept in memory only.
+    pub fn with_records_file(mut self, path: PathBuf) -> Self {
+        self.snapshots = RestoreRecords::load(path);
         self
     }
 
@@ -146,9 +160,11 @@ impl FileWriter {
         };
         let files: Vec<(WeightFileKind, WeightLines)> = files.into_iter().map(|(k, l, _)| (k, l)).collect();
         self.record_effective(&info.id, &files);
-        if !self.snapshots.contains_key(&info.id) {
+        // A snapshot a previous agent left on disk stands only while the daemon does not read the container again
+        // (it reads only those the state file owes nothing): this read is the original now.
+        if !self.snapshots.contains(&info.id) || self.snapshots.from_disk(&info.id) {
             self.prune();
-            self.snapshots.insert(info.id.clone(), Snapshot { weight, dir: dir.path().to_owned(), files });
+            self.snapshots.insert(&info.id, Snapshot { weight, dir: dir.path().to_owned(), files });
         }
         Ok(weight)
     }
@@ -186,11 +202,14 @@ impl FileWriter {
         if dir.version() == CgroupVersion::V1 {
             return self.write_weight(info, original);
         }
-        match self.snapshots.get(&info.id).filter(|s| s.weight == original).cloned() {
+        let found = self.snapshots.get(&info.id).filter(|s| s.weight == original && s.dir == dir.path()).cloned();
+        match found {
             Some(snapshot) => {
                 self.plan(info, dir)?;
                 let back = restore(dir, &snapshot)?;
                 self.record_effective(&info.id, &back);
+                // Put back: the state file forgets the original now, and so do the records.
+                self.snapshots.remove(&info.id);
                 Ok(AppliedVia::CgroupFile)
             }
             None => self.write_weight(info, original),
@@ -609,6 +628,57 @@ mod tests {
         // A restore to another original (one a crashed agent left on file) writes it like any weight.
         f.writer.restore_weight(&f.info, w(40)).unwrap();
         assert_eq!(f.file("io.bfq.weight"), "default 40\n7:3 40\n");
+    }
+
+    /// Issue 28, defect 5: an `io.weight` above 1000 reads as 1000 (the engine's scale ends there), and an agent
+    /// restarted after a crash used to put back 1000, the state file's weight. With the records file the new agent
+    /// puts back the files exactly, overrides included; a container it reads afresh replaces an old record.
+    #[test]
+    fn after_a_crash_the_files_come_back_exactly_from_the_records_file() {
+        let mut f = fixture("default 100\n7:3 500\n", "default 5000\n");
+        let records = f.tmp.path().join("state/state.json.v2-files.jsonl");
+        let sys = f.tmp.path().join("sys");
+        let cg = f.tmp.path().join("cg");
+        let writer = |path: &Path| {
+            FileWriter::with_table(DeviceTable::with_sys(&sys, &cg))
+                .with_devices(vec!["loop4".into()])
+                .with_records_file(path.to_owned())
+        };
+        f.writer = writer(&records);
+        // The engine sees 500 (the lowest in force: loop3's override; loop4's 5000 reads as 1000).
+        assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(500));
+        f.writer.write_weight(&f.info, w(10)).unwrap();
+        // The crash: nothing is put back, the writer is gone.
+        f.writer = writer(&records);
+        assert_eq!(f.file("io.weight"), "default 10\n");
+        // The state file owes the container 500; the new agent does not read it again, and restores.
+        f.writer.restore_weight(&f.info, w(500)).unwrap();
+        assert_eq!(f.file("io.weight"), "default 5000\n");
+        assert_eq!(f.file("io.bfq.weight"), "default 100\n7:3 500\n");
+        assert!(!records.exists(), "a record put back is dropped, and an empty records file removed");
+
+        // Without the file (the agent before the fix, or a dry run) the state file's weight is all there is.
+        let mut plain = FileWriter::with_table(DeviceTable::with_sys(&sys, &cg)).with_devices(vec!["loop4".into()]);
+        plain.read_weight(&f.info).unwrap();
+        plain.write_weight(&f.info, w(10)).unwrap();
+        let mut plain = FileWriter::with_table(DeviceTable::with_sys(&sys, &cg)).with_devices(vec!["loop4".into()]);
+        plain.restore_weight(&f.info, w(500)).unwrap();
+        assert_eq!(f.file("io.weight"), "default 500\n", "the defect this records file fixes");
+        f.put("io.bfq.weight", "default 100\n7:3 500\n");
+
+        // A record left by an earlier agent for a container read afresh (the state file owes it nothing) is
+        // replaced by this read: the files as they are now are the original.
+        f.put("io.weight", "default 7000\n");
+        f.writer = writer(&records);
+        f.writer.read_weight(&f.info).unwrap();
+        f.writer.write_weight(&f.info, w(10)).unwrap();
+        f.put("io.weight", "default 300\n");
+        f.put("io.bfq.weight", "default 100\n");
+        f.writer = writer(&records);
+        assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(100));
+        f.writer.write_weight(&f.info, w(10)).unwrap();
+        f.writer.restore_weight(&f.info, w(100)).unwrap();
+        assert_eq!(f.file("io.weight"), "default 300\n");
     }
 
     #[test]

@@ -1,7 +1,6 @@
 //! [`SystemdActuator`]: weights of systemd units through systemd, every other cgroup through the runtime's own
 //! writer; every weight read back from the files that govern the devices.
 
-use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,6 +16,7 @@ use crate::blockdev;
 use crate::cgroup::{CgroupDir, CgroupError, CgroupVersion, WeightFile, WeightFileKind};
 use crate::files::FileWriter;
 use crate::kernel::DevNum;
+use crate::restore_records::RestoreRecords;
 
 /// systemd applies a unit's new properties from its event loop, possibly just after answering the call: the
 /// read-back looks this many times, this far apart, before it calls the weight missing.
@@ -35,8 +35,9 @@ pub struct SystemdActuator<W> {
     files: FileWriter,
     v2_root: PathBuf,
     said_hello: bool,
-    /// Each unit's `IOWeight`/`IODeviceWeight` as the first read found them: what a restore puts back.
-    unit_originals: HashMap<ContainerId, UnitIoProperties>,
+    /// Each unit's `IOWeight`/`IODeviceWeight` as the first read found them: what a restore puts back (on disk
+    /// too with [`Self::with_records_file`]).
+    unit_originals: RestoreRecords<UnitIoProperties>,
 }
 
 impl<W> std::fmt::Debug for SystemdActuator<W> {
@@ -55,8 +56,15 @@ impl<W: WeightWriter> SystemdActuator<W> {
             files,
             v2_root,
             said_hello: false,
-            unit_originals: HashMap::new(),
+            unit_originals: RestoreRecords::in_memory(),
         }
+    }
+
+    /// Keeps the units' own properties in `path` too (see [`RestoreRecords`]): an agent restarted after a crash
+    /// puts back an `IOWeight` above 1000 or `IODeviceWeight` entries exactly, not the state file's weight.
+    pub fn with_records_file(mut self, path: PathBuf) -> Self {
+        self.unit_originals = RestoreRecords::load(path);
+        self
     }
 
     /// With `bus` instead of a client of the system bus (an embedder's or a test's manager, another deadline).
@@ -188,11 +196,13 @@ impl<W: WeightWriter> WeightWriter for SystemdActuator<W> {
     async fn read(&mut self, info: &ContainerInfo) -> Result<Weight, BackendError> {
         let weight = self.inner.read(info).await?;
         if let Some(unit) = self.unit_of(info) {
-            if !self.unit_originals.contains_key(&info.id) {
+            // A previous agent's record stands only while the daemon does not read the unit again (see
+            // `RestoreRecords`): a read means the state file owes it nothing.
+            if !self.unit_originals.contains(&info.id) || self.unit_originals.from_disk(&info.id) {
                 // Best effort: without the record a restore falls back to the weight (see `put_back_unit`).
                 match self.bus.io_properties(&unit).await {
                     Ok(props) => {
-                        self.unit_originals.insert(info.id.clone(), props);
+                        self.unit_originals.insert(&info.id, props);
                     }
                     Err(e) => debug!(unit = %unit, error = %e, "cannot read the unit's I/O properties"),
                 }
@@ -300,9 +310,9 @@ mod tests {
         let (gone, kept) = (ContainerId::new("gone"), ContainerId::new("kept"));
         for id in [&gone, &kept] {
             let props = UnitIoProperties { io_weight: 300, device_weights: Vec::new() };
-            act.unit_originals.insert(id.clone(), props);
+            act.unit_originals.insert(id, props);
         }
         act.forget(&gone);
-        assert_eq!(act.unit_originals.keys().collect::<Vec<_>>(), [&kept]);
+        assert!(!act.unit_originals.contains(&gone) && act.unit_originals.contains(&kept));
     }
 }

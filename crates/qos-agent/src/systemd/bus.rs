@@ -71,7 +71,8 @@ pub enum BusError {
 pub const IO_WEIGHT_UNSET: u64 = u64::MAX;
 
 /// A unit's I/O weight properties as systemd has them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct UnitIoProperties {
     /// `IOWeight`; [`IO_WEIGHT_UNSET`] when not set.
     pub io_weight: u64,

@@ -24,6 +24,7 @@ pub use discovery::DockerDiscovery;
 pub use naming::{container_cgroup, CgroupDriver};
 pub use writer::DockerWriter;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::backend::DiscoveryError;
@@ -35,15 +36,17 @@ use crate::metrics::Metrics;
 
 /// The Docker runtime's backends as the agent binary assembles them (the bench runs the daemon on these too, so
 /// it measures the shipped wiring): discovery by events, counters from the cgroup files behind the parent gate,
-/// the writer in `actuator` mode over the agent's file writer checking the devices `check` names.
+/// the writer in `actuator` mode over the agent's file writer checking the devices `check` names and keeping its
+/// restore snapshots in `records` ([`crate::files::records_file`]).
 pub async fn backends(
     docker: Docker,
     root: Arc<CgroupRoot>,
     actuator: ActuatorMode,
     check: Vec<String>,
+    records: Option<PathBuf>,
     metrics: &Metrics,
 ) -> Result<RuntimeBackends<DockerDiscovery, DockerCounters, DockerWriter>, DiscoveryError> {
-    let files = agent_writer(&root, check, metrics);
+    let files = agent_writer(&root, check, records, metrics);
     let devices = files.devices();
     let discovery = DockerDiscovery::new(docker.clone(), root.clone()).await?;
     let counters = DockerCounters::with_root(docker.clone(), root);
