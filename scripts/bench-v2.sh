@@ -3,7 +3,8 @@
 # cgroup v2, on a disk that is the bottleneck. One command, as root, on this machine kind (`./scripts/bench.sh --v2`
 # runs it too):
 #
-#   scripts/bench-v2.sh [--suite bookworm|trixie] [--out DIR] [--modes M,M...] [--timeout SECS] [BENCH-RUN-ARGS...]
+#   scripts/bench-v2.sh [--suite bookworm|trixie] [--out DIR] [--modes M,M...|none] [--cri-modes M,M...|none]
+#                       [--timeout SECS] [BENCH-RUN-ARGS...]
 #
 # It builds the release bench here, boots the systemd guest (scripts/guest.sh: Debian 12, or 13 with --suite trixie;
 # systemd as PID 1, pure cgroup v2) with its experiment disk vdb throttled by qemu to the `ssd` device model
@@ -17,7 +18,10 @@
 # throttled disk: figures are only comparable within one run. Prints how long everything took. Nothing is left
 # behind (scripts/guest.sh kills qemu and removes its run directory and disk images whatever happens).
 #
-# Not covered: pods under kubepods.slice through CRI (`--runtime cri` with the kubelet's systemd driver).
+# Then pods (`--cri-modes`, default `protect`, the agent's shipped device set-up; `none` skips them): the same bench
+# with `--runtime cri` against a throw-away containerd whose runc uses the systemd cgroup driver
+# (`ddiskqos-containerd --systemd`), every reader and the background a Burstable pod under kubepods.slice as the
+# kubelet's systemd driver makes them, found by the agent through CRI; results in DIR/cri-<mode>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CHECKOUT=$(pwd)
@@ -29,8 +33,8 @@ die() { log "error: $*"; exit 1; }
 MODEL_NOTE="qemu throttling.bps-total=157286400 (150 MiB/s), throttling.iops-total=1500"
 
 inside() {
-  local out=$1 modes=$2 suite_note=$3
-  shift 3
+  local out=$1 modes=$2 cri_modes=$3 suite_note=$4
+  shift 4
   [ "${DDISKQOS_GUEST:-}" = 1 ] || die "_inside runs in the guest only"
   [ "${DDISKQOS_GUEST_DISK_MODEL:-}" = ssd ] || die "the experiment disks are not throttled (model '${DDISKQOS_GUEST_DISK_MODEL:-}')"
   systemctl start docker.service
@@ -45,11 +49,18 @@ inside() {
   # One bench run per mode, each with its own output directory ($out/<mode>): under emulation a mode takes many
   # minutes, and the modes already measured stay if a later one fails or the guest's time runs out.
   local rc=0 mode
-  for mode in ${modes//,/ }; do
+  [ "$modes" = none ] || for mode in ${modes//,/ }; do
     log "mode $mode: $(date -u +%H:%M:%S) UTC"
     target/release/ddiskqos-bench run --runtime docker --device /dev/vdb --format --modes "$mode" --out "$out/$mode" \
       --note "TEST BED: the systemd guest (scripts/guest.sh, $suite_note: $versions) under qemu's SOFTWARE EMULATION (TCG, 2 vCPUs), on a virtio disk THROTTLED by qemu ($MODEL_NOTE); Docker's systemd cgroup driver (system.slice/docker-<id>.scope, weights through systemd). Ratios within this run only; figures are not comparable with the host's" \
       "$@" || { rc=$?; log "mode $mode failed (exit status $rc)"; }
+  done
+  [ "$cri_modes" = none ] || for mode in ${cri_modes//,/ }; do
+    log "pods through CRI (containerd, systemd cgroup driver), mode $mode: $(date -u +%H:%M:%S) UTC"
+    target/release/ddiskqos-containerd --systemd -- target/release/ddiskqos-bench run --runtime cri --device /dev/vdb \
+      --format --modes "$mode" --out "$out/cri-$mode" \
+      --note "TEST BED: the systemd guest (scripts/guest.sh, $suite_note: $versions) under qemu's SOFTWARE EMULATION (TCG, 2 vCPUs), on a virtio disk THROTTLED by qemu ($MODEL_NOTE); pods through CRI (a throw-away containerd $(containerd --version | awk '{print $3}'), runc's systemd cgroup driver: kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice). Ratios within this run only; figures are not comparable with the host's" \
+      "$@" || { rc=$?; log "CRI mode $mode failed (exit status $rc)"; }
   done
   local ids; ids=$(docker ps -aq || true)
   [ -z "$ids" ] || docker rm -f $ids >/dev/null 2>&1 || true
@@ -67,6 +78,7 @@ fi
 SUITE=${DDISKQOS_GUEST_SUITE:-bookworm}
 OUT=bench-out-v2
 MODES=default,protect,strict,strict-tuned,iocost-kernel,iocost-calibrated
+CRI_MODES=protect
 # The guest is killed after this. In the first run (2026-11-26, a busy host) a quick-mode mode ran 10-15 min before
 # failing, and a Debian 12 boot took 2-2.5 min: five modes need well over an hour.
 TIMEOUT=10800
@@ -75,6 +87,7 @@ while [ $# -gt 0 ]; do
     --suite) [ $# -ge 2 ] || die "--suite needs bookworm or trixie"; SUITE=$2; shift 2 ;;
     --out) [ $# -ge 2 ] || die "--out needs a directory"; OUT=$2; shift 2 ;;
     --modes) [ $# -ge 2 ] || die "--modes needs a list"; MODES=$2; shift 2 ;;
+    --cri-modes) [ $# -ge 2 ] || die "--cri-modes needs a list or none"; CRI_MODES=$2; shift 2 ;;
     --timeout) [ $# -ge 2 ] && [[ $2 =~ ^[0-9]+$ ]] || die "--timeout needs seconds"; TIMEOUT=$2; shift 2 ;;
     *) break ;;
   esac
@@ -93,14 +106,14 @@ case $OUT/ in
 esac
 command -v protoc >/dev/null 2>&1 || { log "installing protobuf-compiler (the CRI bindings need protoc)";
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler >/dev/null; }
-cargo build --release --locked -p bench
+cargo build --release --locked -p bench -p testbed --bin ddiskqos-bench --bin ddiskqos-containerd
 T_BUILD=$((SECONDS - T0))
 log "release build: ${T_BUILD} s; booting the $SUITE_NOTE guest with the ssd disk model"
 # vdb holds the bench's files (a 2 GiB background file and the readers' files): 4 GiB, sparse.
 rc=0
 DDISKQOS_GUEST_SUITE=$SUITE DDISKQOS_GUEST_DISK_MODEL=ssd DDISKQOS_GUEST_DISK_SIZE=4G \
-  bash scripts/guest.sh run --timeout "$TIMEOUT" -- bash scripts/bench-v2.sh _inside "$OUT" "$MODES" "$SUITE_NOTE" "$@" \
+  bash scripts/guest.sh run --timeout "$TIMEOUT" -- bash scripts/bench-v2.sh _inside "$OUT" "$MODES" "$CRI_MODES" "$SUITE_NOTE" "$@" \
   || rc=$?
 T_ALL=$((SECONDS - T0))
-log "v2 main job ($SUITE_NOTE, modes $MODES): exit status $rc; took $((T_ALL / 60)) min $((T_ALL % 60)) s (release build ${T_BUILD} s, guest boot and run $((T_ALL - T_BUILD)) s); results in $OUT"
+log "v2 main job ($SUITE_NOTE, modes $MODES, pods through CRI in $CRI_MODES): exit status $rc; took $((T_ALL / 60)) min $((T_ALL % 60)) s (release build ${T_BUILD} s, guest boot and run $((T_ALL - T_BUILD)) s); results in $OUT"
 exit $rc

@@ -338,10 +338,10 @@ pub fn meta(
         cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         runtime: setup.runtime.name().into(),
         runtime_reason: setup.runtime_reason.clone(),
-        cgroup_layout: match common.runtime {
+        cgroup_layout: match setup.runtime.cgroup_layout() {
             // The kubelet's layout, whatever --cgroup-layout says.
-            RuntimeChoice::Cri => "kubepods/burstable/pod<uid> (kubelet, cgroupfs driver)".into(),
-            _ => common.cgroup_layout.describe(setup.runtime.name()),
+            Some(layout) => layout.into(),
+            None => common.cgroup_layout.describe(setup.runtime.name()),
         },
         cgroup: format!("{} {}", setup.root.version(), setup.root.path().display()),
         agent: format!("qos_agent::daemon::Daemon on {}, at nice {}", setup.backends.describe(), cfg.agent_nice),

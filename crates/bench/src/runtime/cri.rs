@@ -4,8 +4,10 @@
 //! `StartContainer`; `StopPodSandbox`, `RemovePodSandbox`) and removes the pod-level cgroups afterwards, as the
 //! kubelet would (the runtime removes only its containers' cgroups).
 //!
-//! **Where the pods are.** Every pod gets the kubelet's cgroup parent of a *Burstable* pod, `/kubepods/burstable/
-//! pod<uid>`: the readers (a pod that asks for some CPU or memory and sets no equal limits is Burstable, the most
+//! **Where the pods are.** Every pod gets the kubelet's cgroup parent of a *Burstable* pod under the cgroup driver
+//! the runtime uses (read from its verbose `Status`: runc's `SystemdCgroup`, which a kubelet must match):
+//! `/kubepods/burstable/pod<uid>` (cgroupfs) or the slice `kubepods-burstable-pod<uid_>.slice`, whose cgroup is
+//! `kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_>.slice` (systemd): the readers (a pod that asks for some CPU or memory and sets no equal limits is Burstable, the most
 //! common class) and also the background. The background is Burstable so that it competes with the readers the way
 //! pods compete, through their pod cgroups as siblings, which is where the agent's weights act. As a BestEffort
 //! pod it would sit under `kubepods/besteffort`: the readers' and its pod weights would then divide nothing
@@ -29,9 +31,10 @@
 //! Every recorded weight is a read of the pod cgroup's weight file, and every reader's pod cgroup is checked to
 //! have been charged for the bytes read.
 //!
-//! Undo: every pod made is stopped and removed through CRI and its pod cgroups removed in every hierarchy, and the
-//! `kubepods` levels that did not exist before are removed (rmdir only), on return, on error and on signals (the
-//! cleanup stack); pods of this run left by anything else are found by their label.
+//! Undo: every pod made is stopped and removed through CRI and its pod cgroups removed in every hierarchy (systemd
+//! driver: the pod's slice stopped, as the kubelet does), and the `kubepods` levels that did not exist before are
+//! removed (rmdir only; systemd: their slices stopped), on return, on error and on signals (the cleanup stack); pods
+//! of this run left by anything else are found by their label.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -59,8 +62,72 @@ const NAMESPACE: &str = "ddiskqos-bench";
 const LABEL: &str = "ddiskqos-bench";
 /// The cgroup hierarchies' mount point (runc makes a pod's cgroup in every v1 hierarchy).
 const CGROUP_MOUNTS: &str = "/sys/fs/cgroup";
-/// The kubelet's QoS-class levels (cgroupfs driver) that pod start-up may create.
-const KUBEPODS_LEVELS: [&str; 2] = ["kubepods", "kubepods/burstable"];
+/// The kubelet's cgroup driver, as the runtime's runc is configured (`SystemdCgroup`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Driver {
+    /// Pod cgroups are plain directories, `/kubepods/burstable/pod<uid>`.
+    Cgroupfs,
+    /// Pod cgroups are systemd slices, containers scopes (`cri-containerd-<id>.scope`).
+    Systemd,
+}
+
+impl Driver {
+    /// The Burstable pod's cgroup parent as the kubelet passes it in `RunPodSandbox`.
+    fn pod_parent(self, uid: &str) -> String {
+        match self {
+            Self::Cgroupfs => format!("/{}", self.pod_rel(uid)),
+            Self::Systemd => format!("kubepods-burstable-pod{}.slice", uid.replace('-', "_")),
+        }
+    }
+
+    /// The Burstable pod's cgroup, relative to a hierarchy's root.
+    fn pod_rel(self, uid: &str) -> String {
+        match self {
+            Self::Cgroupfs => format!("kubepods/burstable/pod{uid}"),
+            Self::Systemd => format!("kubepods.slice/kubepods-burstable.slice/{}", self.pod_parent(uid)),
+        }
+    }
+
+    /// A container's cgroup below its pod's.
+    fn container_rel(self, pod_rel: &str, id: &str) -> String {
+        match self {
+            Self::Cgroupfs => format!("{pod_rel}/{id}"),
+            Self::Systemd => format!("{pod_rel}/cri-containerd-{id}.scope"),
+        }
+    }
+
+    /// The kubelet's QoS-class levels that pod start-up may create, top first.
+    fn levels(self) -> [&'static str; 2] {
+        match self {
+            Self::Cgroupfs => ["kubepods", "kubepods/burstable"],
+            Self::Systemd => ["kubepods.slice", "kubepods.slice/kubepods-burstable.slice"],
+        }
+    }
+
+    /// For the report.
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Cgroupfs => "kubepods/burstable/pod<uid> (kubelet, cgroupfs driver)",
+            Self::Systemd => {
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice (kubelet, systemd driver)"
+            }
+        }
+    }
+}
+
+/// Stops a systemd unit the pods' driver made (a pod's slice, a kubepods level); one already gone is no error.
+fn stop_unit(unit: &str) -> Result<()> {
+    let out = std::process::Command::new("systemctl")
+        .args(["stop", unit])
+        .output()
+        .with_context(|| format!("cannot run systemctl stop {unit}"))?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() || text.contains("not loaded") {
+        Ok(())
+    } else {
+        bail!("systemctl stop {unit}: {}", text.trim())
+    }
+}
 /// Deadline of one CRI call: pod start-up runs runc and writes containerd's metadata to a busy disk.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -123,6 +190,21 @@ impl PodClient {
         }
     }
 
+    /// The cgroup driver the runtime's runc uses (verbose `Status`: `info.config`'s default runtime's
+    /// `options.SystemdCgroup`), which a kubelet must match; cgroupfs when it says nothing.
+    fn driver(&self) -> Result<Driver> {
+        let status =
+            self.call("Status", |mut s| async move { s.status(cri::StatusRequest { verbose: true }).await })?;
+        let config = status.info.get("config").map(String::as_str).unwrap_or("{}");
+        let json: serde_json::Value = serde_json::from_str(config)
+            .with_context(|| format!("CRI Status on {}: info.config is not JSON", self.socket.display()))?;
+        let runtimes = &json["containerd"]["runtimes"];
+        let default = json["containerd"]["defaultRuntimeName"].as_str().unwrap_or("runc");
+        let systemd = runtimes[default]["options"]["SystemdCgroup"].as_bool().unwrap_or(false)
+            || json["systemdCgroup"].as_bool().unwrap_or(false);
+        Ok(if systemd { Driver::Systemd } else { Driver::Cgroupfs })
+    }
+
     /// Stops and removes a pod sandbox (its containers too); a sandbox already gone is no error.
     fn remove_sandbox(&self, id: &str) -> Result<()> {
         let gone = |e: &anyhow::Error| e.to_string().contains("NotFound");
@@ -160,11 +242,6 @@ impl PodClient {
 struct PodRef {
     sandbox: String,
     uid: String,
-}
-
-/// The Burstable pod cgroup of `uid`, relative to a hierarchy's root, as the kubelet (cgroupfs driver) names it.
-fn pod_rel(uid: &str) -> String {
-    format!("kubepods/burstable/pod{uid}")
 }
 
 /// The cgroup-v1 hierarchies (and the hybrid layout's cgroup2 tree): real directories, not the `cpu` →
@@ -207,6 +284,7 @@ fn remove_empty_tree(dir: &Path) -> Result<()> {
 #[derive(Debug)]
 struct Pods {
     client: PodClient,
+    driver: Driver,
     live: Mutex<Vec<PodRef>>,
     /// The kubepods levels that existed before the first pod (never removed).
     levels_before: Vec<PathBuf>,
@@ -226,8 +304,12 @@ impl Pods {
     fn remove_unguarded(&self, pod: &PodRef) -> Result<()> {
         self.client.remove_sandbox(&pod.sandbox)?;
         self.live.lock().unwrap_or_else(|p| p.into_inner()).retain(|p| p != pod);
+        if self.driver == Driver::Systemd {
+            // The pod's slice is systemd's unit: the kubelet stops it, which removes its cgroup.
+            stop_unit(&self.driver.pod_parent(&pod.uid))?;
+        }
         for h in hierarchies() {
-            remove_empty_tree(&h.join(pod_rel(&pod.uid)))?;
+            remove_empty_tree(&h.join(self.driver.pod_rel(&pod.uid)))?;
         }
         Ok(())
     }
@@ -276,11 +358,25 @@ impl Pods {
         }
         let removed = self.remove_many_unguarded(pods);
         for h in hierarchies() {
-            for rel in KUBEPODS_LEVELS.iter().rev() {
+            for rel in self.driver.levels().iter().rev() {
                 let level = h.join(rel);
                 if level.is_dir() && !self.levels_before.contains(&level) {
-                    // rmdir only: a level holding someone else's pod by now stays.
-                    let _ = std::fs::remove_dir(&level);
+                    match self.driver {
+                        // Its slice (the last path element): stopped only if it holds no pod by now.
+                        Driver::Systemd => {
+                            let empty = std::fs::read_dir(&level)
+                                .map(|d| d.flatten().all(|e| !e.file_type().is_ok_and(|t| t.is_dir())))
+                                .unwrap_or(false);
+                            if empty {
+                                let unit = rel.rsplit('/').next().unwrap_or(rel);
+                                let _ = stop_unit(unit);
+                            }
+                        }
+                        // rmdir only: a level holding someone else's pod by now stays.
+                        Driver::Cgroupfs => {
+                            let _ = std::fs::remove_dir(&level);
+                        }
+                    }
                 }
             }
         }
@@ -342,12 +438,14 @@ impl CriRuntime {
             )
         })?;
         let image = client.sandbox_image()?;
+        let driver = client.driver()?;
         let levels_before = hierarchies()
             .iter()
-            .flat_map(|h| KUBEPODS_LEVELS.iter().map(move |l| h.join(l)))
+            .flat_map(|h| driver.levels().map(move |l| h.join(l)))
             .filter(|p| p.is_dir())
             .collect();
-        let pods = Arc::new(Pods { client, live: Mutex::new(Vec::new()), levels_before, teardown: Default::default() });
+        let pods =
+            Arc::new(Pods { client, driver, live: Mutex::new(Vec::new()), levels_before, teardown: Default::default() });
         let p = pods.clone();
         cleanup.push(format!("stop and remove the bench's pods on {}", socket.display()), move || p.remove_all());
         let ctl_dir = work.join("ctl");
@@ -420,7 +518,7 @@ impl CriRuntime {
             log_directory: log_dir.to_string_lossy().into_owned(),
             labels: HashMap::from([(LABEL.to_string(), pid.to_string())]),
             linux: Some(cri::LinuxPodSandboxConfig {
-                cgroup_parent: format!("/{}", pod_rel(&uid)),
+                cgroup_parent: self.pods.driver.pod_parent(&uid),
                 security_context: Some(cri::LinuxSandboxSecurityContext {
                     namespace_options: Some(namespaces.clone()),
                     ..Default::default()
@@ -481,9 +579,9 @@ impl CriRuntime {
         client.call("StartContainer", |mut s| async move {
             s.start_container(cri::StartContainerRequest { container_id: id }).await
         })?;
-        let rel = pod_rel(&uid);
+        let rel = self.pods.driver.pod_rel(&uid);
         let pod_dir = self.root.resolve_relative(&rel).with_context(|| format!("pod {name}: no pod cgroup {rel}"))?;
-        let ctr_rel = format!("{rel}/{container}");
+        let ctr_rel = self.pods.driver.container_rel(&rel, &container);
         let ctr_dir = self
             .root
             .resolve_relative(&ctr_rel)
@@ -519,6 +617,11 @@ impl CriRuntime {
 impl Runtime for CriRuntime {
     fn name(&self) -> &'static str {
         "cri"
+    }
+
+    /// The kubelet's layout under the runtime's cgroup driver.
+    fn cgroup_layout(&self) -> Option<&'static str> {
+        Some(self.pods.driver.describe())
     }
 
     fn start_background(&self, file: &Path, kind: BackgroundKind, hooks: &dyn ReaderHooks) -> Result<Background> {
@@ -646,11 +749,18 @@ mod tests {
     #[test]
     fn pod_cgroups_are_where_the_kubelet_puts_burstable_pods() {
         let uid = "0001e240-dd15-b3c0-0007-00000000abcd";
-        let parent = format!("/{}", pod_rel(uid));
-        // The agent's own check of a runtime-reported parent accepts it, as a Burstable pod of the cgroupfs driver.
-        let path = pod_cgroup_path(&parent, uid).unwrap();
-        assert_eq!(path.qos, QosClass::Burstable);
-        assert_eq!(path.rel, pod_rel(uid));
+        // The agent's own check of a runtime-reported parent accepts it, as a Burstable pod of either driver.
+        for driver in [Driver::Cgroupfs, Driver::Systemd] {
+            let parent = driver.pod_parent(uid);
+            let path = pod_cgroup_path(&parent, uid).unwrap();
+            assert_eq!(path.qos, QosClass::Burstable, "{driver:?}");
+            assert_eq!(path.rel, driver.pod_rel(uid), "{driver:?}");
+        }
+        assert_eq!(
+            Driver::Systemd.pod_rel(uid),
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0001e240_dd15_b3c0_0007_00000000abcd.slice"
+        );
+        assert_eq!(Driver::Systemd.container_rel("p", "abc"), "p/cri-containerd-abc.scope");
     }
 
     #[test]

@@ -189,6 +189,10 @@ impl Background {
 pub trait Runtime: Send + Sync + std::fmt::Debug {
     /// `cgroup` or `docker`.
     fn name(&self) -> &'static str;
+    /// Where its cgroups are, when the runtime decides it rather than `--cgroup-layout` (the kubelet's layout).
+    fn cgroup_layout(&self) -> Option<&'static str> {
+        None
+    }
     /// Starts the background reader on `file` (a path on the test file system); it runs until stopped. `hooks`
     /// hear of its cgroup before it starts reading.
     fn start_background(&self, file: &Path, kind: BackgroundKind, hooks: &dyn ReaderHooks) -> Result<Background>;

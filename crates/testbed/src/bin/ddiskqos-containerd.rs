@@ -1,6 +1,7 @@
-//! `ddiskqos-containerd [--] COMMAND [ARG...]`: runs COMMAND beside a throw-away containerd serving CRI v1,
-//! started exactly as the real tests start it ([`testbed::containerd::Containerd`]: Debian's containerd with its
-//! own config, root, state and socket under /var/tmp, the cgroupfs driver, host-network pods, and the local sandbox
+//! `ddiskqos-containerd [--systemd] [--] COMMAND [ARG...]`: runs COMMAND beside a throw-away containerd serving CRI
+//! v1, started exactly as the real tests start it ([`testbed::containerd::Containerd`]: Debian's containerd with its
+//! own config, root, state and socket under /var/tmp, the cgroupfs driver (`--systemd`: runc's `SystemdCgroup`, the
+//! driver a kubelet on a systemd host uses; needs systemd as PID 1), host-network pods, and the local sandbox
 //! image `ddiskqos-pause:latest` built with the host's Docker if missing and imported into it). COMMAND finds the
 //! socket in `DDISKQOS_CRI_SOCKET` (which `ddiskqos-bench --cri-socket` reads). When COMMAND has ended, every pod
 //! left is stopped and removed, containerd is stopped and its directory removed (the harness's teardown).
@@ -13,17 +14,23 @@ use std::process::ExitCode;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use testbed::containerd::Containerd;
+use testbed::containerd::{Containerd, Driver};
 use tokio::signal::unix::{signal, SignalKind};
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let driver = if args.first().map(String::as_str) == Some("--systemd") {
+        args.remove(0);
+        Driver::Systemd
+    } else {
+        Driver::Cgroupfs
+    };
     let argv = match args.first().map(String::as_str) {
         Some("--") => &args[1..],
         _ => &args[..],
     };
     let Some((program, rest)) = argv.split_first() else {
-        eprintln!("usage: ddiskqos-containerd [--] COMMAND [ARG...]");
+        eprintln!("usage: ddiskqos-containerd [--systemd] [--] COMMAND [ARG...]");
         return ExitCode::from(2);
     };
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -48,9 +55,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let containerd = Containerd::start();
+    let containerd = Containerd::start_with(driver);
     let socket = containerd.socket();
-    eprintln!("ddiskqos-containerd: containerd (CRI v1) answers on {}", socket.display());
+    eprintln!("ddiskqos-containerd: containerd (CRI v1, {driver:?} cgroup driver) answers on {}", socket.display());
     let code = rt.block_on(async {
         let mut child = match tokio::process::Command::new(program)
             .args(rest)
