@@ -173,13 +173,18 @@ impl PodClient {
             .map_err(|s| anyhow::anyhow!("CRI {what} on {}: {:?}: {}", self.socket.display(), s.code(), s.message()))
     }
 
-    /// The image the runtime runs pod sandboxes with (containerd: verbose `Status`, `config.sandboxImage`).
-    fn sandbox_image(&self) -> Result<String> {
+    /// The runtime's configuration as its verbose `Status` reports it (`info.config`, JSON).
+    fn status_config(&self) -> Result<serde_json::Value> {
         let status =
             self.call("Status", |mut s| async move { s.status(cri::StatusRequest { verbose: true }).await })?;
         let config = status.info.get("config").map(String::as_str).unwrap_or("{}");
-        let json: serde_json::Value = serde_json::from_str(config)
-            .with_context(|| format!("CRI Status on {}: info.config is not JSON", self.socket.display()))?;
+        serde_json::from_str(config)
+            .with_context(|| format!("CRI Status on {}: info.config is not JSON", self.socket.display()))
+    }
+
+    /// The image the runtime runs pod sandboxes with (containerd: verbose `Status`, `config.sandboxImage`).
+    fn sandbox_image(&self) -> Result<String> {
+        let json = self.status_config()?;
         match json.get("sandboxImage").and_then(|v| v.as_str()) {
             Some(image) if !image.is_empty() => Ok(image.to_string()),
             _ => bail!(
@@ -193,11 +198,7 @@ impl PodClient {
     /// The cgroup driver the runtime's runc uses (verbose `Status`: `info.config`'s default runtime's
     /// `options.SystemdCgroup`), which a kubelet must match; cgroupfs when it says nothing.
     fn driver(&self) -> Result<Driver> {
-        let status =
-            self.call("Status", |mut s| async move { s.status(cri::StatusRequest { verbose: true }).await })?;
-        let config = status.info.get("config").map(String::as_str).unwrap_or("{}");
-        let json: serde_json::Value = serde_json::from_str(config)
-            .with_context(|| format!("CRI Status on {}: info.config is not JSON", self.socket.display()))?;
+        let json = self.status_config()?;
         let runtimes = &json["containerd"]["runtimes"];
         let default = json["containerd"]["defaultRuntimeName"].as_str().unwrap_or("runc");
         let systemd = runtimes[default]["options"]["SystemdCgroup"].as_bool().unwrap_or(false)
@@ -439,13 +440,15 @@ impl CriRuntime {
         })?;
         let image = client.sandbox_image()?;
         let driver = client.driver()?;
-        let levels_before = hierarchies()
-            .iter()
-            .flat_map(|h| driver.levels().map(move |l| h.join(l)))
-            .filter(|p| p.is_dir())
-            .collect();
-        let pods =
-            Arc::new(Pods { client, driver, live: Mutex::new(Vec::new()), levels_before, teardown: Default::default() });
+        let levels_before =
+            hierarchies().iter().flat_map(|h| driver.levels().map(move |l| h.join(l))).filter(|p| p.is_dir()).collect();
+        let pods = Arc::new(Pods {
+            client,
+            driver,
+            live: Mutex::new(Vec::new()),
+            levels_before,
+            teardown: Default::default(),
+        });
         let p = pods.clone();
         cleanup.push(format!("stop and remove the bench's pods on {}", socket.display()), move || p.remove_all());
         let ctl_dir = work.join("ctl");
