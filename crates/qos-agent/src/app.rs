@@ -33,6 +33,13 @@ const MIN_NOFILE: u64 = 4096;
 pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summary> {
     // The same checks as `check-config`, so the two agree; nothing is written or served before they pass.
     let root = Arc::new(crate::preflight::check(&cfg).context("invalid configuration")?.root);
+    // Signals are taken from here on, before anything is changed (device settings, weights) or served: a SIGTERM
+    // that comes before the daemon runs waits in the channel, and the daemon's first act is to restore and stop.
+    // (Installed once the control socket was bound, a SIGTERM right after the socket appeared killed the agent
+    // with the default action, restoring nothing.)
+    let (tx, rx) = mpsc::channel(16);
+    spawn_signal_handlers(tx.clone(), config_path)?;
+    let commands = (tx, rx);
     // One counter file per container stays open; connections are bounded (`listen`), but a host with many
     // containers needs more than the usual soft limit of 1,024.
     match crate::limits::raise_nofile_limit() {
@@ -72,7 +79,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             let backends = docker::backends(docker, root.clone(), cfg.actuator, devices, records, &metrics).await?;
             let backends = with_systemd(&cfg, &root, backends)?;
             info!(actuator = ?cfg.actuator, dry_run = cfg.dry_run, "managing Docker containers");
-            run_daemon(&cfg, backends, originals, metrics, systemd, config_path, tuned, None).await?
+            run_daemon(&cfg, backends, originals, metrics, systemd, commands, tuned, None).await?
         }
         RuntimeKind::CgroupDir => {
             let managed = managed_devices(&cfg, std::iter::empty());
@@ -81,7 +88,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
                 format!("cgroup.parent = {:?}: no such cgroup under {}", cfg.cgroup.parent, root.path().display())
             })?;
             info!(parent = %cfg.cgroup.parent, dry_run = cfg.dry_run, "managing child cgroups");
-            run_daemon(&cfg, backends, originals, metrics, systemd, config_path, tuned, None).await?
+            run_daemon(&cfg, backends, originals, metrics, systemd, commands, tuned, None).await?
         }
         RuntimeKind::Cri => {
             let mut client = CriClient::new(&cfg.cri.socket)?.with_metric(metrics.cri_requests.clone());
@@ -116,7 +123,7 @@ pub async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summa
             let backends = with_systemd(&cfg, &root, cri::backends(&cfg, client, root.clone(), &metrics))?;
             info!(dry_run = cfg.dry_run, "managing Kubernetes pods (one weight per pod cgroup)");
             let readiness = Some(Arc::new(readiness));
-            run_daemon(&cfg, backends, originals, metrics, systemd, config_path, tuned, readiness).await?
+            run_daemon(&cfg, backends, originals, metrics, systemd, commands, tuned, readiness).await?
         }
     };
     info!(restored = summary.restored, failures = summary.restore_failures, "stopped");
@@ -132,13 +139,13 @@ async fn run_daemon<D: Discovery, C: CounterSource, W: WeightWriter>(
     originals: OriginalWeights,
     metrics: Arc<Metrics>,
     systemd: bool,
-    config_path: Option<PathBuf>,
+    commands: (mpsc::Sender<Command>, mpsc::Receiver<Command>),
     mut tuned: TunedDevices,
     readiness: Option<Arc<Readiness>>,
 ) -> Result<Summary> {
     let daemon = backends.into_daemon(cfg.clone(), originals, metrics.clone())?;
     let daemon = daemon.with_systemd_notify(systemd);
-    let summary = serve_and_run_ready(cfg, daemon, metrics, config_path, readiness).await?;
+    let summary = serve_and_run_ready(cfg, daemon, metrics, commands, readiness).await?;
     tuned.restore();
     Ok(summary)
 }
@@ -294,13 +301,14 @@ pub fn with_systemd<D, C, W: WeightWriter>(
     Ok(RuntimeBackends { discovery, counters, writer, devices })
 }
 
-/// Serves metrics (and `GET /readyz` from `readiness` when there is one) and the status socket, installs the
-/// signal handlers, and runs the daemon; the control socket is removed however the daemon ends.
+/// Serves metrics (and `GET /readyz` from `readiness` when there is one) and the status socket, and runs the daemon
+/// on the commands of `rx` (the signal handlers' and the status socket's); the control socket is removed however
+/// the daemon ends.
 async fn serve_and_run_ready<D: Discovery, C: CounterSource, W: WeightWriter>(
     cfg: &AgentConfig,
     daemon: Daemon<D, C, W>,
     metrics: Arc<Metrics>,
-    config_path: Option<PathBuf>,
+    (tx, rx): (mpsc::Sender<Command>, mpsc::Receiver<Command>),
     readiness: Option<Arc<Readiness>>,
 ) -> Result<Summary> {
     if cfg.metrics.enabled {
@@ -313,12 +321,10 @@ async fn serve_and_run_ready<D: Discovery, C: CounterSource, W: WeightWriter>(
         info!(listen = %cfg.metrics.listen, "serving Prometheus metrics");
         tokio::spawn(metrics::serve_with_readiness(listener, metrics, readiness));
     }
-    let (tx, rx) = mpsc::channel(16);
     let listener = control::bind(&cfg.control_socket)
         .with_context(|| format!("control_socket = {}: cannot bind", cfg.control_socket.display()))?;
     let _socket = RemoveOnDrop(cfg.control_socket.clone());
-    tokio::spawn(control::serve(listener, tx.clone()));
-    spawn_signal_handlers(tx, config_path)?;
+    tokio::spawn(control::serve(listener, tx));
     Ok(daemon.run(rx).await?)
 }
 
