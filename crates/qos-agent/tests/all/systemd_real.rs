@@ -291,8 +291,14 @@ fn a_units_own_io_weight_above_1000_comes_back_after_an_agent_crash() {
     assert_eq!(unit_prop(&unit, "IOWeight"), "1000", "the killed agent restored something");
 
     let mut agent = Agent::spawn(&config, tmp.join("agent-2.log"));
+    // Taken on: its row in `ddiskqos-agent status` (the state file's original, not a read).
+    let socket = tmp.join("agent.sock");
     let adopted = poll(patience(Duration::from_secs(30)), || {
-        agent.log_text().contains(&format!("container={} ", &id[..12])).then_some(())
+        let out = Command::new(crate::v2_real::agent_binary())
+            .args(["status", "--socket", socket.to_str().unwrap()])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout).contains(&id[..12]).then_some(())
     });
     assert!(adopted.is_some(), "the second agent did not take the container on:\n{}", agent.log_text());
     let status = agent.sigterm_and_wait(patience(Duration::from_secs(10)));

@@ -28,7 +28,7 @@ const CGROUP: &str = "/sys/fs/cgroup";
 const DOCKER: &str = "/usr/bin/docker";
 const IMAGE: &str = "ddiskqos-test:latest";
 /// The agent under test; `DDISKQOS_V2_AGENT` names another build (e.g. to see an older agent fail this test).
-fn agent_binary() -> PathBuf {
+pub(crate) fn agent_binary() -> PathBuf {
     std::env::var_os("DDISKQOS_V2_AGENT")
         .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ddiskqos-agent")), PathBuf::from)
 }
