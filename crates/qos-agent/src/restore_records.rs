@@ -15,9 +15,10 @@
 //! file: directory 0700, file 0600, never through a symlink. A file that cannot be read or written is reported once
 //! and the records are kept in memory: the state file's weights still restore.
 //!
-//! A record read from disk stands only for a container the state file still owes a weight (the daemon then does
-//! not read the container again); a writer that reads a container afresh replaces a record from disk
-//! ([`RestoreRecords::from_disk`]).
+//! A writer records a container at its first read only: the daemon reads again to re-verify the weights it wrote,
+//! and those reads find the agent's own weights. A record stands until the restore (or the container is gone); a
+//! restore uses it only when it matches the original the state file owes (the writer checks the weight and the
+//! cgroup), so a record the state file no longer backs (after `state reset`) puts nothing wrong back.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -51,7 +52,7 @@ struct Entry<T> {
 #[derive(Debug)]
 pub struct RestoreRecords<T> {
     path: Option<PathBuf>,
-    records: BTreeMap<ContainerId, (T, bool)>,
+    records: BTreeMap<ContainerId, T>,
     /// Lines in the file now (live records plus superseded ones), for compaction.
     lines: usize,
     /// The file failed once: said once, records kept in memory from then on.
@@ -78,7 +79,7 @@ impl<T: Serialize + DeserializeOwned> RestoreRecords<T> {
                 for (index, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
                     match serde_json::from_str::<Entry<T>>(line) {
                         Ok(Entry { id, record: Some(r), gone: false }) => {
-                            this.records.insert(ContainerId::from(id), (r, true));
+                            this.records.insert(ContainerId::from(id), r);
                         }
                         Ok(Entry { id, gone: true, .. }) => {
                             this.records.remove(&ContainerId::from(id));
@@ -99,12 +100,7 @@ impl<T: Serialize + DeserializeOwned> RestoreRecords<T> {
 
     /// The record of `id`.
     pub fn get(&self, id: &ContainerId) -> Option<&T> {
-        self.records.get(id).map(|(r, _)| r)
-    }
-
-    /// Whether `id`'s record came from the file (a previous agent's), not from this agent's own read.
-    pub fn from_disk(&self, id: &ContainerId) -> bool {
-        self.records.get(id).is_some_and(|(_, disk)| *disk)
+        self.records.get(id)
     }
 
     /// Whether `id` has a record.
@@ -125,7 +121,7 @@ impl<T: Serialize + DeserializeOwned> RestoreRecords<T> {
     /// Records (or replaces) `id`'s record and appends it to the file.
     pub fn insert(&mut self, id: &ContainerId, record: T) {
         self.append(&Entry { id: id.to_string(), record: Some(&record), gone: false });
-        self.records.insert(id.clone(), (record, false));
+        self.records.insert(id.clone(), record);
     }
 
     /// Drops `id`'s record (restored, or the container is gone).
@@ -143,7 +139,7 @@ impl<T: Serialize + DeserializeOwned> RestoreRecords<T> {
     /// Keeps the records `keep` accepts (pruning containers whose cgroup is gone).
     pub fn retain(&mut self, mut keep: impl FnMut(&ContainerId, &T) -> bool) {
         let gone: Vec<ContainerId> =
-            self.records.iter().filter(|(id, (r, _))| !keep(id, r)).map(|(id, _)| id.clone()).collect();
+            self.records.iter().filter(|(id, r)| !keep(id, r)).map(|(id, _)| id.clone()).collect();
         for id in gone {
             self.remove(&id);
         }
@@ -187,7 +183,7 @@ impl<T: Serialize + DeserializeOwned> RestoreRecords<T> {
             }
         } else {
             let mut text = Vec::new();
-            for (id, (record, _)) in &self.records {
+            for (id, record) in &self.records {
                 let entry = Entry { id: id.to_string(), record: Some(record), gone: false };
                 text.extend(serde_json::to_vec(&entry).expect("restore records serialize"));
                 text.push(b'\n');
@@ -220,7 +216,7 @@ mod tests {
     }
 
     #[test]
-    fn records_survive_a_crash_and_are_marked_as_from_disk() {
+    fn records_survive_a_crash() {
         let dir = tempfile::tempdir().unwrap();
         let path = records_path(&dir.path().join("state.json"), "v2-files");
         assert_eq!(path, dir.path().join("state.json.v2-files.jsonl"));
@@ -229,11 +225,9 @@ mod tests {
         a.insert(&id("b"), 7);
         a.insert(&id("b"), 8);
         a.remove(&id("a"));
-        assert!(!a.from_disk(&id("b")));
         drop(a); // a crash: nothing is written at drop
         let b: RestoreRecords<u32> = RestoreRecords::load(path.clone());
         assert_eq!((b.get(&id("a")), b.get(&id("b"))), (None, Some(&8)));
-        assert!(b.from_disk(&id("b")));
         // Loading compacted the log to the one live record.
         assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 1);
     }

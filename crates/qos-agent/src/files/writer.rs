@@ -160,9 +160,9 @@ impl FileWriter {
         };
         let files: Vec<(WeightFileKind, WeightLines)> = files.into_iter().map(|(k, l, _)| (k, l)).collect();
         self.record_effective(&info.id, &files);
-        // A snapshot a previous agent left on disk stands only while the daemon does not read the container again
-        // (it reads only those the state file owes nothing): this read is the original now.
-        if !self.snapshots.contains(&info.id) || self.snapshots.from_disk(&info.id) {
+        // The first read only: later reads (the daemon re-verifies weights it wrote) find the agent's own weights,
+        // and a snapshot a crashed agent left on disk must survive them until the restore.
+        if !self.snapshots.contains(&info.id) {
             self.prune();
             self.snapshots.insert(&info.id, Snapshot { weight, dir: dir.path().to_owned(), files });
         }
@@ -666,19 +666,17 @@ mod tests {
         assert_eq!(f.file("io.weight"), "default 500\n", "the defect this records file fixes");
         f.put("io.bfq.weight", "default 100\n7:3 500\n");
 
-        // A record left by an earlier agent for a container read afresh (the state file owes it nothing) is
-        // replaced by this read: the files as they are now are the original.
+        // The daemon re-verifies the weights it wrote by reading them: such a read after the crash finds the
+        // agent's own weight and must not take the place of the crashed agent's snapshot.
         f.put("io.weight", "default 7000\n");
+        f.put("io.bfq.weight", "default 100\n");
         f.writer = writer(&records);
         f.writer.read_weight(&f.info).unwrap();
         f.writer.write_weight(&f.info, w(10)).unwrap();
-        f.put("io.weight", "default 300\n");
-        f.put("io.bfq.weight", "default 100\n");
-        f.writer = writer(&records);
-        assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(100));
-        f.writer.write_weight(&f.info, w(10)).unwrap();
+        f.writer = writer(&records); // crash
+        assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(10), "the re-verifying read sees the agent's weight");
         f.writer.restore_weight(&f.info, w(100)).unwrap();
-        assert_eq!(f.file("io.weight"), "default 300\n");
+        assert_eq!(f.file("io.weight"), "default 7000\n");
     }
 
     #[test]

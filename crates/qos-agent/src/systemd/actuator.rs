@@ -196,9 +196,9 @@ impl<W: WeightWriter> WeightWriter for SystemdActuator<W> {
     async fn read(&mut self, info: &ContainerInfo) -> Result<Weight, BackendError> {
         let weight = self.inner.read(info).await?;
         if let Some(unit) = self.unit_of(info) {
-            // A previous agent's record stands only while the daemon does not read the unit again (see
-            // `RestoreRecords`): a read means the state file owes it nothing.
-            if !self.unit_originals.contains(&info.id) || self.unit_originals.from_disk(&info.id) {
+            // The first read only: later reads (re-verification) find the agent's own weight, and a crashed
+            // agent's record must survive them until the restore.
+            if !self.unit_originals.contains(&info.id) {
                 // Best effort: without the record a restore falls back to the weight (see `put_back_unit`).
                 match self.bus.io_properties(&unit).await {
                     Ok(props) => {
