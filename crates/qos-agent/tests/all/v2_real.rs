@@ -267,7 +267,7 @@ fn agent_on_v2_weights_each_device_through_the_file_that_governs_it() {
     std::fs::write(
         &config,
         format!(
-            "runtime = \"docker\"\nactuator = \"docker\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/state.json\"\n\
+            "runtime = \"docker\"\nsample_interval = \"100ms\"\nstate_file = \"{0}/state.json\"\n\
              control_socket = \"{0}/agent.sock\"\n[docker]\nsocket = \"{1}\"\n\
              [devices]\nprotect = \"off\"\ncheck = [\"{2}\", \"{3}\", \"{4}\"]\n[metrics]\nenabled = true\nlisten = \"127.0.0.1:{5}\"\n\
              [mlfq]\nboost_after = \"10m\"\n",
