@@ -293,12 +293,13 @@ pub fn with_systemd<D, C, W: WeightWriter>(
     // Reads back through the runtime writer's own devices: one table, each device reported once, and the devices
     // of a container weighted through systemd shown in status like any other.
     let files = FileWriter::with_shared_devices(backends.devices.clone());
-    let RuntimeBackends { discovery, counters, writer, devices } = backends;
-    let mut writer = SystemdActuator::new(writer, enabled, files, root.path().to_owned());
+    let RuntimeBackends { discovery, counters, writer, devices, starting } = backends;
+    let mut writer =
+        SystemdActuator::new(writer, enabled, files, root.path().to_owned()).with_starting(starting.clone());
     if enabled && !cfg.dry_run {
         writer = writer.with_records_file(crate::restore_records::records_path(&cfg.state_file, "units"));
     }
-    Ok(RuntimeBackends { discovery, counters, writer, devices })
+    Ok(RuntimeBackends { discovery, counters, writer, devices, starting })
 }
 
 /// Serves metrics (and `GET /readyz` from `readiness` when there is one) and the status socket, and runs the daemon

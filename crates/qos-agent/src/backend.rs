@@ -4,8 +4,9 @@
 //! the engine decides → [`WeightWriter`] applies and verifies. Beside them, a [`DeviceMonitor`] tells the daemon
 //! about the block devices the weights act on.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use qos_core::{ContainerId, IoCounters, Weight};
 
@@ -32,6 +33,14 @@ pub enum DiscoveryEvent {
     Started(ContainerInfo),
     /// A container's configuration changed (e.g. someone ran `docker update`): its weight is re-verified.
     Updated(ContainerId),
+    /// A container announced while its runtime was still starting it (seen by its cgroup's creation, see
+    /// [`Starting`]) has started: its weight, written to its cgroup files meanwhile, is written again the
+    /// writer's own way (a systemd unit's properties, which systemd keeps over its own re-applies).
+    Settled(ContainerId),
+    /// Containers announced early that their runtime is still starting (sent every few milliseconds while there
+    /// are any): their weights are read again and written again where the runtime's manager put the files back
+    /// (systemd does, at runc's own `SetUnitProperties`).
+    StillStarting(Vec<ContainerId>),
     /// A container stopped or was removed: its state is dropped.
     Stopped(ContainerId),
     /// The event stream was lost and re-established: this is the full list of running containers now. Containers
@@ -40,6 +49,35 @@ pub enum DiscoveryEvent {
     /// The runtime is unreachable (e.g. dockerd restarting); discovery retries with backoff and sends
     /// [`DiscoveryEvent::Resync`] when it is back. Weights stay as they are meanwhile.
     Lost(String),
+}
+
+/// The containers a runtime announced before it finished starting them (their cgroup seen at its creation), shared
+/// by discovery (which adds and removes them) and the writer: while a container is in it, its runtime or its
+/// runtime's manager is still setting the cgroup up (dockerd holds the container's lock; runc configures a systemd
+/// scope through systemd), so a weight goes straight into the cgroup files, never through them.
+#[derive(Debug, Clone, Default)]
+pub struct Starting(Arc<Mutex<BTreeSet<ContainerId>>>);
+
+impl Starting {
+    /// Whether `id` was announced before its runtime reported it started (or gone).
+    pub fn contains(&self, id: &ContainerId) -> bool {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).contains(id)
+    }
+
+    /// Adds `id` (discovery announced it early).
+    pub fn insert(&self, id: &ContainerId) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).insert(id.clone());
+    }
+
+    /// Removes `id`; whether it was there.
+    pub fn remove(&self, id: &ContainerId) -> bool {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(id)
+    }
+
+    /// The containers in it now.
+    pub fn ids(&self) -> Vec<ContainerId> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect()
+    }
 }
 
 /// A discovery failure the daemon cannot recover from by waiting (e.g. the socket path does not exist at start).

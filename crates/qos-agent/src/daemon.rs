@@ -114,6 +114,9 @@ pub struct RuntimeBackends<D, C, W> {
     pub writer: W,
     /// The devices the writer plans with: ticked and shown by the daemon.
     pub devices: crate::files::FileDevices,
+    /// The containers discovery announced while their runtime was still starting them (empty for runtimes that
+    /// announce none early): a writer wrapped around `writer` writes their cgroup files directly.
+    pub starting: crate::backend::Starting,
 }
 
 impl<D: Discovery, C: CounterSource, W: WeightWriter> RuntimeBackends<D, C, W> {
@@ -266,6 +269,16 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             DiscoveryEvent::Stopped(id) => self.forget_all(&[id]).await,
             DiscoveryEvent::Updated(id) => {
                 self.reconciler.handle_updated(&id);
+                self.drive().await;
+            }
+            DiscoveryEvent::StillStarting(ids) => {
+                for id in &ids {
+                    self.reconciler.handle_still_starting(id);
+                }
+                self.drive().await;
+            }
+            DiscoveryEvent::Settled(id) => {
+                self.reconciler.handle_settled(&id);
                 self.drive().await;
             }
             DiscoveryEvent::Lost(why) => {

@@ -50,7 +50,7 @@
 
 mod protocol;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use qos_core::{ContainerId, Reason, Weight, WeightChange};
 
@@ -85,6 +85,9 @@ struct Entry {
     apply_failure_reported: bool,
     /// A failed sample was reported as the first since the last good one.
     sample_failure_reported: bool,
+    /// The verified weight is to be written again, the writer's own way now that the runtime settled the
+    /// container (`handle_settled`); not a new decision.
+    rewrite: bool,
 }
 
 impl Entry {
@@ -107,12 +110,13 @@ impl Entry {
             blocked: false,
             apply_failure_reported: false,
             sample_failure_reported: false,
+            rewrite: false,
         }
     }
 
     /// A write is needed: something is desired and not verified.
     fn wants_write(&self) -> bool {
-        self.desired.is_some() && self.desired != self.applied
+        self.desired.is_some() && (self.desired != self.applied || self.rewrite)
     }
 
     /// While saves are held: the original, if the agent (or a crashed one) wrote the file since it was last put
@@ -171,6 +175,9 @@ pub struct Reconciler {
     reverify: VecDeque<ContainerId>,
     /// Containers whose re-verify read failed: tried again on the next round.
     reverify_next_round: Vec<ContainerId>,
+    /// Those of `reverify` checked because their runtime is still setting them up (`handle_still_starting`): a
+    /// weight found moved is the runtime's doing, expected, and reported as such.
+    starting_checks: BTreeSet<ContainerId>,
     /// Containers about to be written whose original is not on file yet.
     unsaved: Vec<ContainerId>,
     /// Containers whose desired weight is not applied, in the order they became so.
@@ -323,8 +330,14 @@ impl Reconciler {
                 self.failed(id, weight, FailedStep::ReadOriginal, error);
             }
             (Some(InFlight::Reverify(_, want)), Ok(have)) => {
+                let starting = self.starting_checks.remove(id);
                 if have != want {
-                    self.out.push_back(Output::Report(Report::ChangedOutside { id: id.clone(), want, have }));
+                    let report = if starting {
+                        Report::PutBackWhileStarting { id: id.clone(), want, have }
+                    } else {
+                        Report::ChangedOutside { id: id.clone(), want, have }
+                    };
+                    self.out.push_back(Output::Report(report));
                     let e = self.entries.get_mut(id).expect("in flight means tracked");
                     e.applied = None;
                     if e.desired.is_some() {
@@ -334,6 +347,7 @@ impl Reconciler {
             }
             (Some(InFlight::Reverify(..)), Err(error)) => {
                 // Tried again next round: the weight may well have been changed, that is why it is checked.
+                self.starting_checks.remove(id);
                 self.reverify_next_round.push(id.clone());
                 self.out.push_back(Output::Report(Report::ReverifyFailed { id: id.clone(), error }));
             }
@@ -361,10 +375,11 @@ impl Reconciler {
                 self.out.push_back(Output::Report(Report::Written { id: id.clone(), weight, via }));
                 let e = self.entries.get_mut(id).expect("in flight means tracked");
                 let old = e.applied.or(e.original);
+                let rewritten = std::mem::take(&mut e.rewrite) && e.applied == Some(weight);
                 e.applied = Some(weight);
                 e.apply_failure_reported = false;
                 e.changed_by_agent = true;
-                if e.desired == Some(weight) {
+                if e.desired == Some(weight) && !rewritten {
                     self.report_decision(id, old, weight, Effect::Applied(via));
                     if self.entries[id].restoring {
                         self.finish_restore(id, weight);
@@ -427,6 +442,37 @@ impl Reconciler {
         }
     }
 
+    /// A container announced early is still being set up by its runtime
+    /// ([`crate::backend::DiscoveryEvent::StillStarting`]): its verified weight is read again, and written again
+    /// if it moved (systemd puts a scope's files back at the unit's values when runc sets the unit's properties),
+    /// reported as the runtime's doing rather than a change from outside.
+    pub fn handle_still_starting(&mut self, id: &ContainerId) {
+        if self.shut_down || self.dry_run {
+            return;
+        }
+        if self.entries.get(id).is_some_and(|e| e.applied.is_some() && !e.queued) && !self.reverify.contains(id) {
+            self.starting_checks.insert(id.clone());
+            self.reverify.push_back(id.clone());
+        }
+    }
+
+    /// The runtime finished starting a container announced early ([`crate::backend::DiscoveryEvent::Settled`]):
+    /// its verified weight is written once more (the writer may now take its own way, e.g. a systemd unit's
+    /// properties, where it wrote the files while the runtime set the cgroup up). Not a decision: nothing is
+    /// reported but the write. Nothing happens for a container with no verified weight (its first write takes the
+    /// writer's way anyway), one being put back, or in dry run.
+    pub fn handle_settled(&mut self, id: &ContainerId) {
+        if self.shut_down || self.dry_run || self.held {
+            return;
+        }
+        let Some(e) = self.entries.get_mut(id) else { return };
+        if e.restoring || e.applied.is_none() || e.desired != e.applied {
+            return;
+        }
+        e.rewrite = true;
+        self.make_dirty(id);
+    }
+
     /// The container's counters were read.
     pub fn handle_sample_ok(&mut self, id: &ContainerId) {
         // Called for every container every round: nothing to look up unless some failure is outstanding.
@@ -461,6 +507,7 @@ impl Reconciler {
             if let Some(e) = self.entries.remove(id) {
                 self.sample_failures_reported -= usize::from(e.sample_failure_reported);
             }
+            self.starting_checks.remove(id);
         }
         self.out.push_back(Output::ForgetOriginals(ids.to_vec()));
     }

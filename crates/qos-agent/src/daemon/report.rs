@@ -51,6 +51,9 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             Report::ChangedOutside { id, want, have } => warn!(container = %id.short(),
                 name = %name(&self.tracked, &id), want = want.get(), have = have.get(),
                 "weight changed outside the agent; writing it again"),
+            Report::PutBackWhileStarting { id, want, have } => debug!(container = %id.short(),
+                name = %name(&self.tracked, &id), want = want.get(), have = have.get(),
+                "weight put back by the runtime while it set the container up; writing it again"),
             Report::ReverifyFailed { id, error } => {
                 debug!(container = %id.short(), error = %error, "cannot re-verify weight")
             }

@@ -24,6 +24,7 @@ pub use writer::FileWriter;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::backend::Starting;
 use crate::cgroup::{CgroupRoot, CgroupVersion};
 use crate::config::AgentConfig;
 use crate::daemon::RuntimeBackends;
@@ -61,5 +62,11 @@ pub fn backends_on_files<D>(
 ) -> RuntimeBackends<D, FileCounters, FileWriter> {
     let writer = agent_writer(root, cfg.devices.check.clone(), records_file(cfg), metrics);
     let devices = writer.devices();
-    RuntimeBackends { discovery, counters: FileCounters::with_root(root.clone()), writer, devices }
+    RuntimeBackends {
+        discovery,
+        counters: FileCounters::with_root(root.clone()),
+        writer,
+        devices,
+        starting: Starting::default(),
+    }
 }

@@ -140,6 +140,16 @@ pub enum Report {
         /// What the file holds now.
         have: Weight,
     },
+    /// A container still being set up by its runtime had its weight put back by the runtime's manager (systemd
+    /// re-applying a unit's values): it is written again.
+    PutBackWhileStarting {
+        /// The container.
+        id: ContainerId,
+        /// What the agent had verified.
+        want: Weight,
+        /// What the file holds now.
+        have: Weight,
+    },
     /// A re-verify read failed; it is tried again on the next round.
     ReverifyFailed {
         /// The container.

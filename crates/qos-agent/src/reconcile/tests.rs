@@ -367,6 +367,65 @@ fn updated_weight_changed_outside_is_written_again() {
     );
 }
 
+/// While its runtime sets a container up, its weight is read again on every check and written again where the
+/// runtime's manager put the file back, reported as the runtime's doing (not as a change from outside).
+#[test]
+fn still_starting_checks_put_the_weight_back_quietly() {
+    let mut s = Sim::new(false);
+    s.managed("a", 100);
+    s.decide(vec![decision("a", Some(1000), Reason::New)]);
+    s.take();
+    s.r.handle_still_starting(&id("a"));
+    s.drain();
+    assert_eq!(s.take(), vec![Did::Read("a".into())], "the file is right: nothing else");
+    s.files.insert(id("a"), w(100));
+    s.r.handle_still_starting(&id("a"));
+    s.drain();
+    assert_eq!(s.take(), vec![Did::Read("a".into()), write("a", 1000)]);
+    assert_eq!(s.file("a"), 1000);
+    assert_eq!(s.count(|r| matches!(r, Report::PutBackWhileStarting { .. })), 1);
+    assert_eq!(s.count(|r| matches!(r, Report::ChangedOutside { .. })), 0);
+    // A change found by an ordinary re-verify is still one from outside.
+    s.files.insert(id("a"), w(555));
+    s.r.handle_updated(&id("a"));
+    s.drain();
+    assert_eq!(s.count(|r| matches!(r, Report::ChangedOutside { .. })), 1);
+}
+
+/// A container announced while its runtime set it up got its weight by file; once settled, the same weight is
+/// written once more (the writer's own way), with no decision reported, and a failed rewrite is tried again.
+#[test]
+fn settled_rewrites_the_verified_weight_once_without_a_decision() {
+    let mut s = Sim::new(false);
+    s.managed("a", 100);
+    s.decide(vec![decision("a", Some(1000), Reason::New)]);
+    s.take();
+    let decisions = |s: &Sim| s.count(|r| matches!(r, Report::Decision { .. }));
+    assert_eq!(decisions(&s), 1);
+    s.broken_writes.insert(id("a"));
+    s.r.handle_settled(&id("a"));
+    s.drain();
+    assert_eq!(s.take(), vec![write("a", 1000)]);
+    s.broken_writes.clear();
+    s.round();
+    assert_eq!(s.take(), vec![write("a", 1000)], "a failed rewrite is tried again next round");
+    s.round();
+    assert_eq!(s.take(), vec![], "written once it worked, not again");
+    assert_eq!(decisions(&s), 1, "a rewrite is not a decision");
+    // A container with nothing verified yet, and dry run: nothing.
+    s.managed("b", 100);
+    s.r.handle_settled(&id("b"));
+    s.drain();
+    assert_eq!(s.take(), vec![]);
+    let mut dry = Sim::new(true);
+    dry.managed("a", 100);
+    dry.decide(vec![decision("a", Some(1000), Reason::New)]);
+    dry.take();
+    dry.r.handle_settled(&id("a"));
+    dry.drain();
+    assert_eq!(dry.take(), vec![]);
+}
+
 #[test]
 fn sample_failure_is_reported_once_until_a_good_sample() {
     let mut s = Sim::new(false);

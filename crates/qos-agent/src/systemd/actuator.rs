@@ -11,7 +11,7 @@ use tracing::{debug, info};
 use super::bus::{BusError, SystemdBus, UnitIoProperties, IO_WEIGHT_UNSET};
 use super::mapping::{bfq_weight_of, UnitIoWeights};
 use super::unit::UnitName;
-use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
+use crate::backend::{AppliedVia, BackendError, ContainerInfo, Starting, WeightWriter};
 use crate::blockdev;
 use crate::cgroup::{CgroupDir, CgroupError, CgroupVersion, WeightFile, WeightFileKind};
 use crate::files::FileWriter;
@@ -38,6 +38,9 @@ pub struct SystemdActuator<W> {
     /// Each unit's `IOWeight`/`IODeviceWeight` as the first read found them: what a restore puts back (on disk
     /// too with [`Self::with_records_file`]).
     unit_originals: RestoreRecords<UnitIoProperties>,
+    /// Containers whose runtime is still setting their unit up (runc, through systemd): their weights go to
+    /// `inner` (the files) until discovery says they settled.
+    starting: Starting,
 }
 
 impl<W> std::fmt::Debug for SystemdActuator<W> {
@@ -57,7 +60,18 @@ impl<W: WeightWriter> SystemdActuator<W> {
             v2_root,
             said_hello: false,
             unit_originals: RestoreRecords::in_memory(),
+            starting: Starting::default(),
         }
+    }
+
+    /// Takes discovery's set of containers still starting ([`crate::daemon::RuntimeBackends::starting`]). A
+    /// `SetUnitProperties` on a scope runc is still configuring through systemd makes systemd apply the unit's
+    /// cgroup settings under runc (seen: `docker run` failing at `BPF_PROG_ATTACH`), so such a container's weight
+    /// is written to its files by `inner`; once it settled (`DiscoveryEvent::Settled`), the daemon writes it again
+    /// and it goes through systemd.
+    pub fn with_starting(mut self, starting: Starting) -> Self {
+        self.starting = starting;
+        self
     }
 
     /// Keeps the units' own properties in `path` too (see [`RestoreRecords`]): an agent restarted after a crash
@@ -84,6 +98,16 @@ impl<W: WeightWriter> SystemdActuator<W> {
             return None;
         }
         UnitName::of_cgroup(dir.path())
+    }
+
+    /// The unit to write through, unless its runtime is still setting it up (then `inner` writes the files).
+    fn settled_unit_of(&self, info: &ContainerInfo) -> Option<UnitName> {
+        let unit = self.unit_of(info)?;
+        if self.starting.contains(&info.id) {
+            debug!(unit = %unit, "unit still being set up by its runtime: its cgroup files are written directly");
+            return None;
+        }
+        Some(unit)
     }
 
     async fn via_systemd(&mut self, info: &ContainerInfo, unit: &UnitName, weight: Weight) -> Result<(), BackendError> {
@@ -212,7 +236,7 @@ impl<W: WeightWriter> WeightWriter for SystemdActuator<W> {
     }
 
     async fn write(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
-        match self.unit_of(info) {
+        match self.settled_unit_of(info) {
             Some(unit) => {
                 self.via_systemd(info, &unit, weight).await?;
                 Ok(AppliedVia::Systemd)
@@ -225,7 +249,7 @@ impl<W: WeightWriter> WeightWriter for SystemdActuator<W> {
     /// `put_back_unit`), else its original as a weight; any other cgroup goes through the runtime's writer, which
     /// may put its files back as it found them.
     async fn restore(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
-        match self.unit_of(info) {
+        match self.settled_unit_of(info) {
             Some(unit) => {
                 // A stop during a short stall of the bus still puts the units back (once per outage; see there).
                 self.bus.wait_out_backoff().await;

@@ -81,6 +81,12 @@ impl Drop for SystemDocker {
     }
 }
 
+/// systemd's version number (`systemctl --version`, first line: `systemd 257 (...)`).
+fn systemd_version() -> u32 {
+    let out = systemctl(&["--version"]);
+    out.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("systemctl --version: {out:?}"))
+}
+
 fn scope_dir(id: &str) -> PathBuf {
     Path::new(CGROUP).join("system.slice").join(format!("docker-{id}.scope"))
 }
@@ -105,15 +111,33 @@ fn docker_scopes_are_weighted_through_systemd_and_keep_their_weights_over_reload
     cost.enable_io_cost();
     let mut docker = SystemDocker::start();
 
-    // What this host does to a weight written behind systemd's back (why the actuator exists): a scope's files
-    // written directly are back at the unit's values after a daemon-reload.
+    // What this host does to a weight written behind systemd's back (why the actuator exists): systemd puts a
+    // scope's files back at the unit's values whenever it applies the unit's I/O settings (any I/O property set
+    // through it: by runc, by an operator); systemd 252 also at every daemon-reload, 257 no longer.
     let probe = docker.run(&[IMAGE, "sleep", "600"]);
     let probe_dir = scope_dir(&probe);
-    crate::v2_real::write(probe_dir.join("io.weight").to_str().unwrap(), "default 50");
+    let io_weight = probe_dir.join("io.weight");
+    crate::v2_real::write(io_weight.to_str().unwrap(), "default 50");
     systemctl(&["daemon-reload"]);
-    let after_reload = read(&probe_dir.join("io.weight"));
-    eprintln!("io.weight written straight into a scope (default 50), after daemon-reload: {after_reload:?}");
-    assert_eq!(after_reload.lines().next(), Some("default 100"), "systemd did not put the scope's io.weight back");
+    let after_reload = read(&io_weight);
+    let version = systemd_version();
+    eprintln!("io.weight written straight into a scope (default 50), after daemon-reload (systemd {version}): {after_reload:?}");
+    match version {
+        252 => {
+            assert_eq!(after_reload.lines().next(), Some("default 100"), "systemd 252 kept a file write over a reload")
+        }
+        257 => {
+            assert_eq!(after_reload.lines().next(), Some("default 50"), "systemd 257 put a file write back at a reload")
+        }
+        _ => {}
+    }
+    crate::v2_real::write(io_weight.to_str().unwrap(), "default 50");
+    systemctl(&["set-property", "--runtime", &format!("docker-{probe}.scope"), "IOAccounting=yes"]);
+    let put_back = poll(patience(Duration::from_secs(5)), || {
+        Some(read(&io_weight)).filter(|t| t.lines().next() == Some("default 100"))
+    });
+    eprintln!("... after set-property IOAccounting=yes: {:?}", read(&io_weight));
+    assert!(put_back.is_some(), "systemd {version} did not put the scope's io.weight back at an I/O property change");
 
     let heavy_cmd = format!(
         "while true; do dd if={} of=/dev/null bs=1M count=64 iflag=direct 2>/dev/null; \
@@ -203,8 +227,44 @@ fn docker_scopes_are_weighted_through_systemd_and_keep_their_weights_over_reload
 {}",
         agent.log_text()
     );
+    // A container that looks at its own weight first thing: announced at its scope's creation, it has the top
+    // weight before its process runs (written by file while runc sets the scope up through systemd), and once
+    // Docker reports it started the weight is written again through systemd, so a daemon-reload keeps it.
+    let looker = docker.run(&[
+        "--device",
+        &bfq.dev,
+        "--device",
+        &cost.dev,
+        IMAGE,
+        "sh",
+        "-c",
+        "cat /sys/fs/cgroup/io.bfq.weight; echo --; cat /sys/fs/cgroup/io.weight; echo end; exec sleep 600",
+    ]);
+    let looker_dir = scope_dir(&looker);
+    let (seen, _) = poll(patience(Duration::from_secs(10)), || {
+        Some(self::docker(&["logs", &looker])).filter(|l| l.ends_with("end"))
+    })
+    .expect("the container printed its weights");
+    let (bfq_text, io_text) = seen.trim_end_matches("end").split_once("--").expect("both files printed");
+    let first = (crate::v2_real::effective_in(bfq_text, &bfq.num), crate::v2_real::effective_in(io_text, &cost.num));
+    eprintln!("a new container's own view of its weights, first thing: {first:?} ({seen:?})");
+    assert_eq!(
+        first,
+        (Some(1000), Some(1000)),
+        "the container's process ran before its top weight was written: {seen:?}\n{}",
+        agent.log_text()
+    );
+    let via_unit = poll(patience(Duration::from_secs(10)), || {
+        Some(unit_prop(&format!("docker-{looker}.scope"), "IOWeight")).filter(|p| p != "[not set]")
+    });
+    assert!(via_unit.is_some(), "the early weight never went into the unit's properties:\n{}", agent.log_text());
+    let logged = poll(patience(Duration::from_secs(5)), || {
+        agent.log_text().contains(&format!("container={} ", &looker[..12])).then_some(())
+    });
+    assert!(logged.is_some(), "no decision logged for the looking container:\n{}", agent.log_text());
+
     let decisions = weight_decisions(&agent.log_text());
-    let want = [(&heavy_dir, (10, 10)), (&fresh_dir, (1000, 1000))];
+    let want = [(&heavy_dir, (10, 10)), (&fresh_dir, (1000, 1000)), (&looker_dir, (1000, 1000))];
     systemctl(&["daemon-reload"]);
     for (dir, w) in want {
         assert_eq!(weights(dir, &bfq, &cost), Some(w), "{} after daemon-reload", dir.display());
@@ -227,7 +287,7 @@ fn docker_scopes_are_weighted_through_systemd_and_keep_their_weights_over_reload
     assert_eq!(weights(&heavy_dir, &bfq, &cost), Some((100, 100)), "heavy reader not restored");
     assert_eq!(weights(&fresh_dir, &bfq, &cost), Some((100, 100)), "new container not restored");
     // Restored as the units had it: the properties unset again, the files as systemd writes them for that.
-    for id in [&heavy, &fresh] {
+    for id in [&heavy, &fresh, &looker] {
         let unit = format!("docker-{id}.scope");
         assert_eq!(unit_prop(&unit, "IOWeight"), "[not set]", "{unit}: IOWeight after stop");
         assert_eq!(unit_prop(&unit, "IODeviceWeight"), "", "{unit}: IODeviceWeight after stop");

@@ -161,7 +161,11 @@ impl Drop for Agent {
 
 /// A weight file's effective value for device `num` (its override line, else the default).
 pub(crate) fn effective(file: &Path, num: &str) -> Option<u32> {
-    let text = std::fs::read_to_string(file).ok()?;
+    effective_in(&std::fs::read_to_string(file).ok()?, num)
+}
+
+/// The effective value for device `num` in a weight file's text.
+pub(crate) fn effective_in(text: &str, num: &str) -> Option<u32> {
     let mut default = None;
     for line in text.lines() {
         match line.split_once(' ') {

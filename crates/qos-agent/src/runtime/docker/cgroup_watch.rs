@@ -14,12 +14,16 @@
 //! from dockerd's `hostconfig.json` of the container (written at create, read without asking dockerd, whose
 //! container lock a starting container holds); where that cannot be read, the `start` event decides, as before.
 //!
-//! With the **systemd** cgroup driver nothing is announced early: there the container's cgroup is a transient
-//! scope that runc is still configuring through systemd (its device policy included) when the directory appears,
-//! and a `SetUnitProperties` from the agent in that window made systemd re-apply the unit's cgroup settings under
-//! runc: `docker run` failed with "failed to call BPF_PROG_ATTACH (BPF_CGROUP_DEVICE ...): no such file or
-//! directory" (seen once in the systemd guest, right after `systemctl restart docker`). The watch still wakes a
-//! reconnect to dockerd there.
+//! With the **systemd** cgroup driver the container's cgroup is a transient scope that runc is still configuring
+//! through systemd (its device policy included) when the directory appears. A `SetUnitProperties` from the agent in
+//! that window made systemd re-apply the unit's cgroup settings under runc: `docker run` failed with "failed to call
+//! BPF_PROG_ATTACH (BPF_CGROUP_DEVICE ...): no such file or directory" (seen once in the systemd guest, right after
+//! `systemctl restart docker`). So the writer writes a starting scope's files directly (no call to systemd), and
+//! Docker's `start` event, which comes once runc is done, is passed on as
+//! [`DiscoveryEvent::Settled`](crate::backend::DiscoveryEvent::Settled): the daemon then writes the weight again,
+//! through systemd, which keeps it over its own re-applies. (Until then a re-apply by systemd, runc's own
+//! `SetUnitProperties` among them, can put the scope's files back at the unit's values: the weight the container
+//! would have had without the early announcement.)
 //!
 //! A container announced early is still starting: dockerd holds its container lock until the start completes, so
 //! a `docker update` sent now waits for that. [`Starting`] tells the writer which containers those are (it writes
@@ -31,39 +35,19 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use qos_core::ContainerId;
 use tracing::debug;
 
 use super::naming::{container_cgroup, CgroupDriver};
-use crate::backend::{ContainerInfo, DiscoveryError, DiscoveryEvent};
+use crate::backend::{ContainerInfo, DiscoveryError, DiscoveryEvent, Starting};
 use crate::cgroup::CgroupRoot;
 use crate::runtime::support::DirWatch;
 
 /// At most this many created-but-not-started containers are remembered (oldest forgotten first; a forgotten one
 /// is announced by its `start` event instead).
 const CREATED_CAP: usize = 4096;
-
-/// The containers announced early whose start Docker has not confirmed yet, shared with the writer.
-#[derive(Debug, Clone, Default)]
-pub struct Starting(Arc<Mutex<BTreeSet<ContainerId>>>);
-
-impl Starting {
-    /// Whether `id` was announced at its cgroup's creation and Docker has not reported it started (or gone).
-    pub fn contains(&self, id: &ContainerId) -> bool {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).contains(id)
-    }
-
-    pub(super) fn insert(&self, id: &ContainerId) {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).insert(id.clone());
-    }
-
-    /// Removes `id`; whether it was there.
-    pub(super) fn remove(&self, id: &ContainerId) -> bool {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(id)
-    }
-}
 
 /// Name and labels of a container Docker created.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,10 +201,6 @@ impl CgroupWatch {
     /// Reads the watched parents: a new directory of a container Docker created is queued as `Started`; a
     /// directory announced early that vanished before Docker confirmed the start is queued as `Stopped`.
     pub fn scan(&mut self) {
-        if self.driver == CgroupDriver::Systemd {
-            // See the module doc: a scope is runc's (through systemd) until Docker's start event.
-            return;
-        }
         // A parent that appeared since (cgroupfs' `docker` at the first container) is watched from now on.
         for parent in self.default_parents() {
             if !self.parents.contains(&parent) {
@@ -449,17 +429,25 @@ mod tests {
     }
 
     #[test]
-    fn systemd_scopes_are_left_to_the_start_event() {
+    fn systemd_scopes_are_announced_at_creation_and_stay_starting_until_docker_confirms() {
         let (tmp, mut w) = fixture(CgroupDriver::Systemd);
-        w.created(ContainerId::from(id('d')), created("svc"));
+        let starting = w.starting();
+        let d = ContainerId::from(id('d'));
+        w.created(d.clone(), created("svc"));
         hostconfig(&w, &id('d'), PLAIN);
         let scope = tmp.path().join("system.slice").join(format!("docker-{}.scope", id('d')));
         std::fs::create_dir(&scope).unwrap();
         w.scan();
-        assert!(drain(&mut w).is_empty(), "runc configures the scope through systemd until the start event");
-        assert!(!w.confirm_started(&ContainerId::from(id('d'))));
-        // The naming is still known (the watch only wakes a reconnect there).
-        assert!(container_id_of(CgroupDriver::Systemd, &format!("docker-{}.scope", id('d'))).is_some());
+        assert_eq!(drain(&mut w), vec![format!("started d svc {}", scope.display())]);
+        // The writer keeps systemd out of it while runc sets the scope up through systemd.
+        assert!(starting.contains(&d), "a scope runc is setting up must be written by file");
+        assert!(w.confirm_started(&d), "its start event confirms it (and is passed on as Settled)");
+        assert!(!starting.contains(&d));
+        // A scope of a container Docker never told about is not announced.
+        let other = tmp.path().join("system.slice").join(format!("docker-{}.scope", id('e')));
+        std::fs::create_dir(&other).unwrap();
+        w.scan();
+        assert!(drain(&mut w).is_empty());
     }
 
     #[test]

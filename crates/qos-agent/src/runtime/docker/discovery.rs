@@ -12,8 +12,9 @@ use futures_util::{Stream, StreamExt};
 use qos_core::ContainerId;
 use tracing::{debug, info, warn};
 
-use super::cgroup_watch::{CgroupWatch, Created, Starting};
+use super::cgroup_watch::{CgroupWatch, Created};
 use super::naming::{container_cgroup, CgroupDriver};
+use crate::backend::Starting;
 use crate::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
 use crate::cgroup::{CgroupDir, CgroupError, CgroupRoot};
 use crate::runtime::support::Backoff;
@@ -31,7 +32,14 @@ pub struct DockerDiscovery {
     listed_at_ns: i64,
     /// New containers seen by their cgroup's creation, before Docker's `start` event.
     cgroups: CgroupWatch,
+    /// When the containers still starting are checked next (systemd driver only).
+    recheck_at: Option<tokio::time::Instant>,
 }
+
+/// How often, on Docker's systemd driver, the weights of containers announced early and not yet reported started
+/// are read again: runc's `SetUnitProperties` (after the scope appeared, before the container's process runs)
+/// makes systemd put the scope's files back at the unit's values, and the agent writes them again within this.
+const STARTING_RECHECK: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The `Sync` half of discovery (API client and cgroup layout), so its futures stay `Send` while the event
 /// stream (not `Sync`) lives beside it.
@@ -76,6 +84,7 @@ impl DockerDiscovery {
             backoff: Backoff::new(),
             listed: HashSet::new(),
             listed_at_ns: 0,
+            recheck_at: None,
         })
     }
 
@@ -278,11 +287,25 @@ impl Discovery for DockerDiscovery {
             let Some(events) = self.events.as_mut() else {
                 return Ok(self.reconnect().await);
             };
-            // Both are cancel-safe: a message or a wake-up not taken now is there next time.
+            // On the systemd driver, containers announced early are checked every STARTING_RECHECK until Docker
+            // reports them started: runc's own SetUnitProperties makes systemd put their files back.
+            let starting = match self.api.driver {
+                CgroupDriver::Systemd => self.cgroups.starting().ids(),
+                CgroupDriver::Cgroupfs => Vec::new(),
+            };
+            if starting.is_empty() {
+                self.recheck_at = None;
+            }
+            let recheck_at = *self.recheck_at.get_or_insert_with(|| tokio::time::Instant::now() + STARTING_RECHECK);
+            // All three are cancel-safe: a message or a wake-up not taken now is there next time.
             let next = tokio::select! {
                 biased;
                 () = self.cgroups.changed() => None,
                 next = events.next() => Some(next),
+                () = tokio::time::sleep_until(recheck_at), if !starting.is_empty() => {
+                    self.recheck_at = None;
+                    return Ok(DiscoveryEvent::StillStarting(starting));
+                }
             };
             let Some(next) = next else {
                 self.cgroups.scan();
@@ -317,6 +340,11 @@ impl Discovery for DockerDiscovery {
                 Some("start") => {
                     if self.cgroups.confirm_started(&cid) {
                         debug!(container = %cid.short(), "start event of a container already seen by its cgroup");
+                        if self.api.driver == CgroupDriver::Systemd {
+                            // Its weight went into the scope's files while runc set the scope up through
+                            // systemd; now it goes into the unit's properties too (see cgroup_watch.rs).
+                            return Ok(DiscoveryEvent::Settled(cid));
+                        }
                         continue;
                     }
                     // Fast path for the < 100 ms promise: the event carries name and labels, and the cgroup sits

@@ -18,7 +18,6 @@ use std::path::Path;
 
 use bollard::Docker;
 
-pub use cgroup_watch::Starting;
 pub use counters::DockerCounters;
 pub use discovery::DockerDiscovery;
 pub use naming::{container_cgroup, CgroupDriver};
@@ -50,8 +49,9 @@ pub async fn backends(
     let devices = files.devices();
     let discovery = DockerDiscovery::new(docker.clone(), root.clone()).await?;
     let counters = DockerCounters::with_root(docker.clone(), root);
-    let writer = DockerWriter::with_files(docker, actuator, files).with_starting(discovery.starting());
-    Ok(RuntimeBackends { discovery, counters, writer, devices })
+    let starting = discovery.starting();
+    let writer = DockerWriter::with_files(docker, actuator, files).with_starting(starting.clone());
+    Ok(RuntimeBackends { discovery, counters, writer, devices, starting })
 }
 
 /// Connects to dockerd and agrees on an API version (Docker 20.10 speaks 1.41; bollard defaults newer).

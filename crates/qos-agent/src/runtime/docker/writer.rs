@@ -20,7 +20,7 @@ use bollard::Docker;
 use qos_core::Weight;
 use tracing::debug;
 
-use super::cgroup_watch::Starting;
+use crate::backend::Starting;
 use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
 use crate::cgroup::{CgroupError, V2_IO_WEIGHT};
 use crate::config::ActuatorMode;
