@@ -3,10 +3,10 @@
 # cgroup v2, on a disk that is the bottleneck. One command, as root, on this machine kind (`./scripts/bench.sh --v2`
 # runs it too):
 #
-#   scripts/bench-v2.sh [--suite bookworm|trixie] [--out DIR] [--modes M,M...|none] [--cri-modes M,M...|none]
+#   scripts/bench-v2.sh [--suite trixie|bookworm] [--out DIR] [--modes M,M...|none] [--cri-modes M,M...|none]
 #                       [--timeout SECS] [BENCH-RUN-ARGS...]
 #
-# It builds the release bench here, boots the systemd guest (scripts/guest.sh: Debian 12, or 13 with --suite trixie;
+# It builds the release bench here, boots the systemd guest (scripts/guest.sh: Debian 13, or 12 with --suite bookworm;
 # systemd as PID 1, pure cgroup v2) with its experiment disk vdb throttled by qemu to the `ssd` device model
 # (150 MiB/s, 1500 IOPS; why those values: scripts/guest.sh), starts the guest's own docker.service (Docker's
 # systemd cgroup driver: every container is system.slice/docker-<id>.scope, and the agent's `auto` actuator sends
@@ -75,7 +75,7 @@ if [ "${1:-}" = _inside ]; then
 fi
 
 [ "$(id -u)" = 0 ] || die "must run as root (the guest's image is built with mmdebstrap's root mode)"
-SUITE=${DDISKQOS_GUEST_SUITE:-bookworm}
+SUITE=${DDISKQOS_GUEST_SUITE:-trixie}
 OUT=bench-out-v2
 MODES=default,protect,strict,strict-tuned,iocost-kernel,iocost-calibrated
 CRI_MODES=protect
