@@ -88,6 +88,9 @@ struct Entry {
     /// The verified weight is to be written again, the writer's own way now that the runtime settled the
     /// container (`handle_settled`); not a new decision.
     rewrite: bool,
+    /// While its runtime set it up, the runtime's manager put its weight back once (runc sets a scope's unit
+    /// properties once, in `runc create`): it is not checked again until it settles.
+    put_back_while_starting: bool,
 }
 
 impl Entry {
@@ -111,6 +114,7 @@ impl Entry {
             apply_failure_reported: false,
             sample_failure_reported: false,
             rewrite: false,
+            put_back_while_starting: false,
         }
     }
 
@@ -178,6 +182,8 @@ pub struct Reconciler {
     /// Those of `reverify` checked because their runtime is still setting them up (`handle_still_starting`): a
     /// weight found moved is the runtime's doing, expected, and reported as such.
     starting_checks: BTreeSet<ContainerId>,
+    /// Containers settled since the last round, written again at the next (`handle_settled`).
+    settled: Vec<ContainerId>,
     /// Containers about to be written whose original is not on file yet.
     unsaved: Vec<ContainerId>,
     /// Containers whose desired weight is not applied, in the order they became so.
@@ -290,6 +296,11 @@ impl Reconciler {
             return;
         }
         self.reverify.extend(self.reverify_next_round.drain(..));
+        for id in std::mem::take(&mut self.settled) {
+            if self.entries.get(&id).is_some_and(|e| e.rewrite) {
+                self.make_dirty(&id);
+            }
+        }
         self.retry_save = self.held;
         if self.held && !self.dry_run {
             // Anything still owed its original (a restore that failed, a container a crashed agent left changed
@@ -333,6 +344,9 @@ impl Reconciler {
                 let starting = self.starting_checks.remove(id);
                 if have != want {
                     let report = if starting {
+                        if let Some(e) = self.entries.get_mut(id) {
+                            e.put_back_while_starting = true;
+                        }
                         Report::PutBackWhileStarting { id: id.clone(), want, have }
                     } else {
                         Report::ChangedOutside { id: id.clone(), want, have }
@@ -445,20 +459,23 @@ impl Reconciler {
     /// A container announced early is still being set up by its runtime
     /// ([`crate::backend::DiscoveryEvent::StillStarting`]): its verified weight is read again, and written again
     /// if it moved (systemd puts a scope's files back at the unit's values when runc sets the unit's properties),
-    /// reported as the runtime's doing rather than a change from outside.
+    /// reported as the runtime's doing rather than a change from outside. Once that happened the container is not
+    /// checked again (runc sets a unit's properties once; each check is a read of its files).
     pub fn handle_still_starting(&mut self, id: &ContainerId) {
         if self.shut_down || self.dry_run {
             return;
         }
-        if self.entries.get(id).is_some_and(|e| e.applied.is_some() && !e.queued) && !self.reverify.contains(id) {
+        let due = self.entries.get(id).is_some_and(|e| e.applied.is_some() && !e.queued && !e.put_back_while_starting);
+        if due && !self.reverify.contains(id) {
             self.starting_checks.insert(id.clone());
             self.reverify.push_back(id.clone());
         }
     }
 
     /// The runtime finished starting a container announced early ([`crate::backend::DiscoveryEvent::Settled`]):
-    /// its verified weight is written once more (the writer may now take its own way, e.g. a systemd unit's
-    /// properties, where it wrote the files while the runtime set the cgroup up). Not a decision: nothing is
+    /// its verified weight is written once more, at the next round (the writer may now take its own way, e.g. a
+    /// systemd unit's properties, where it wrote the files while the runtime set the cgroup up; not at once, so
+    /// systemd's work on the unit does not coincide with the container's first I/O). Not a decision: nothing is
     /// reported but the write. Nothing happens for a container with no verified weight (its first write takes the
     /// writer's way anyway), one being put back, or in dry run.
     pub fn handle_settled(&mut self, id: &ContainerId) {
@@ -470,7 +487,7 @@ impl Reconciler {
             return;
         }
         e.rewrite = true;
-        self.make_dirty(id);
+        self.settled.push(id.clone());
     }
 
     /// The container's counters were read.

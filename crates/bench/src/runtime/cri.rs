@@ -131,6 +131,10 @@ fn stop_unit(unit: &str) -> Result<()> {
 /// Deadline of one CRI call: pod start-up runs runc and writes containerd's metadata to a busy disk.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long a pod's removal is tried again while the runtime says a container is still running (see
+/// `remove_sandbox`).
+const REMOVE_PATIENCE: Duration = Duration::from_secs(30);
+
 /// A blocking client of the CRI `RuntimeService` (the calls a kubelet makes for the bench's pods).
 #[derive(Debug)]
 struct PodClient {
@@ -206,22 +210,31 @@ impl PodClient {
         Ok(if systemd { Driver::Systemd } else { Driver::Cgroupfs })
     }
 
-    /// Stops and removes a pod sandbox (its containers too); a sandbox already gone is no error.
+    /// Stops and removes a pod sandbox (its containers too); a sandbox already gone is no error. A removal the
+    /// runtime refuses because a container "is still running" right after the stop answered (containerd 1.7 with
+    /// runc's systemd driver, under emulation: the container's exit is recorded after StopPodSandbox returns) is
+    /// tried again, stop and removal, as a kubelet does, for up to [`REMOVE_PATIENCE`].
     fn remove_sandbox(&self, id: &str) -> Result<()> {
         let gone = |e: &anyhow::Error| e.to_string().contains("NotFound");
-        let stop = self.call("StopPodSandbox", |mut s| async move {
-            s.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id.into() }).await
-        });
-        match stop {
-            Err(e) if !gone(&e) => return Err(e),
-            _ => {}
-        }
-        let removed = self.call("RemovePodSandbox", |mut s| async move {
-            s.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id.into() }).await
-        });
-        match removed {
-            Err(e) if !gone(&e) => Err(e),
-            _ => Ok(()),
+        let started = std::time::Instant::now();
+        loop {
+            let stop = self.call("StopPodSandbox", |mut s| async move {
+                s.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id.into() }).await
+            });
+            match stop {
+                Err(e) if !gone(&e) => return Err(e),
+                _ => {}
+            }
+            let removed = self.call("RemovePodSandbox", |mut s| async move {
+                s.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id.into() }).await
+            });
+            match removed {
+                Err(e) if e.to_string().contains("still running") && started.elapsed() < REMOVE_PATIENCE => {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) if !gone(&e) => return Err(e),
+                _ => return Ok(()),
+            }
         }
     }
 

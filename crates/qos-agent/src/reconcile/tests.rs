@@ -385,6 +385,10 @@ fn still_starting_checks_put_the_weight_back_quietly() {
     assert_eq!(s.file("a"), 1000);
     assert_eq!(s.count(|r| matches!(r, Report::PutBackWhileStarting { .. })), 1);
     assert_eq!(s.count(|r| matches!(r, Report::ChangedOutside { .. })), 0);
+    // runc sets the unit's properties once: after a put-back, no more checks.
+    s.r.handle_still_starting(&id("a"));
+    s.drain();
+    assert_eq!(s.take(), vec![], "checked again after the runtime's put-back");
     // A change found by an ordinary re-verify is still one from outside.
     s.files.insert(id("a"), w(555));
     s.r.handle_updated(&id("a"));
@@ -405,6 +409,8 @@ fn settled_rewrites_the_verified_weight_once_without_a_decision() {
     s.broken_writes.insert(id("a"));
     s.r.handle_settled(&id("a"));
     s.drain();
+    assert_eq!(s.take(), vec![], "written at the next round, not at once");
+    s.round();
     assert_eq!(s.take(), vec![write("a", 1000)]);
     s.broken_writes.clear();
     s.round();

@@ -254,10 +254,13 @@ fn docker_scopes_are_weighted_through_systemd_and_keep_their_weights_over_reload
         "the container's process ran before its top weight was written: {seen:?}\n{}",
         agent.log_text()
     );
-    let via_unit = poll(patience(Duration::from_secs(10)), || {
-        Some(unit_prop(&format!("docker-{looker}.scope"), "IOWeight")).filter(|p| p != "[not set]")
-    });
-    assert!(via_unit.is_some(), "the early weight never went into the unit's properties:\n{}", agent.log_text());
+    // Both new containers' weights in their units' properties (at the round after Docker reported them started).
+    for id in [&fresh, &looker] {
+        let via_unit = poll(patience(Duration::from_secs(10)), || {
+            Some(unit_prop(&format!("docker-{id}.scope"), "IOWeight")).filter(|p| p != "[not set]")
+        });
+        assert!(via_unit.is_some(), "the early weight never went into the unit's properties:\n{}", agent.log_text());
+    }
     let logged = poll(patience(Duration::from_secs(5)), || {
         agent.log_text().contains(&format!("container={} ", &looker[..12])).then_some(())
     });

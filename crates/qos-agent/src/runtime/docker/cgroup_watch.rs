@@ -20,10 +20,11 @@
 //! BPF_PROG_ATTACH (BPF_CGROUP_DEVICE ...): no such file or directory" (seen once in the systemd guest, right after
 //! `systemctl restart docker`). So the writer writes a starting scope's files directly (no call to systemd), and
 //! Docker's `start` event, which comes once runc is done, is passed on as
-//! [`DiscoveryEvent::Settled`](crate::backend::DiscoveryEvent::Settled): the daemon then writes the weight again,
-//! through systemd, which keeps it over its own re-applies. (Until then a re-apply by systemd, runc's own
-//! `SetUnitProperties` among them, can put the scope's files back at the unit's values: the weight the container
-//! would have had without the early announcement.)
+//! [`DiscoveryEvent::Settled`](crate::backend::DiscoveryEvent::Settled): the daemon then writes the weight again at
+//! its next round, through systemd, which keeps it over its own re-applies. Until Docker's start event, runc's own
+//! `SetUnitProperties` makes systemd put the scope's files back at the unit's values; discovery therefore sends
+//! [`DiscoveryEvent::StillStarting`](crate::backend::DiscoveryEvent::StillStarting) every 20 ms meanwhile, and the
+//! daemon reads the weight again and writes it where it was put back.
 //!
 //! A container announced early is still starting: dockerd holds its container lock until the start completes, so
 //! a `docker update` sent now waits for that. [`Starting`] tells the writer which containers those are (it writes

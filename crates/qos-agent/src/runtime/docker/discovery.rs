@@ -39,7 +39,7 @@ pub struct DockerDiscovery {
 /// How often, on Docker's systemd driver, the weights of containers announced early and not yet reported started
 /// are read again: runc's `SetUnitProperties` (after the scope appeared, before the container's process runs)
 /// makes systemd put the scope's files back at the unit's values, and the agent writes them again within this.
-const STARTING_RECHECK: std::time::Duration = std::time::Duration::from_millis(10);
+const STARTING_RECHECK: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The `Sync` half of discovery (API client and cgroup layout), so its futures stay `Send` while the event
 /// stream (not `Sync`) lives beside it.
