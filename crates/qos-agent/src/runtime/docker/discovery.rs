@@ -14,8 +14,7 @@ use tracing::{debug, info, warn};
 
 use super::cgroup_watch::{CgroupWatch, Created};
 use super::naming::{container_cgroup, CgroupDriver};
-use crate::backend::Starting;
-use crate::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
+use crate::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent, Starting};
 use crate::cgroup::{CgroupDir, CgroupError, CgroupRoot};
 use crate::runtime::support::Backoff;
 
