@@ -33,7 +33,7 @@ use qos_agent::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEven
 use qos_agent::blockdev::tune::TunedDevices;
 use qos_agent::blockdev::{DevNum, DeviceTable};
 use qos_agent::cgroup::{CgroupDir, CgroupRoot, CgroupVersion, WeightFile, WeightFileKind};
-use qos_agent::config::{ActuatorMode, RuntimeKind};
+use qos_agent::config::RuntimeKind;
 use qos_agent::daemon::{Command, Summary};
 use qos_agent::files::V2Plan;
 use qos_agent::metrics::{Metrics, ReasonLabels};
@@ -312,7 +312,6 @@ impl Agent {
     /// `probe` says which file the bench reads weights from.
     pub fn start(mut cfg: AgentConfig, backends: Backends, root: Arc<CgroupRoot>, probe: WeightProbe) -> Result<Self> {
         cfg.dry_run = true;
-        cfg.actuator = ActuatorMode::Auto;
         if let Backends::Cri { socket } = &backends {
             cfg.runtime = RuntimeKind::Cri;
             cfg.cri.socket = socket.clone();

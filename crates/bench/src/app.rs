@@ -196,6 +196,7 @@ pub fn run_config(common: &Common, plan: Plan, exp1: bool, exp2: bool) -> Result
         exp2,
         agent_bfq: common.agent_bfq_tunables.clone(),
         agent_nice: common.agent_nice,
+        agent_actuator: common.agent_actuator,
         soak: None,
     })
 }
@@ -324,6 +325,9 @@ pub fn meta(
         ));
     }
     notes.push(format!("agent's CPU priority: nice {}; {}", cfg.agent_nice, setup.session));
+    if common.agent_actuator != qos_agent::config::ActuatorMode::Auto {
+        notes.push(format!("AGENT ACTUATOR {:?} (--agent-actuator), not the shipped auto", common.agent_actuator));
+    }
     if common.cpu_hogs > 0 {
         notes.push(format!(
             "BUSY CPUS (--cpu-hogs {}): that many processes, each in a session of its own, spun at nice 0 through \

@@ -147,6 +147,11 @@ pub struct Common {
     #[arg(long, allow_hyphen_values = true, default_value_t = qos_agent::priority::DEFAULT_NICE,
           value_parser = clap::value_parser!(i8).range(-20..=19))]
     pub agent_nice: i8,
+    /// How the agent applies weights (its config's `actuator`; default: the shipped `auto`, which on a systemd host
+    /// with cgroup v2 sends the weights of units through systemd). `files` writes the cgroup files only: the A/B
+    /// against `auto` on Docker's systemd driver.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub agent_actuator: qos_agent::config::ActuatorMode,
     /// Busy processes (nice 0, each in a session of its own, as other programs of a host are) spinning through the
     /// whole run beside everything else: a host whose CPUs are busy.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=64))]

@@ -53,6 +53,8 @@ pub struct RunConfig {
     pub agent_bfq: Vec<String>,
     /// The agent's nice value (`--agent-nice`).
     pub agent_nice: i8,
+    /// The agent's `actuator` (`--agent-actuator`).
+    pub agent_actuator: qos_agent::config::ActuatorMode,
     /// `soak`: measure for this long instead of for the plan's repetitions (Experiment 1 rounds for the first 55 %,
     /// Experiment 2 rounds for the rest); rounds start while time is left and always finish.
     pub soak: Option<Duration>,
@@ -167,6 +169,7 @@ fn run_mode_on_device(
     let test_disk = v2.then_some(env.disk.info.disk_name.as_str());
     let mut agent_cfg = crate::agent::config(cfg.engine.clone(), cfg.sample_interval, &env.run_dir, test_disk);
     agent_cfg.nice = cfg.agent_nice;
+    agent_cfg.actuator = cfg.agent_actuator;
     // The device set-up is the mode's: the agent's protection runs (its own code, at its start, on the test disk as
     // its managed device) in `protect` mode only; every other mode sets the device itself.
     if mode == BfqMode::Protect {
