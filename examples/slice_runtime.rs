@@ -32,7 +32,7 @@ use ddiskqos::agent::cgroup::{CgroupRoot, CgroupVersion};
 use ddiskqos::agent::config::{AgentConfig, RuntimeKind};
 use ddiskqos::agent::daemon::{Command, Daemon};
 use ddiskqos::agent::files::{FileCounters, FileWriter};
-use ddiskqos::agent::metrics::Metrics;
+use ddiskqos::agent::ops::metrics::Metrics;
 use ddiskqos::agent::state::OriginalWeights;
 use ddiskqos::core::{ContainerId, Weight};
 use tokio::sync::{mpsc, oneshot};
@@ -240,7 +240,7 @@ async fn run(cfg: AgentConfig, root: Arc<CgroupRoot>, parent: &str, duration: Du
     }
     let (reply, status) = oneshot::channel();
     if tx.send(Command::Status(reply)).await.is_ok() {
-        println!("\n{}", ddiskqos::agent::control::render(&status.await?));
+        println!("\n{}", ddiskqos::agent::ops::control::render(&status.await?));
         let _ = tx.send(Command::Shutdown).await;
     }
     // If the daemon stopped early (its discovery failed), this is where its error comes out.

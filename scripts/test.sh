@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 # Where the time goes: each phase's start, in minutes since this script's.
 T0=$(date +%s)
 phase() { echo "scripts/test.sh: [$(( ($(date +%s) - T0) / 60 )) min $(( ($(date +%s) - T0) % 60 )) s] $*" >&2; }
+phase "the module import graph (no cycle in any crate)"
+python3 scripts/check-module-graph.py --self-test crates/*/src
 phase "host set-up"
 bash scripts/setup-host.sh
 phase "the DaemonSet's image"

@@ -1,19 +1,19 @@
-//! The shipped agent, run by the bench: `qos_agent::daemon::Daemon` on its own thread with a current-thread tokio
-//! runtime (as `ddiskqos-agent` runs it), with the agent's own counters and weight writers.
+//! The shipped agent, run by the bench: assembled by `qos_agent::agent::AgentBuilder` as `ddiskqos-agent`
+//! assembles it, and run on its own thread with a current-thread tokio runtime (as the binary runs it).
 //!
-//! - Docker runtime: the backends `qos_agent::runtime::docker::backends` assembles for the agent binary
-//!   (`DockerDiscovery` by events, `DockerCounters` behind the parent gate, `DockerWriter` in the `auto` actuator
-//!   mode), inside `qos_agent::app::with_systemd` as the binary wraps them (on a systemd host with cgroup v2 the
-//!   containers' scopes get their weights through systemd). The daemon finds the bench's containers itself, as it
-//!   would any container.
-//! - CRI runtime: the backends `qos_agent::runtime::cri::backends` assembles for the agent binary with
-//!   `runtime = "cri"` (`CriDiscovery` over the CRI socket, `FileCounters` and `FileWriter` on the pod
-//!   cgroups), inside `with_systemd` too. The daemon finds the bench's pods itself, as it would on a Kubernetes
-//!   node.
-//! - cgroup runtime: a [`ChannelDiscovery`] (the bench announces `Started`/`Stopped` of its reader cgroups, which
-//!   sit directly under the blkio root where no discovery of the agent's could tell them from the host's other
-//!   cgroups) on the files layer (`qos_agent::files::backends_on_files`: `FileCounters::with_root` and the
-//!   agent's `FileWriter`).
+//! - Docker runtime: `AgentBuilder::assemble` with `runtime = "docker"` (`DockerDiscovery` by events,
+//!   `DockerCounters` behind the parent gate, `DockerWriter` in the configured actuator mode, inside the systemd
+//!   writer on a systemd host with cgroup v2, where the containers' scopes get their weights through systemd). The
+//!   daemon finds the bench's containers itself, as it would any container.
+//! - CRI runtime: the same with `runtime = "cri"` (`CriDiscovery` over the CRI socket, `FileCounters` and
+//!   `FileWriter` on the pod cgroups). The daemon finds the bench's pods itself, as it would on a Kubernetes node.
+//! - cgroup runtime: `AgentBuilder::assemble_on_files` with a [`ChannelDiscovery`] (the bench announces
+//!   `Started`/`Stopped` of its reader cgroups, which sit directly under the blkio root where no discovery of the
+//!   agent's could tell them from the host's other cgroups): `FileCounters::with_root` and the agent's
+//!   `FileWriter`.
+//!
+//! The device settings at start (`[devices] protect`, the operator's `bfq_tunables`) are the agent's own, made by
+//! the builder and put back when the agent stops.
 //!
 //! The daemon runs for a whole BFQ mode, sampling and deciding all the time, so its timers (the starvation boost
 //! of the background every `boost_after`) follow the wall clock as in a long deployment. Alone and Original blocks
@@ -29,15 +29,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use qos_agent::agent::{AgentBuilder, Stopped};
 use qos_agent::backend::{ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent};
-use qos_agent::blockdev::tune::TunedDevices;
 use qos_agent::blockdev::{DevNum, DeviceTable};
 use qos_agent::cgroup::{CgroupDir, CgroupRoot, CgroupVersion, WeightFile, WeightFileKind};
 use qos_agent::config::RuntimeKind;
-use qos_agent::daemon::{Command, Summary};
+use qos_agent::daemon::Command;
 use qos_agent::files::V2Plan;
-use qos_agent::metrics::{Metrics, ReasonLabels};
-use qos_agent::runtime::cri::CriClient;
+use qos_agent::ops::metrics::{Metrics, ReasonLabels};
 use qos_agent::state::OriginalWeights;
 use qos_agent::AgentConfig;
 use qos_core::{ContainerId, Reason, Weight};
@@ -85,16 +84,17 @@ impl Backends {
     pub fn describe(&self) -> &'static str {
         match self {
             Backends::Docker => {
-                "qos_agent::runtime::docker::backends: DockerDiscovery (events), DockerCounters::with_root, \
-                 DockerWriter (actuator auto), in app::with_systemd (units through systemd on a systemd v2 host)"
+                "qos_agent::agent::AgentBuilder::assemble, runtime docker: DockerDiscovery (events), \
+                 DockerCounters::with_root, DockerWriter, in agent::with_systemd (units through systemd on a systemd \
+                 v2 host)"
             }
             Backends::Cri { .. } => {
-                "qos_agent::runtime::cri::backends: CriDiscovery (CRI re-list + inotify on kubepods), \
-                 FileCounters::with_root and FileWriter on the pod cgroups, in app::with_systemd"
+                "qos_agent::agent::AgentBuilder::assemble, runtime cri: CriDiscovery (CRI re-list + inotify on \
+                 kubepods), FileCounters::with_root and FileWriter on the pod cgroups, in agent::with_systemd"
             }
             Backends::CgroupDir => {
-                "bench ChannelDiscovery (Started/Stopped announced by the bench) on qos_agent::files::backends_on_files: \
-                 FileCounters::with_root, FileWriter"
+                "qos_agent::agent::AgentBuilder::assemble_on_files with the bench's ChannelDiscovery \
+                 (Started/Stopped announced by the bench): FileCounters::with_root, FileWriter"
             }
         }
     }
@@ -192,7 +192,7 @@ pub struct DryRunSwitch {
     pub took_ms: f64,
 }
 
-/// The daemon's own metrics at the end of a mode (`qos_agent::metrics::Metrics`).
+/// The daemon's own metrics at the end of a mode (`qos_agent::ops::metrics::Metrics`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AgentMetrics {
     /// Sampling rounds (`round_duration_seconds` count).
@@ -297,12 +297,10 @@ pub struct Agent {
     /// `Some` for [`Backends::CgroupDir`]: where the bench announces its cgroups.
     announce: Option<mpsc::UnboundedSender<DiscoveryEvent>>,
     metrics: Arc<Metrics>,
-    thread: Option<JoinHandle<Result<Summary>>>,
+    thread: Option<JoinHandle<Result<Stopped>>>,
     started: Instant,
     dry_run: Mutex<bool>,
     switches: Mutex<Vec<DryRunSwitch>>,
-    /// The `[devices] bfq_tunables` the agent set at its start, as `ddiskqos-agent` does; put back at its stop.
-    tuned: Option<TunedDevices>,
     probe: WeightProbe,
 }
 
@@ -312,21 +310,18 @@ impl Agent {
     /// `probe` says which file the bench reads weights from.
     pub fn start(mut cfg: AgentConfig, backends: Backends, root: Arc<CgroupRoot>, probe: WeightProbe) -> Result<Self> {
         cfg.dry_run = true;
-        if let Backends::Cri { socket } = &backends {
-            cfg.runtime = RuntimeKind::Cri;
-            cfg.cri.socket = socket.clone();
+        match &backends {
+            Backends::Docker => cfg.runtime = RuntimeKind::Docker,
+            Backends::Cri { socket } => {
+                cfg.runtime = RuntimeKind::Cri;
+                cfg.cri.socket = socket.clone();
+            }
+            // Its own discovery on the files layer (`AgentBuilder::assemble_on_files`): no runtime to reach.
+            Backends::CgroupDir => {}
         }
         cfg.validate().context("agent configuration")?;
         let originals = OriginalWeights::load(Some(&cfg.state_file)).context("agent state file")?;
         let metrics = Arc::new(Metrics::new());
-        // What the agent does to its devices at start, by its own code ([devices] protect on the managed devices,
-        // the operator's bfq_tunables): the daemon's dry run is the bench's Alone and Original blocks, so the
-        // settings hold for all three variants of the mode; put back at the agent's stop.
-        let managed = qos_agent::app::managed_devices(&cfg, std::iter::empty());
-        let tuned = Some(
-            qos_agent::app::devices_at_start(&cfg, &root, managed, &metrics, true)
-                .context("agent: devices at start")?,
-        );
         let (commands, rx) = mpsc::channel(16);
         let (announce, discovery) = match backends {
             Backends::Docker | Backends::Cri { .. } => (None, None),
@@ -335,48 +330,23 @@ impl Agent {
                 (Some(tx), Some(ChannelDiscovery { events }))
             }
         };
-        let cri = matches!(backends, Backends::Cri { .. });
         let (c, m) = (cfg.clone(), metrics.clone());
         let thread = std::thread::Builder::new()
             .name("ddiskqos-agent".into())
-            .spawn(move || -> Result<Summary> {
+            .spawn(move || -> Result<Stopped> {
                 // As the binary does first on its daemon's thread (its watcher threads inherit it).
-                qos_agent::app::apply_nice(c.nice);
+                qos_agent::priority::apply_logged(c.nice);
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
                 rt.block_on(async move {
-                    match discovery {
-                        None if cri => {
-                            // As `ddiskqos-agent` with `runtime = "cri"`: the runtime must answer first.
-                            let mut client = CriClient::new(&c.cri.socket)?;
-                            client.version().await.with_context(|| {
-                                format!("CRI runtime on {} (is it running?)", c.cri.socket.display())
-                            })?;
-                            let backends = qos_agent::runtime::cri::backends(&c, client, root.clone(), &m);
-                            // As the binary: units (the kubelet's systemd driver) through systemd on such hosts.
-                            let backends = qos_agent::app::with_systemd(&c, &root, backends)?;
-                            Ok(backends.into_daemon(c, originals, m)?.run(rx).await?)
-                        }
-                        None => {
-                            let docker = qos_agent::runtime::docker::connect(&c.docker.socket).await?;
-                            let check = c.devices.check.clone();
-                            let records = qos_agent::files::records_file(&c);
-                            let backends = qos_agent::runtime::docker::backends(
-                                docker,
-                                root.clone(),
-                                c.actuator,
-                                check,
-                                records,
-                                &m,
-                            );
-                            // As the binary: units (Docker's systemd driver) through systemd on such hosts.
-                            let backends = qos_agent::app::with_systemd(&c, &root, backends.await?)?;
-                            Ok(backends.into_daemon(c, originals, m)?.run(rx).await?)
-                        }
-                        Some(d) => {
-                            let backends = qos_agent::files::backends_on_files(d, &c, &root, &m);
-                            Ok(backends.into_daemon(c, originals, m)?.run(rx).await?)
-                        }
-                    }
+                    // The binary's assembly ([`AgentBuilder`]): the runtime, the device settings at start (the
+                    // daemon's dry run is the bench's Alone and Original blocks, so they are written and hold for
+                    // all three variants of the mode; put back when the agent stops), the writer, the daemon.
+                    let builder = AgentBuilder::new(c, root).metrics(m).originals(originals).write_devices(true);
+                    let agent = match discovery {
+                        None => builder.assemble().await.context("assembling the agent")?,
+                        Some(d) => builder.assemble_on_files(d).context("assembling the agent")?,
+                    };
+                    Ok(agent.run(rx).await?)
                 })
             })
             .context("cannot start the agent's thread")?;
@@ -390,7 +360,6 @@ impl Agent {
             started: Instant::now(),
             dry_run: Mutex::new(true),
             switches: Mutex::new(Vec::new()),
-            tuned,
             probe,
         };
         if let Err(e) = agent.round_trip() {
@@ -511,7 +480,7 @@ impl Agent {
                     reached: Some(false),
                 });
             }
-            let timeout = crate::runtime::patience(WEIGHT_TIMEOUT);
+            let timeout = crate::sys::patience(WEIGHT_TIMEOUT);
             if waited > timeout {
                 let (have, path) = have?;
                 bail!(
@@ -533,17 +502,14 @@ impl Agent {
     /// Stops the daemon (`Command::Shutdown`: it restores what it changed) and returns what it did.
     pub fn stop(mut self) -> Result<AgentReport> {
         let sent = self.send(Command::Shutdown);
-        let summary = match self.thread.take().map(JoinHandle::join) {
+        let Stopped { summary, device_restore_failures } = match self.thread.take().map(JoinHandle::join) {
             Some(Ok(r)) => r.context("the agent's daemon failed")?,
             Some(Err(_)) => bail!("the agent's thread panicked"),
             None => bail!("the agent's daemon was already gone"),
         };
         sent?;
-        if let Some(mut tuned) = self.tuned.take() {
-            let failed = tuned.restore();
-            if failed > 0 {
-                bail!("the agent could not restore {failed} BFQ tunable(s)");
-            }
+        if device_restore_failures > 0 {
+            bail!("the agent could not restore {device_restore_failures} device setting(s) it made at start");
         }
         Ok(AgentReport {
             backends: self.backends.describe().into(),

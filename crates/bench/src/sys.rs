@@ -76,6 +76,16 @@ pub fn format_utc(secs: u64) -> String {
     format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
+/// `limit` stretched by `DDISKQOS_TIME_SCALE` (1 to 100; the systemd guest, `scripts/guest.sh`, runs under qemu's
+/// software emulation and sets 10; unset or out of range: 1), as `testbed::process::patience` stretches the tests'
+/// waits: for safety caps on waits (how long before the run gives up), never for a measured figure. Under emulation
+/// on a busy host a container's start and the agent's write through systemd took longer than the host's caps (a
+/// reader's scope not there 30 s after `docker start`; a weight not there 5 s after the container started).
+pub fn patience(limit: std::time::Duration) -> std::time::Duration {
+    let scale = std::env::var("DDISKQOS_TIME_SCALE").ok().and_then(|v| v.parse::<u32>().ok());
+    limit * scale.filter(|n| (1..=100).contains(n)).unwrap_or(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

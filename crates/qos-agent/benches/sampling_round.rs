@@ -80,7 +80,7 @@ fn round(readers: &mut [CounterReader]) -> u64 {
 fn sampling_round(c: &mut Criterion) {
     // Up to 2 x MAX counter files are open at once (fixture and real): raise the soft descriptor limit to the hard
     // one, as the agent does at start, and say so if even that is too few (a shell's default soft limit is 1024).
-    let nofile = qos_agent::limits::raise_nofile_limit().expect("RLIMIT_NOFILE");
+    let nofile = qos_agent::ops::limits::raise_nofile_limit().expect("RLIMIT_NOFILE");
     let need = 2 * MAX as u64 + 64;
     assert!(
         nofile >= need,

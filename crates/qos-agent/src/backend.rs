@@ -229,3 +229,21 @@ pub struct DeviceWeight {
     /// or before the first read-back.
     pub effective: Vec<(crate::cgroup::WeightFileKind, u32)>,
 }
+
+/// A runtime's backends as the agent assembles them (`runtime::<name>::backends`, called by the binary and the
+/// bench alike), with the devices its writer plans with.
+#[derive(Debug)]
+pub struct RuntimeBackends<D, C, W, M> {
+    /// Finds the containers.
+    pub discovery: D,
+    /// Samples their counters.
+    pub counters: C,
+    /// Applies their weights.
+    pub writer: W,
+    /// The devices the writer plans with ([`DeviceMonitor`]; the agent's runtimes share the files layer's table,
+    /// `crate::files::FileDevices`): ticked and shown by the daemon.
+    pub devices: M,
+    /// The containers discovery announced while their runtime was still starting them (empty for runtimes that
+    /// announce none early): a writer wrapped around `writer` writes their cgroup files directly.
+    pub starting: Starting,
+}

@@ -53,7 +53,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::pacing::CpuBudget;
+use crate::daemon::pacing::CpuBudget;
 
 /// Which runtime's containers are managed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -107,35 +107,8 @@ impl Default for DockerConfig {
     }
 }
 
-/// `[cri]`, for `runtime = "cri"`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CriConfig {
-    /// The runtime's CRI socket: containerd's by default; CRI-O's is `/var/run/crio/crio.sock`.
-    pub socket: PathBuf,
-    /// How often the READY pod sandboxes are listed (containerd 1.6 has no CRI event stream). A new pod is
-    /// normally seen sooner: a change in the kubepods cgroup tree triggers a re-list at once. 2 s.
-    #[serde(with = "qos_core::units::duration")]
-    pub relist_interval: Duration,
-    /// The kubelet's `--cgroup-root` (`cgroupRoot`): `/` by default, `/kubelet` under kind. Pod cgroups are
-    /// looked for below it (`<root>/kubepods/...` with cgroupfs, `<root>-kubepods-....slice` with systemd).
-    pub cgroup_root: String,
-    /// The kubelet's and the runtime's state directories: with `[devices] check` empty, the disks holding those
-    /// that exist (in the agent's mount namespace) are the devices checked at start and by readiness
-    /// (`/readyz`). Default: the kubelet's, containerd's and CRI-O's (`/var/lib/containers`).
-    pub state_dirs: Vec<PathBuf>,
-}
-
-impl Default for CriConfig {
-    fn default() -> Self {
-        Self {
-            socket: PathBuf::from("/run/containerd/containerd.sock"),
-            relist_interval: Duration::from_secs(2),
-            cgroup_root: "/".into(),
-            state_dirs: ["/var/lib/kubelet", "/var/lib/containerd", "/var/lib/containers"].map(PathBuf::from).to_vec(),
-        }
-    }
-}
+/// `[cri]`: the CRI runtime's section, with its rules (`runtime::cri::config`).
+pub use crate::runtime::cri::config::CriConfig;
 
 /// `[cgroup]`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -215,7 +188,7 @@ pub struct AgentConfig {
     pub sample_interval: Duration,
     /// Share of one core the sampling rounds may use: when rounds cost more (many containers all doing I/O), they
     /// are spread out, up to 8 x `sample_interval`. `"off"`: always `sample_interval`.
-    #[serde(with = "crate::pacing::budget_text")]
+    #[serde(with = "crate::daemon::pacing::budget_text")]
     pub cpu_budget: Option<CpuBudget>,
     /// How weights are applied.
     pub actuator: ActuatorMode,
@@ -401,18 +374,8 @@ impl AgentConfig {
         if !crate::priority::valid(self.nice) {
             return Err(invalid("nice", self.nice, "must be -20..=19 (Linux nice values; lower runs first)"));
         }
-        let ri = self.cri.relist_interval;
-        if ri < Duration::from_millis(100) || ri > Duration::from_secs(3600) {
-            return Err(invalid("cri.relist_interval", qos_core::units::format_duration(ri), "must be 100ms..=1h"));
-        }
-        crate::runtime::cri::naming::KubeletRoot::parse(&self.cri.cgroup_root)
-            .map_err(|reason| invalid("cri.cgroup_root", &self.cri.cgroup_root, reason))?;
+        self.cri.validate()?;
         self.policy.validate()?;
-        for (i, dir) in self.cri.state_dirs.iter().enumerate() {
-            if !dir.is_absolute() {
-                return Err(invalid(&format!("cri.state_dirs[{i}]"), dir.display(), "must be an absolute path"));
-            }
-        }
         if self.cgroup.parent.split('/').any(|c| c == "..") {
             return Err(invalid("cgroup.parent", &self.cgroup.parent, "must not contain '..'"));
         }

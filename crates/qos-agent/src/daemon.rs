@@ -13,6 +13,8 @@
 //! same time everywhere.
 
 mod cpu_clock;
+pub mod pacing;
+pub mod reconcile;
 mod report;
 mod status;
 
@@ -24,17 +26,18 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
 use crate::backend::BackendError;
+use crate::backend::RuntimeBackends;
 use crate::backend::{
     ContainerInfo, CounterSource, DeviceMonitor, Discovery, DiscoveryError, DiscoveryEvent, WeightWriter,
 };
 use crate::config::AgentConfig;
+use crate::daemon::pacing::{Pacer, Transition};
+use crate::daemon::reconcile::{Original, Output, Reconciler, Tracking};
 use crate::labels::policy_from_labels;
-use crate::metrics::{ContainerLabels, Metrics, ReasonLabels};
-use crate::pacing::{Pacer, Transition};
-use crate::reconcile::{Original, Output, Reconciler, Tracking};
+use crate::ops::metrics::{ContainerLabels, Metrics, ReasonLabels};
 use crate::state::OriginalWeights;
 
-pub use crate::reconcile::Summary;
+pub use crate::daemon::reconcile::Summary;
 pub use cpu_clock::CpuClock;
 pub use status::{display_level, Actuator, DeviceRow, DeviceSummary, FileWeight, PolicyKind, Status, StatusRow};
 
@@ -102,24 +105,7 @@ pub struct Daemon<D, C, W> {
     rounds: u64,
 }
 
-/// A runtime's backends as the agent assembles them (`runtime::<name>::backends`, called by the binary and the
-/// bench alike), with the devices its writer plans with.
-#[derive(Debug)]
-pub struct RuntimeBackends<D, C, W> {
-    /// Finds the containers.
-    pub discovery: D,
-    /// Samples their counters.
-    pub counters: C,
-    /// Applies their weights.
-    pub writer: W,
-    /// The devices the writer plans with: ticked and shown by the daemon.
-    pub devices: crate::files::FileDevices,
-    /// The containers discovery announced while their runtime was still starting them (empty for runtimes that
-    /// announce none early): a writer wrapped around `writer` writes their cgroup files directly.
-    pub starting: crate::backend::Starting,
-}
-
-impl<D: Discovery, C: CounterSource, W: WeightWriter> RuntimeBackends<D, C, W> {
+impl<D: Discovery, C: CounterSource, W: WeightWriter, M: DeviceMonitor + 'static> RuntimeBackends<D, C, W, M> {
     /// The daemon over these backends (`originals`: weights a previous agent recorded), its device monitor
     /// attached.
     pub fn into_daemon(

@@ -7,6 +7,8 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use qos_agent::config::{ActuatorMode, AgentConfig};
 
+mod app;
+
 /// dDiskQoS agent: gives containers block-I/O weights by a multi-level feedback queue over their I/O.
 #[derive(Debug, Parser)]
 #[command(version, about)]
@@ -201,7 +203,8 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("{}: ok", path.display());
                 return Ok(ExitCode::SUCCESS);
             }
-            let checked = qos_agent::preflight::check(&cfg).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            let checked =
+                qos_agent::ops::preflight::check(&cfg).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             println!("{}: ok", path.display());
             for change in checked.device_changes {
                 println!("at start: {change}");
@@ -220,8 +223,8 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 None => load(&cli)?.control_socket,
             };
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            let status = rt.block_on(qos_agent::control::fetch(&path)).map_err(anyhow::Error::msg)?;
-            print!("{}", qos_agent::control::render(&status));
+            let status = rt.block_on(qos_agent::ops::control::fetch(&path)).map_err(anyhow::Error::msg)?;
+            print!("{}", qos_agent::ops::control::render(&status));
             Ok(ExitCode::SUCCESS)
         }
         Some(Cmd::State { action }) => state_cmd(&cli, action),
@@ -240,7 +243,7 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("{}: no such file: no device setting to put back", file.display());
                 return Ok(ExitCode::SUCCESS);
             }
-            let root = qos_agent::preflight::cgroup_root(&cfg)?;
+            let root = qos_agent::ops::preflight::cgroup_root(&cfg)?;
             let v2 = (root.version() == qos_agent::cgroup::CgroupVersion::V2).then(|| root.path().to_path_buf());
             let mut tuned = qos_agent::blockdev::tune::TunedDevices::from_originals_file(v2.as_deref(), &file)?;
             let count = tuned.tuned().len();
@@ -252,7 +255,7 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             let cfg = load(&cli)?;
             init_tracing(cli.log_json);
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            let summary = rt.block_on(qos_agent::app::run(cfg, cli.config.clone()))?;
+            let summary = rt.block_on(app::run(cfg, cli.config.clone()))?;
             Ok(if summary.restore_failures == 0 { ExitCode::SUCCESS } else { ExitCode::from(3) })
         }
     }
@@ -294,64 +297,34 @@ fn state_cmd(cli: &Cli, action: &StateCmd) -> anyhow::Result<ExitCode> {
             Ok(if found.problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         StateCmd::Reset { to, cgroups, children_of, forget_all, state_file } => {
-            use qos_agent::backend::ContainerInfo;
-            use qos_agent::files::FileWriter;
             let weight = qos_core::Weight::new(*to).map_err(|e| anyhow::anyhow!("--to {to}: {e}"))?;
             let path = state_file.clone().unwrap_or_else(|| cfg.state_file.clone());
-            let found = state::inspect(&path)?;
-            if let Some(pid) = &found.holder {
-                anyhow::bail!("{} is held by a running agent (pid {pid}): stop it first", path.display());
+            let root = qos_agent::ops::preflight::cgroup_root(&cfg)?;
+            let reset = state::reset::Reset {
+                state_file: path.clone(),
+                weight,
+                cgroups: cgroups.clone(),
+                children_of: children_of.clone(),
+                forget_all: *forget_all,
+            };
+            let done = state::reset::reset(&root, &reset)?;
+            match &done.backup {
+                Some(b) => println!(
+                    "{}: rewritten with {} entr(y/ies); the old file is {}",
+                    path.display(),
+                    done.kept,
+                    b.display()
+                ),
+                None => println!("{}: written with {} entr(y/ies)", path.display(), done.kept),
             }
-            let root = qos_agent::preflight::cgroup_root(&cfg)?;
-            let mut targets = Vec::new();
-            for rel in cgroups {
-                targets
-                    .push((rel.clone(), root.resolve_relative(rel).map_err(|e| anyhow::anyhow!("cgroup {rel}: {e}"))?));
-            }
-            for parent in children_of {
-                let dir = root.resolve_relative(parent).map_err(|e| anyhow::anyhow!("--children-of {parent}: {e}"))?;
-                let mut names: Vec<String> = std::fs::read_dir(dir.path())
-                    .map_err(|e| anyhow::anyhow!("--children-of {parent}: {}: {e}", dir.path().display()))?
-                    .filter_map(Result::ok)
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect();
-                names.sort();
-                for name in names {
-                    let rel = format!("{}/{name}", parent.trim_end_matches('/'));
-                    let dir = root.resolve_relative(&rel).map_err(|e| anyhow::anyhow!("cgroup {rel}: {e}"))?;
-                    targets.push((rel, dir));
+            for (rel, before, result) in &done.cgroups {
+                let before = before.map(|w| w.to_string()).unwrap_or_else(|| "?".into());
+                match result {
+                    Ok(()) => println!("{rel}: weight {before} -> {weight}"),
+                    Err(e) => eprintln!("{rel}: cannot write weight {weight}: {e}"),
                 }
             }
-            // The file first: the lock keeps an agent from starting meanwhile.
-            let keep = if *forget_all { Default::default() } else { found.originals.clone() };
-            let kept = keep.len();
-            let (_lock, backup) = state::OriginalWeights::rewrite(&path, keep)?;
-            match backup {
-                Some(b) => {
-                    println!("{}: rewritten with {kept} entr(y/ies); the old file is {}", path.display(), b.display())
-                }
-                None => println!("{}: written with {kept} entr(y/ies)", path.display()),
-            }
-            let mut failed = 0;
-            let mut writer = FileWriter::new(root.path());
-            for (rel, dir) in targets {
-                let info = ContainerInfo {
-                    id: qos_core::ContainerId::new(&rel),
-                    name: rel.clone(),
-                    labels: Default::default(),
-                    cgroup: Some(dir),
-                };
-                let before = writer.read_weight(&info).map(|w| w.to_string()).unwrap_or_else(|_| "?".into());
-                match writer.write_weight(&info, weight) {
-                    Ok(_) => println!("{rel}: weight {before} -> {weight}"),
-                    Err(e) => {
-                        failed += 1;
-                        eprintln!("{rel}: cannot write weight {weight}: {e}");
-                    }
-                }
-            }
-            Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+            Ok(if done.failed() == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
     }
 }

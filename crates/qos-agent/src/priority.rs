@@ -33,6 +33,7 @@
 //! that does not call setsid(2) run their tests there.
 
 use thiserror::Error;
+use tracing::{debug, info, warn};
 
 /// The nice value the agent runs at unless configured otherwise.
 pub const DEFAULT_NICE: i8 = -10;
@@ -211,6 +212,37 @@ pub fn apply_autogroup(nice: i8) -> Result<Autogroup, AutogroupError> {
     }
     write_autogroup(nice)?;
     Ok(Autogroup::Set { from: now })
+}
+
+/// Sets the calling thread's nice value to `nice` (this module) and, where the agent leads its session, its
+/// session's scheduling group (autogroup) too, logging the outcome: an agent that cannot (no `CAP_SYS_NICE`) runs on
+/// at the priority it has, with a warning. The binary and the bench's embedded agent call this on the thread that
+/// runs the daemon, first.
+pub fn apply_logged(nice: i8) {
+    match apply(nice) {
+        Ok(()) => debug!(nice, "nice value set"),
+        Err(e) => warn!(error = %e, "new containers' weights may wait for a CPU on a busy host"),
+    }
+    match apply_autogroup(nice) {
+        Ok(Autogroup::Set { from }) => {
+            info!(nice, from, "the agent's session group (autogroup) set to the agent's nice value")
+        }
+        Ok(Autogroup::Shared { nice: group }) => info!(
+            nice,
+            group,
+            "the agent shares its session (started from a shell?): the kernel schedules the session as one group at \
+             nice {group}, so the agent's nice value weighs only inside it; as a service (systemd gives it a session \
+             of its own) or under setsid(1) the agent sets its group too"
+        ),
+        Ok(Autogroup::Root) => info!(
+            nice,
+            "the agent runs in the kernel's root scheduling group (the session of init, which has no group of its \
+             own): its nice value weighs host-wide, no session group to set"
+        ),
+        Ok(Autogroup::Off | Autogroup::Unchanged) => debug!(nice, "session group (autogroup): nothing to set"),
+        Err(e) => warn!(error = %e, "cannot give the agent's session group (autogroup) its nice value; on a busy \
+                                     host new containers' weights may wait for a CPU"),
+    }
 }
 
 #[cfg(test)]

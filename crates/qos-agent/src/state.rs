@@ -7,6 +7,8 @@
 //! written 0600 through a new temporary file (`O_CREAT | O_EXCL | O_NOFOLLOW`, so a symlink planted in a shared
 //! directory is never followed) renamed over it.
 
+pub mod reset;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};

@@ -133,5 +133,5 @@ pub fn container_series(text: &str) -> usize {
 /// The agent's status table through its control socket.
 pub fn status(socket: &Path) -> Option<Status> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
-    rt.block_on(qos_agent::control::fetch(socket)).ok()
+    rt.block_on(qos_agent::ops::control::fetch(socket)).ok()
 }

@@ -258,7 +258,7 @@ impl Runtime for DockerRuntime {
         self.cleanup
             .push(format!("remove container {name}"), move || sys::run("docker", &["rm", "-f", &i]).map(|_| ()));
         let logs = || sys::run("docker", &["logs", &id]).unwrap_or_default();
-        let cgroup = match self.container_cgroup(&id, super::patience(Duration::from_secs(10))) {
+        let cgroup = match self.container_cgroup(&id, crate::sys::patience(Duration::from_secs(10))) {
             Ok(dir) => dir,
             Err(e) => {
                 let state = sys::run("docker", &["inspect", "-f", "{{.State.Status}} exit={{.State.ExitCode}}", &id]);
@@ -324,7 +324,7 @@ impl Runtime for DockerRuntime {
                 if let Err(e) = qos_agent::priority::apply(OBSERVER_NICE) {
                     tracing::warn!(error = %e, "the reaction times include the observer's own waits for a CPU");
                 }
-                let dir = self.container_cgroup(&p.id, super::patience(Duration::from_secs(30)))?;
+                let dir = self.container_cgroup(&p.id, crate::sys::patience(Duration::from_secs(30)))?;
                 let weight = hooks.created(&container_info(&p.id, dir.clone()), Instant::now())?;
                 Ok((dir, weight))
             });

@@ -18,6 +18,7 @@
 mod governor;
 pub mod iocost;
 pub mod protect;
+mod setting;
 mod switch;
 pub mod tune;
 pub mod vrate;

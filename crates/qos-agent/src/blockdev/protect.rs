@@ -30,45 +30,19 @@
 use std::path::Path;
 
 use super::iocost::{self, IO_COST_MODEL, IO_COST_QOS};
-use super::switch::{guard, set_bfq_tunable_in, set_queue_file_in, switch_scheduler_in};
-use super::{scheduler_in, validate_name, DevNum, DeviceError, Result};
+use super::setting::devnum_in;
+pub use super::setting::{line_has_all, queue_file, Setting, NR_REQUESTS, SCHEDULER};
+use super::{scheduler_in, validate_name, DevNum, Result};
 use crate::config::{DevicesConfig, ProtectMode};
 
 /// The settings protection makes on a BFQ device, in the order written (and put back in reverse): keys are BFQ
 /// tunables or [`NR_REQUESTS`].
 pub const BFQ_SETTINGS: [(&str, &str); 1] = [(NR_REQUESTS, "4")];
 
-/// The key of the queue's depth (`/sys/block/NAME/queue/nr_requests`, not a BFQ tunable) among the settings.
-pub const NR_REQUESTS: &str = "nr_requests";
-
-/// Where setting `key` of a BFQ device lives, relative to its queue directory: `nr_requests`, or
-/// `iosched/<key>` for a BFQ tunable.
-pub fn queue_file(key: &str) -> std::path::PathBuf {
-    if key == NR_REQUESTS {
-        NR_REQUESTS.into()
-    } else {
-        Path::new("iosched").join(key)
-    }
-}
-
-/// The key of a scheduler switch among the settings.
-pub const SCHEDULER: &str = "scheduler";
-
 /// How long each of the io.cost calibration's three loads runs at start (and the lone-read latency up to this).
 pub const IOCOST_SECONDS: u64 = 1;
 /// Threads of the io.cost calibration at start.
 pub const IOCOST_JOBS: usize = 4;
-
-/// One setting to make: device, key (a BFQ tunable, [`SCHEDULER`], `io.cost.model`, `io.cost.qos`), value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Setting {
-    /// The device, e.g. `sdb`.
-    pub device: String,
-    /// What is set.
-    pub key: String,
-    /// The value (for io.cost, the whole line written).
-    pub value: String,
-}
 
 /// A managed device and why it is one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +51,16 @@ pub struct Managed {
     pub name: String,
     /// Why it is managed: `[devices] check`, `Docker's data root /var/lib/docker`, ...
     pub why: String,
+}
+
+/// The managed devices: `[devices] check` when the operator names devices, else `runtime_disks` (the disks
+/// holding the runtime's data, each with why).
+pub fn managed(cfg: &DevicesConfig, runtime_disks: impl Iterator<Item = (String, String)>) -> Vec<Managed> {
+    if cfg.check.is_empty() {
+        runtime_disks.map(|(name, why)| Managed { name, why }).collect()
+    } else {
+        cfg.check.iter().map(|name| Managed { name: name.clone(), why: "[devices] check".into() }).collect()
+    }
 }
 
 /// What protection does to one managed device.
@@ -224,14 +208,6 @@ fn decide(
     leave(format!("its scheduler is {} and bfq is not available (`modprobe bfq`, then restart the agent)", s.active))
 }
 
-/// The device number of disk `name`, from `/sys/block/NAME/dev`.
-pub(super) fn devnum_in(sys: &Path, name: &str) -> Result<DevNum> {
-    validate_name(name)?;
-    let path = sys.join("block").join(name).join("dev");
-    let text = std::fs::read_to_string(&path).map_err(|source| DeviceError::Io { op: "read", path, source })?;
-    Ok(text.trim().parse::<DevNum>()?)
-}
-
 /// The settings of io.cost for `device` from a measurement: the model line, then the qos line.
 pub fn io_cost_settings(device: &str, dev: DevNum, measured: &iocost::Measured) -> [Setting; 2] {
     let qos = iocost::QosTarget::from_latency(std::time::Duration::from_micros(measured.median_4k_qd1_us));
@@ -250,97 +226,4 @@ pub fn measure_for_io_cost(device: &str) -> Result<iocost::Measured> {
         write_file: None,
     };
     iocost::measure(&Path::new("/dev").join(device), &cal)
-}
-
-fn is_io_cost(key: &str) -> bool {
-    key == IO_COST_MODEL || key == IO_COST_QOS
-}
-
-/// Whether every `key=value` word of `want` (after its device number) is in `line`.
-pub fn line_has_all(line: &str, want: &str) -> bool {
-    let have: Vec<&str> = line.split_whitespace().collect();
-    want.split_whitespace().skip(1).all(|w| have.contains(&w))
-}
-
-/// What a setting reads now: a BFQ tunable's file, the active scheduler, or the device's io.cost line (`""` when
-/// the file has none).
-pub(crate) fn read_setting(sys: &Path, v2_root: Option<&Path>, device: &str, key: &str) -> Result<String> {
-    if key == SCHEDULER {
-        return Ok(scheduler_in(sys, device)?.active);
-    }
-    if is_io_cost(key) {
-        let v2 = v2_root.ok_or_else(|| DeviceError::Refused {
-            device: device.into(),
-            reason: format!("{key}: no cgroup v2 root"),
-        })?;
-        let dev = devnum_in(sys, device)?;
-        return Ok(iocost::read_line(&v2.join(key), dev)?.unwrap_or_default());
-    }
-    validate_name(device)?;
-    super::tune::read_tunable(sys, device, key)
-}
-
-/// Writes one setting through the guard (allow-list, root disk) and checks it reads back; returns the old value.
-pub(crate) fn write_setting(
-    sys: &Path,
-    mountinfo: &str,
-    v2_root: Option<&Path>,
-    device: &str,
-    key: &str,
-    value: &str,
-    allowed: &[String],
-) -> Result<String> {
-    if key == SCHEDULER {
-        return switch_scheduler_in(sys, mountinfo, device, value, allowed);
-    }
-    if is_io_cost(key) {
-        guard(sys, mountinfo, device, allowed)?;
-        let old = read_setting(sys, v2_root, device, key)?;
-        let v2 = v2_root.expect("read_setting checked it");
-        let dev = devnum_in(sys, device)?;
-        if value.split_whitespace().next() != Some(dev.to_string().as_str()) {
-            return Err(DeviceError::Refused {
-                device: device.into(),
-                reason: format!("{key} line {value:?} is not for its device number {dev}"),
-            });
-        }
-        iocost::write_line(&v2.join(key), value, dev)?;
-        let back = read_setting(sys, v2_root, device, key)?;
-        if !line_has_all(&back, value) {
-            return Err(DeviceError::Refused {
-                device: device.into(),
-                reason: format!("{} reads {back:?} after writing {value:?}", v2.join(key).display()),
-            });
-        }
-        return Ok(old);
-    }
-    if key == NR_REQUESTS {
-        return set_queue_file_in(sys, mountinfo, device, Path::new(NR_REQUESTS), value, allowed);
-    }
-    set_bfq_tunable_in(sys, mountinfo, device, key, value, allowed)
-}
-
-/// Puts one setting back to `original` as recorded: a tunable or scheduler as it was; an io.cost line as it was,
-/// or, where io.cost was off (or had no line) or its model automatic, simply off / automatic again.
-pub(crate) fn restore_setting(
-    sys: &Path,
-    mountinfo: &str,
-    v2_root: Option<&Path>,
-    device: &str,
-    key: &str,
-    original: &str,
-    allowed: &[String],
-) -> Result<String> {
-    if is_io_cost(key) {
-        let dev = devnum_in(sys, device)?;
-        let minimal = if key == IO_COST_QOS { "enable=0" } else { "ctrl=auto" };
-        let words: Vec<&str> = original.split_whitespace().collect();
-        let value = if words.is_empty() || words.contains(&minimal) {
-            format!("{dev} {minimal}")
-        } else {
-            original.to_string()
-        };
-        return write_setting(sys, mountinfo, v2_root, device, key, &value, allowed);
-    }
-    write_setting(sys, mountinfo, v2_root, device, key, original, allowed)
 }

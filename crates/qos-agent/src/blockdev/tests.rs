@@ -453,7 +453,7 @@ fn protect_sets_reads_back_and_restores_the_queue_depth_and_after_a_kill_the_fir
     let rows = view.read_back();
     assert_eq!(rows[0].now.as_deref(), Some("64"));
     assert!(!rows[0].as_set());
-    let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
+    let metrics = std::sync::Arc::new(crate::ops::metrics::Metrics::new());
     metrics.device_settings.set_view(view.clone());
     let text = metrics.render();
     assert!(text.contains("ddiskqos_device_setting{device=\"loop3\",setting=\"nr_requests\"} 64"), "{text}");

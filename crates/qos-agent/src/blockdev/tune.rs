@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::protect::{read_setting, restore_setting, write_setting, Setting};
+use super::setting::{read_setting, restore_setting, write_setting, Setting};
 use super::{DeviceError, MOUNTINFO, SYS};
 
 /// A BFQ tunable the agent may set: its name, the smallest and largest value it accepts, and its unit.
@@ -297,7 +297,7 @@ impl TunedDevices {
         // Adopted first, so they go back last (a scheduler after the tunables it resets).
         for (device, settings) in &earlier {
             let mut keys: Vec<&String> = settings.keys().filter(|k| adopted(device, k)).collect();
-            keys.sort_by_key(|k| k.as_str() != super::protect::SCHEDULER);
+            keys.sort_by_key(|k| k.as_str() != super::setting::SCHEDULER);
             for key in keys {
                 let original = &settings[key];
                 let now = read_setting(sys, v2_root, device, key).unwrap_or_else(|e| format!("(unreadable: {e})"));
@@ -432,11 +432,11 @@ impl TunedDevices {
         let mut tuned = Vec::new();
         // The order they were set in is not kept: the scheduler goes back last (switching it resets BFQ's tunables).
         for (device, settings) in &earlier {
-            for (key, original) in settings.iter().filter(|(k, _)| k.as_str() != super::protect::SCHEDULER) {
+            for (key, original) in settings.iter().filter(|(k, _)| k.as_str() != super::setting::SCHEDULER) {
                 tuned.push(Tuned::recorded(device, key, original));
             }
-            if let Some(original) = settings.get(super::protect::SCHEDULER) {
-                tuned.push(Tuned::recorded(device, super::protect::SCHEDULER, original));
+            if let Some(original) = settings.get(super::setting::SCHEDULER) {
+                tuned.push(Tuned::recorded(device, super::setting::SCHEDULER, original));
             }
         }
         // `restore` goes last to first.
@@ -574,7 +574,7 @@ impl SettingRow {
     pub fn as_set(&self) -> bool {
         match &self.now {
             None => false,
-            Some(now) if self.setting.starts_with("io.cost") => super::protect::line_has_all(now, &self.set),
+            Some(now) if self.setting.starts_with("io.cost") => super::setting::line_has_all(now, &self.set),
             Some(now) => *now == self.set,
         }
     }
@@ -609,16 +609,6 @@ impl DeviceSettingsView {
     pub fn notes(&self) -> &[(String, String)] {
         &self.notes
     }
-}
-
-/// What setting `key` (a BFQ tunable, or [`super::protect::NR_REQUESTS`]) of `device` reads now.
-pub(super) fn read_tunable(sys: &Path, device: &str, key: &str) -> Result<String, DeviceError> {
-    let path = super::queue_dir(sys, device).join(super::protect::queue_file(key));
-    std::fs::read_to_string(&path).map(|s| s.trim().to_string()).map_err(|source| DeviceError::Io {
-        op: "read",
-        path,
-        source,
-    })
 }
 
 fn read_originals(path: &Path) -> Result<BTreeMap<String, BTreeMap<String, String>>, TuneError> {

@@ -8,7 +8,7 @@ use tracing::{debug, error, info, warn};
 
 use super::{display_level, Daemon, Tracked};
 use crate::backend::{CounterSource, Discovery, WeightWriter};
-use crate::reconcile::{FailedStep, Report};
+use crate::daemon::reconcile::{FailedStep, Report};
 
 impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     /// Turns a reconciler report into log lines and metrics.

@@ -21,7 +21,7 @@ use crate::blockdev::vrate::{self, VrateNews, VrateWatch};
 use crate::blockdev::{DeviceFacts, DeviceTable, Governor};
 use crate::cgroup::{CgroupError, WeightFileKind, WeightLines};
 use crate::kernel::DevNum;
-use crate::metrics::DeviceWeightEffective;
+use crate::ops::metrics::DeviceWeightEffective;
 
 use super::V2Plan;
 

@@ -13,6 +13,7 @@
 
 mod counters;
 mod devices;
+pub mod restore_records;
 pub mod v2_plan;
 mod writer;
 
@@ -24,11 +25,11 @@ pub use writer::FileWriter;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::backend::RuntimeBackends;
 use crate::backend::Starting;
 use crate::cgroup::{CgroupRoot, CgroupVersion};
 use crate::config::AgentConfig;
-use crate::daemon::RuntimeBackends;
-use crate::metrics::Metrics;
+use crate::ops::metrics::Metrics;
 
 /// The file writer as the agent configures it: on v2 it checks the devices `check` names (`[devices] check`, or
 /// Docker's data disk) besides each container's own, and exports which weight acts on each device; on v2 it
@@ -47,9 +48,9 @@ pub fn agent_writer(root: &CgroupRoot, check: Vec<String>, records: Option<PathB
 }
 
 /// Where the agent's file writer keeps its restore snapshots: beside the state file (`<state file>.v2-files.jsonl`,
-/// see [`crate::restore_records`]); none in a dry run, which writes nothing.
+/// see [`crate::files::restore_records`]); none in a dry run, which writes nothing.
 pub fn records_file(cfg: &AgentConfig) -> Option<PathBuf> {
-    (!cfg.dry_run).then(|| crate::restore_records::records_path(&cfg.state_file, "v2-files"))
+    (!cfg.dry_run).then(|| crate::files::restore_records::records_path(&cfg.state_file, "v2-files"))
 }
 
 /// The backends of a runtime whose containers are plain cgroup directories (cgroup-dir, CRI pod cgroups, the
@@ -59,7 +60,7 @@ pub fn backends_on_files<D>(
     cfg: &AgentConfig,
     root: &Arc<CgroupRoot>,
     metrics: &Metrics,
-) -> RuntimeBackends<D, FileCounters, FileWriter> {
+) -> RuntimeBackends<D, FileCounters, FileWriter, FileDevices> {
     let writer = agent_writer(root, cfg.devices.check.clone(), records_file(cfg), metrics);
     let devices = writer.devices();
     RuntimeBackends {

@@ -35,10 +35,10 @@ use serde::{Deserialize, Serialize};
 use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
 use crate::blockdev::DeviceTable;
 use crate::cgroup::{CgroupDir, CgroupError, CgroupVersion, WeightFile, WeightFileKind, WeightLines, V2_IO_STAT};
+use crate::files::restore_records::RestoreRecords;
 use crate::files::{check_restored, restore_lines, FileDevices, Line, Mismatch, V2Plan};
 use crate::kernel::DevNum;
-use crate::metrics::DeviceWeightEffective;
-use crate::restore_records::RestoreRecords;
+use crate::ops::metrics::DeviceWeightEffective;
 
 /// Where the v2 hierarchy is mounted unless told otherwise (its root holds `io.cost.qos`).
 const DEFAULT_V2_ROOT: &str = "/sys/fs/cgroup";

@@ -14,9 +14,9 @@ use super::unit::UnitName;
 use crate::backend::{AppliedVia, BackendError, ContainerInfo, Starting, WeightWriter};
 use crate::blockdev;
 use crate::cgroup::{CgroupDir, CgroupError, CgroupVersion, WeightFile, WeightFileKind};
+use crate::files::restore_records::RestoreRecords;
 use crate::files::FileWriter;
 use crate::kernel::DevNum;
-use crate::restore_records::RestoreRecords;
 
 /// systemd applies a unit's new properties from its event loop, possibly just after answering the call: the
 /// read-back looks this many times, this far apart, before it calls the weight missing.
@@ -64,7 +64,7 @@ impl<W: WeightWriter> SystemdActuator<W> {
         }
     }
 
-    /// Takes discovery's set of containers still starting ([`crate::daemon::RuntimeBackends::starting`]). A
+    /// Takes discovery's set of containers still starting ([`crate::backend::RuntimeBackends::starting`]). A
     /// `SetUnitProperties` on a scope runc is still configuring through systemd makes systemd apply the unit's
     /// cgroup settings under runc (seen: `docker run` failing at `BPF_PROG_ATTACH`), so such a container's weight
     /// is written to its files by `inner`; once it settled (`DiscoveryEvent::Settled`), the daemon writes it again

@@ -24,7 +24,7 @@ use qos_agent::cgroup::{CgroupError, WeightFileKind};
 use qos_agent::config::{ActuatorMode, AgentConfig};
 use qos_agent::daemon::{Actuator, Command, CpuClock, Daemon, DaemonError, PolicyKind, Status, StatusRow, Summary};
 use qos_agent::labels::{EXCLUDE_LABEL, WEIGHT_LABEL};
-use qos_agent::metrics::{Metrics, ReasonLabels};
+use qos_agent::ops::metrics::{Metrics, ReasonLabels};
 use qos_agent::state::OriginalWeights;
 use qos_core::{ByteSize, ContainerId, IoCounters, LevelConfig, Weight};
 use tokio::sync::{mpsc, oneshot};
@@ -1234,7 +1234,7 @@ async fn status_table_shows_level_weight_and_bytes_at_level() {
     let a = &st.containers[0];
     assert_eq!(a.name, "a-name");
     assert!((0.45..=0.55).contains(&a.seconds_at_level), "{}", a.seconds_at_level);
-    let text = qos_agent::control::render(&st);
+    let text = qos_agent::ops::control::render(&st);
     assert!(text.contains("a-name") && text.contains("524288"), "{text}");
 }
 
@@ -1308,7 +1308,7 @@ async fn status_shows_each_device_of_a_container_what_governs_it_and_the_weight_
     // Through the socket's JSON and the table as `ddiskqos-agent status` prints it.
     let back: Status = serde_json::from_str(&serde_json::to_string(&st).unwrap()).unwrap();
     assert_eq!(back.containers[0].devices, st.containers[0].devices);
-    let text = qos_agent::control::render(&back);
+    let text = qos_agent::ops::control::render(&back);
     assert!(text.contains("device 7:4 (loop4)") && text.contains("io.bfq.weight 200, io.weight 200"), "{text}");
     assert!(text.contains("NO WEIGHT ACTS"), "{text}");
 }

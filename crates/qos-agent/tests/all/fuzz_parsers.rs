@@ -414,7 +414,7 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
                 AgentConfig {
                     runtime: if docker { RuntimeKind::Docker } else { RuntimeKind::CgroupDir },
                     sample_interval,
-                    cpu_budget: m.2.map(qos_agent::pacing::CpuBudget::from_ppm),
+                    cpu_budget: m.2.map(qos_agent::daemon::pacing::CpuBudget::from_ppm),
                     actuator: match (actuator, docker) {
                         (0, true) => ActuatorMode::Docker,
                         (1, _) => ActuatorMode::Files,
@@ -465,10 +465,10 @@ proptest! {
     /// that parses back to it.
     #[test]
     fn cpu_budget_text_never_panics_and_round_trips(text in "\\PC{0,12}", ppm in 1u32..=1_000_000) {
-        let _ = qos_agent::pacing::CpuBudget::parse(&text);
-        let _ = qos_agent::pacing::CpuBudget::parse(&format!("{text}%"));
-        let b = qos_agent::pacing::CpuBudget::from_ppm(ppm);
-        prop_assert_eq!(qos_agent::pacing::CpuBudget::parse(&b.to_string()), Ok(b));
+        let _ = qos_agent::daemon::pacing::CpuBudget::parse(&text);
+        let _ = qos_agent::daemon::pacing::CpuBudget::parse(&format!("{text}%"));
+        let b = qos_agent::daemon::pacing::CpuBudget::from_ppm(ppm);
+        prop_assert_eq!(qos_agent::daemon::pacing::CpuBudget::parse(&b.to_string()), Ok(b));
     }
 }
 

@@ -12,11 +12,11 @@ pub use discovery::CgroupDirDiscovery;
 use std::sync::Arc;
 
 use crate::backend::DiscoveryError;
+use crate::backend::RuntimeBackends;
 use crate::cgroup::CgroupRoot;
 use crate::config::AgentConfig;
-use crate::daemon::RuntimeBackends;
-use crate::files::{backends_on_files, FileCounters, FileWriter};
-use crate::metrics::Metrics;
+use crate::files::{backends_on_files, FileCounters, FileDevices, FileWriter};
+use crate::ops::metrics::Metrics;
 
 /// The cgroup-dir runtime's backends as the agent binary assembles them: the children of `[cgroup] parent`,
 /// counters and writer on their cgroup files.
@@ -24,7 +24,7 @@ pub fn backends(
     cfg: &AgentConfig,
     root: Arc<CgroupRoot>,
     metrics: &Metrics,
-) -> Result<RuntimeBackends<CgroupDirDiscovery, FileCounters, FileWriter>, DiscoveryError> {
+) -> Result<RuntimeBackends<CgroupDirDiscovery, FileCounters, FileWriter, FileDevices>, DiscoveryError> {
     let discovery = CgroupDirDiscovery::new(root.clone(), &cfg.cgroup.parent)?;
     Ok(backends_on_files(discovery, cfg, &root, metrics))
 }

@@ -13,7 +13,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio::sync::mpsc;
 
-use crate::metrics::CallLabels;
+use crate::ops::metrics::CallLabels;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::backend::DiscoveryError;

@@ -26,12 +26,49 @@ pub use writer::DockerWriter;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::backend::DiscoveryError;
+use crate::backend::{DiscoveryError, RuntimeBackends};
+use crate::blockdev::protect::{self, Managed};
 use crate::cgroup::CgroupRoot;
-use crate::config::ActuatorMode;
-use crate::daemon::RuntimeBackends;
-use crate::files::agent_writer;
-use crate::metrics::Metrics;
+use crate::config::{ActuatorMode, AgentConfig};
+use crate::files::{agent_writer, FileDevices};
+use crate::ops::metrics::Metrics;
+
+/// Docker as the agent assembles it ([`assemble`], called by [`crate::agent::AgentBuilder`]): connected, with the
+/// disk holding its data when the config names no device.
+#[derive(Debug)]
+pub struct Assembly {
+    docker: Docker,
+    data_disk: Option<String>,
+}
+
+/// Connects to dockerd (`[docker] socket`) and, when `[devices] check` names no device, finds the disk holding
+/// Docker's data root: the device its containers' I/O goes to.
+pub async fn assemble(cfg: &AgentConfig) -> Result<Assembly, DiscoveryError> {
+    let docker = connect(&cfg.docker.socket).await?;
+    let data_disk = if cfg.devices.check.is_empty() { data_disk(&docker).await } else { None };
+    Ok(Assembly { docker, data_disk })
+}
+
+impl Assembly {
+    /// The managed devices: `[devices] check`, else the disk holding Docker's data root.
+    pub fn managed(&self, cfg: &AgentConfig) -> Vec<Managed> {
+        protect::managed(&cfg.devices, self.data_disk.iter().map(|d| (d.clone(), "Docker's data root".into())))
+    }
+
+    /// The backends ([`backends`]), their writer checking the managed devices (once the device settings at start
+    /// are made: the writer looks at the devices at once).
+    pub async fn backends(
+        self,
+        cfg: &AgentConfig,
+        root: Arc<CgroupRoot>,
+        metrics: &Metrics,
+    ) -> Result<RuntimeBackends<DockerDiscovery, DockerCounters, DockerWriter, FileDevices>, DiscoveryError> {
+        let check =
+            if cfg.devices.check.is_empty() { self.data_disk.into_iter().collect() } else { cfg.devices.check.clone() };
+        let records = crate::files::records_file(cfg);
+        backends(self.docker, root, cfg.actuator, check, records, metrics).await
+    }
+}
 
 /// The Docker runtime's backends as the agent binary assembles them (the bench runs the daemon on these too, so
 /// it measures the shipped wiring): discovery by events, counters from the cgroup files behind the parent gate,
@@ -44,7 +81,7 @@ pub async fn backends(
     check: Vec<String>,
     records: Option<PathBuf>,
     metrics: &Metrics,
-) -> Result<RuntimeBackends<DockerDiscovery, DockerCounters, DockerWriter>, DiscoveryError> {
+) -> Result<RuntimeBackends<DockerDiscovery, DockerCounters, DockerWriter, FileDevices>, DiscoveryError> {
     let files = agent_writer(&root, check, records, metrics);
     let devices = files.devices();
     let discovery = DockerDiscovery::new(docker.clone(), root.clone()).await?;

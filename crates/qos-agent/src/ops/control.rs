@@ -34,11 +34,11 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Answers status requests until the task is dropped, within [`crate::limits::CONTROL`]'s bounds. Each client is
+/// Answers status requests until the task is dropped, within [`crate::ops::limits::CONTROL`]'s bounds. Each client is
 /// answered in its own task: the daemon hands the table over and goes on, so a client that reads nothing delays
 /// nobody (it is dropped at its deadline).
 pub async fn serve(listener: UnixListener, commands: mpsc::Sender<Command>) {
-    crate::limits::serve(listener, crate::limits::CONTROL, "control", move |mut stream| {
+    crate::ops::limits::serve(listener, crate::ops::limits::CONTROL, "control", move |mut stream| {
         let commands = commands.clone();
         async move {
             let (tx, rx) = oneshot::channel();

@@ -140,19 +140,19 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-/// Serves `GET /metrics` (any path, in fact) until the task is dropped, within [`crate::limits::METRICS`]'s bounds.
+/// Serves `GET /metrics` (any path, in fact) until the task is dropped, within [`crate::ops::limits::METRICS`]'s bounds.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
     serve_with_readiness(listener, metrics, None).await
 }
 
 /// [`serve`], and `GET /readyz` answered from `readiness` (200 ready, 503 not, the reasons as text; see
-/// [`crate::readiness`]) when there is one.
+/// [`crate::ops::readiness`]) when there is one.
 pub async fn serve_with_readiness(
     listener: TcpListener,
     metrics: Arc<Metrics>,
-    readiness: Option<Arc<crate::readiness::Readiness>>,
+    readiness: Option<Arc<crate::ops::readiness::Readiness>>,
 ) {
-    crate::limits::serve(listener, crate::limits::METRICS, "metrics", move |mut stream| {
+    crate::ops::limits::serve(listener, crate::ops::limits::METRICS, "metrics", move |mut stream| {
         let metrics = metrics.clone();
         let readiness = readiness.clone();
         async move {

@@ -7,7 +7,7 @@
 //!
 //! Each probe reads every device's scheduler and the v2 root's `io.cost.qos` afresh (two small sysfs/cgroupfs
 //! reads per device), so a device fixed by hand turns the node ready without a restart. The metrics listener's
-//! bounds ([`crate::limits::METRICS`]) bound the probes too.
+//! bounds ([`crate::ops::limits::METRICS`]) bound the probes too.
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicI64;
