@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use qos_agent::blockdev::{self, iocost, DevNum};
@@ -238,6 +239,31 @@ impl Disk {
             blockdev::set_bfq_tunable(&name, &key, &old, std::slice::from_ref(&name))?;
             Ok(())
         }))
+    }
+
+    /// Requests the device has in flight now (reads and writes: `/sys/block/NAME/inflight`), queued in the
+    /// scheduler or in the device (under qemu, in its throttle's queue too).
+    pub fn inflight(&self) -> Result<u64> {
+        let path = Path::new("/sys/block").join(&self.info.disk_name).join("inflight");
+        let text = sys::read_trim(&path)?;
+        parse_inflight(&text).with_context(|| format!("{}: {text:?}", path.display()))
+    }
+
+    /// Waits until the device has no request in flight (polling every millisecond), at most `limit`; returns how
+    /// long it waited. An Alone read starts on an idle device: a frozen background's requests still in flight
+    /// would otherwise be served first (under qemu's throttle, up to a few hundred ms).
+    pub fn wait_idle(&self, limit: Duration) -> Result<Duration> {
+        let t0 = std::time::Instant::now();
+        loop {
+            let n = self.inflight()?;
+            if n == 0 {
+                return Ok(t0.elapsed());
+            }
+            if t0.elapsed() > limit {
+                bail!("{}: {n} request(s) still in flight after {limit:?}", self.info.disk_name);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// The active scheduler and every BFQ tunable, for the report.
@@ -485,9 +511,26 @@ fn use_bfq(disk_name: &str, cleanup: &Cleanup) -> Result<()> {
     Ok(())
 }
 
+/// The sum of `/sys/block/NAME/inflight`'s two counts (reads, writes).
+fn parse_inflight(text: &str) -> Result<u64> {
+    let counts: Vec<u64> = text.split_whitespace().map(str::parse).collect::<Result<_, _>>()?;
+    match counts[..] {
+        [reads, writes] => Ok(reads + writes),
+        _ => bail!("expected two counts (reads, writes), got {}", counts.len()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inflight_is_the_sum_of_reads_and_writes() {
+        assert_eq!(parse_inflight("       0        0").unwrap(), 0);
+        assert_eq!(parse_inflight("3 1").unwrap(), 4);
+        assert!(parse_inflight("3").is_err());
+        assert!(parse_inflight("x 1").is_err());
+    }
 
     #[test]
     fn root_disk_is_refused() {

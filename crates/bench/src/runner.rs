@@ -63,6 +63,10 @@ pub struct RunConfig {
 /// Share of a soak's time given to Experiment 1 (the rest goes to Experiment 2).
 pub const SOAK_EXP1_SHARE: f64 = 0.55;
 
+/// How long the device may take to finish the frozen background's requests before an Alone read (stretched by
+/// [`crate::sys::patience`]); more is an error.
+const ALONE_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Reader containers prepared ahead in a soak (the rest are created as they are needed).
 const SOAK_PREPARED_ROUNDS: usize = 2;
 
@@ -259,6 +263,9 @@ impl ModeRun<'_, '_> {
             Variant::Alone => {
                 self.agent.set_dry_run(true)?;
                 self.bg.freeze()?;
+                // The frozen background's requests already in the device are served before anything else: Alone
+                // starts once the device has none left.
+                self.env.disk.wait_idle(crate::sys::patience(ALONE_IDLE_TIMEOUT))?;
             }
             Variant::Original => {
                 self.bg.thaw();
