@@ -155,7 +155,7 @@ pub struct DevicesConfig {
     /// Opt-in: BFQ tunables set at start-up, device by device (`{ sdb = { max_budget = 256, timeout_sync = 8 } }`),
     /// and put back on a clean shutdown; only the tunables of [`crate::blockdev::tune::ALLOWED`], only on the
     /// devices named here, whose scheduler must be bfq (or which `switch_to_bfq` names), never the disk holding
-    /// `/`. For Docker's default layout on cgroup v1 (README, "Docker's default layout on cgroup v1").
+    /// `/`. For Docker's default layout on cgroup v1 (docs/devices.md, "Docker's default layout on cgroup v1").
     pub bfq_tunables: crate::blockdev::tune::TunableMap,
 }
 
@@ -183,7 +183,7 @@ pub struct AgentConfig {
     pub runtime: RuntimeKind,
     /// Time between two sampling rounds. 500 ms: a big reader is demoted within half a second. A round reads only
     /// the containers whose parent cgroup shows I/O they may have done: 0.5 % of one core at 1,024 containers
-    /// with one of them busy, 1.5 % if every one of them does I/O in every round (README, "Scale").
+    /// with one of them busy, 1.5 % if every one of them does I/O in every round (docs/testing.md, "Scale").
     #[serde(with = "qos_core::units::duration")]
     pub sample_interval: Duration,
     /// Share of one core the sampling rounds may use: when rounds cost more (many containers all doing I/O), they

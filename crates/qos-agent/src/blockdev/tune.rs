@@ -4,7 +4,7 @@
 //! Why: on cgroup v1, BFQ lets a newly busy group preempt the group in service only among top-level groups, so
 //! containers in Docker's default layout (`docker/<id>`, siblings under one parent) wait for the background's slot
 //! to end whatever their weight. A small `max_budget` (and a short `timeout_sync`) ends every slot soon, and then
-//! the weights decide who is served next (crate README, "Docker's default layout on cgroup v1").
+//! the weights decide who is served next (docs/devices.md, "Docker's default layout on cgroup v1").
 //!
 //! Every write goes through [`set_bfq_tunable`](super::set_bfq_tunable): the device must be one the config names,
 //! never the disk backing `/`, and the value must read back. Only the tunables of [`ALLOWED`] can be set, each

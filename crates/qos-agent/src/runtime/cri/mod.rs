@@ -1,7 +1,7 @@
 //! The CRI runtime (`runtime = "cri"`): the pods of a Kubernetes node, found through the container runtime's CRI
 //! v1 socket (containerd by default, CRI-O by `[cri] socket`). One entry per pod, whose cgroup is the pod cgroup
 //! the kubelet made: its containers' counters are summed there by the kernel's recursive counters, and the weight
-//! written there divides the disk between pods (README, "Kubernetes").
+//! written there divides the disk between pods (docs/kubernetes.md).
 //!
 //! - `client.rs`: [`CriClient`], the three CRI calls made (Version, ListPodSandbox, verbose PodSandboxStatus);
 //! - `discovery.rs`: [`CriDiscovery`], periodic re-list plus inotify on the kubepods tree, reconnect with backoff;

@@ -104,7 +104,7 @@ impl CounterSource for DockerCounters {
                 // Measured by the bench (crates/bench/README.md, "Findings"): BFQ lets a newly busy group preempt
                 // the one in service only at the root level, so below a shared parent a new container at weight
                 // 1000 still waits for the background's slot (1 MiB read: 37 ms nested vs 2 ms at the root),
-                // unless every slot is short (`[devices] bfq_tunables`, README "Docker's default layout").
+                // unless every slot is short (`[devices] bfq_tunables`, docs/devices.md "Docker's default layout").
                 warn!(cgroup = %dir.path().display(),
                       "containers sit below a parent cgroup: on cgroup v1 with BFQ, weights then barely shorten a \
                        new container's first reads unless the device's slots are short: set [devices] bfq_tunables \
