@@ -23,8 +23,9 @@
 //! [`DiscoveryEvent::Settled`](crate::backend::DiscoveryEvent::Settled): the daemon then writes the weight again at
 //! its next round, through systemd, which keeps it over its own re-applies. Until Docker's start event, runc's own
 //! `SetUnitProperties` makes systemd put the scope's files back at the unit's values; discovery therefore sends
-//! [`DiscoveryEvent::StillStarting`](crate::backend::DiscoveryEvent::StillStarting) every 20 ms meanwhile, and the
-//! daemon reads the weight again and writes it where it was put back.
+//! [`DiscoveryEvent::StillStarting`](crate::backend::DiscoveryEvent::StillStarting) every 20 ms meanwhile (for a
+//! minute at most per container: one Docker never reports started is left to the rounds), and the daemon reads the
+//! weight again and writes it where it was put back.
 //!
 //! A container announced early is still starting: dockerd holds its container lock until the start completes, so
 //! a `docker update` sent now waits for that. [`Starting`] tells the writer which containers those are (it writes

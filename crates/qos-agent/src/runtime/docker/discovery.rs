@@ -33,12 +33,38 @@ pub struct DockerDiscovery {
     cgroups: CgroupWatch,
     /// When the containers still starting are checked next (systemd driver only).
     recheck_at: Option<tokio::time::Instant>,
+    /// Since when each container still starting has been checked.
+    checked_since: StartingClock,
 }
 
 /// How often, on Docker's systemd driver, the weights of containers announced early and not yet reported started
 /// are read again: runc's `SetUnitProperties` (after the scope appeared, before the container's process runs)
 /// makes systemd put the scope's files back at the unit's values, and the agent writes them again within this.
 const STARTING_RECHECK: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// How long a container announced early is checked every [`STARTING_RECHECK`] at most: one that Docker never
+/// reports started (a failed start whose cgroup stays) would otherwise be read every 20 ms for as long as it exists.
+/// Under emulation Docker's start event came 6-8 s after the scope; the rounds keep verifying it after this.
+const STARTING_CHECKED_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// When each container still starting was first checked: those checked for longer than a limit are left to the
+/// rounds.
+#[derive(Debug, Default)]
+struct StartingClock(HashMap<ContainerId, tokio::time::Instant>);
+
+impl StartingClock {
+    /// Of `starting` (the set now), those first seen less than `limit` before `now`; forgets the others' entries
+    /// once they leave the set.
+    fn still_checked(
+        &mut self,
+        starting: Vec<ContainerId>,
+        now: tokio::time::Instant,
+        limit: std::time::Duration,
+    ) -> Vec<ContainerId> {
+        self.0.retain(|id, _| starting.contains(id));
+        starting.into_iter().filter(|id| now.duration_since(*self.0.entry(id.clone()).or_insert(now)) < limit).collect()
+    }
+}
 
 /// The `Sync` half of discovery (API client and cgroup layout), so its futures stay `Send` while the event
 /// stream (not `Sync`) lives beside it.
@@ -84,6 +110,7 @@ impl DockerDiscovery {
             listed: HashSet::new(),
             listed_at_ns: 0,
             recheck_at: None,
+            checked_since: StartingClock::default(),
         })
     }
 
@@ -292,6 +319,8 @@ impl Discovery for DockerDiscovery {
                 CgroupDriver::Systemd => self.cgroups.starting().ids(),
                 CgroupDriver::Cgroupfs => Vec::new(),
             };
+            let starting =
+                self.checked_since.still_checked(starting, tokio::time::Instant::now(), STARTING_CHECKED_FOR);
             if starting.is_empty() {
                 self.recheck_at = None;
             }
@@ -429,6 +458,23 @@ fn identify(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_container_still_starting_is_checked_for_a_bounded_time_then_forgotten() {
+        let mut clock = StartingClock::default();
+        let limit = std::time::Duration::from_secs(60);
+        let t0 = tokio::time::Instant::now();
+        let (a, b) = (ContainerId::new("a"), ContainerId::new("b"));
+        assert_eq!(clock.still_checked(vec![a.clone()], t0, limit), vec![a.clone()]);
+        let t30 = t0 + std::time::Duration::from_secs(30);
+        assert_eq!(clock.still_checked(vec![a.clone(), b.clone()], t30, limit), vec![a.clone(), b.clone()]);
+        // a's minute is up; b (first seen at 30 s) is still checked.
+        let t61 = t0 + std::time::Duration::from_secs(61);
+        assert_eq!(clock.still_checked(vec![a.clone(), b.clone()], t61, limit), vec![b.clone()]);
+        // A container that left the set is forgotten: announced again, its minute starts again.
+        assert!(clock.still_checked(vec![b.clone()], t61, limit).contains(&b));
+        assert_eq!(clock.still_checked(vec![a.clone()], t61, limit), vec![a]);
+    }
     use crate::cgroup::CgroupVersion;
 
     const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
