@@ -41,6 +41,13 @@
 //! `Daemon::new(cfg, discovery, FileCounters::new(), FileWriter::default(), ..).run(commands)` with the files
 //! layer's counters and writer (`qos_agent::files`).
 //! See `examples/slice_runtime.rs`.
+//!
+//! ## Public surface
+//! What an embedder uses: [`agent::AgentBuilder`] and [`agent::Agent`]; the traits and types of [`backend`];
+//! [`AgentConfig`]; [`Daemon`], [`Command`], [`Status`] and [`Summary`]; [`files::FileCounters`] and
+//! [`files::FileWriter`]; [`cgroup::CgroupRoot`] and [`cgroup::CgroupDir`]. Every other module is public for
+//! this workspace's bench and tests (they measure and test the shipped parts themselves) and may change without
+//! notice.
 
 pub mod agent;
 pub mod backend;

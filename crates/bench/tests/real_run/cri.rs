@@ -76,7 +76,9 @@ fn cri_run_weights_pod_cgroups_and_leaves_nothing() {
     assert_eq!(meta["runtime"], "cri");
     assert!(meta["runtime_reason"].as_str().is_some_and(|r| r.contains("containerd")), "{meta}");
     assert!(meta["cgroup_layout"].as_str().is_some_and(|l| l.contains("kubepods/burstable")), "{meta}");
-    assert!(meta["agent"].as_str().is_some_and(|a| a.contains("runtime::cri::backends")), "{meta}");
+    // The agent as the binary assembles it for `runtime = "cri"` (named so since the assembly moved to
+    // `qos_agent::agent`).
+    assert!(meta["agent"].as_str().is_some_and(|a| a.contains("AgentBuilder::assemble, runtime cri")), "{meta}");
     let mode = &json["modes"][0];
     let mut readers = std::collections::HashSet::new();
     let mut dq_bg = Vec::new();
