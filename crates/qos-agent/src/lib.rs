@@ -22,7 +22,10 @@
 //!   [`files::restore_records`]: the writers' restore log beside the state file.
 //! - [`cgroup`]: runtime-agnostic cgroup v1/v2 file primitives: mount detection (once), confined directories,
 //!   counter-file parsers and reader, weight files with verified writes, errors naming files.
-//! - [`systemd`]: the writer for cgroups that are systemd units (unit properties over D-Bus).
+//! - [`writer`]: [`writer::AgentWriter`], the agent's weight writer: one way of applying weights chosen at assembly
+//!   (the files, systemd unit properties, Docker's API) over the one [`files::FileWriter`], which reads every
+//!   weight back and owns the device table.
+//! - [`systemd`]: the way of applying weights to cgroups that are systemd units (unit properties over D-Bus).
 //! - [`blockdev`]: block-device facts (scheduler, io.cost, the disk of a path or device number), the guarded
 //!   switch, protection by default and the operator's tunables. The bench uses it too.
 //! - [`kernel`]: the bottom that [`cgroup`] and [`blockdev`] share and neither imports from the other: device
@@ -64,6 +67,7 @@ pub mod priority;
 pub mod runtime;
 pub mod state;
 pub mod systemd;
+pub mod writer;
 
 pub use backend::{
     AppliedVia, BackendError, ContainerInfo, CounterSource, DeviceMonitor, Discovery, DiscoveryEvent, WeightWriter,

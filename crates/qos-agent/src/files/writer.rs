@@ -46,7 +46,8 @@ const DEFAULT_V2_ROOT: &str = "/sys/fs/cgroup";
 /// Writes the cgroup weight file(s) that act on the container's devices and reads them back.
 #[derive(Debug)]
 pub struct FileWriter {
-    /// The devices, shared with the daemon (its [`crate::backend::DeviceMonitor`]).
+    /// The devices, shared with the daemon (its [`crate::backend::DeviceMonitor`]) and no other writer: the
+    /// agent's other ways of applying weights verify through this writer ([`crate::writer::AgentWriter`]).
     devices: FileDevices,
     /// v2 files as the first `read` found them, per container: what a restore puts back.
     snapshots: RestoreRecords<Snapshot>,
@@ -81,12 +82,6 @@ impl FileWriter {
     /// A writer over a given device table (fixtures).
     pub fn with_table(table: DeviceTable) -> Self {
         Self { devices: FileDevices::new(table), snapshots: RestoreRecords::in_memory(), prune_at: 64 }
-    }
-
-    /// A writer planning with `devices`, shared with another writer (the systemd actuator's read-back beside the
-    /// runtime's writer): one device table, each device reported once, every container's devices in one place.
-    pub fn with_shared_devices(devices: FileDevices) -> Self {
-        Self { devices, snapshots: RestoreRecords::in_memory(), prune_at: 64 }
     }
 
     /// Devices (names in /sys/block) written and checked on v2 whatever the container's `io.stat` says:
