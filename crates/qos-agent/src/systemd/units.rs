@@ -1,7 +1,6 @@
 //! [`UnitWriter`]: the weights of cgroups that are systemd units, as the units' `IOWeight` and `IODeviceWeight`
 //! properties, read back from the files that govern the devices.
 
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -162,14 +161,9 @@ impl UnitWriter {
             .iter()
             .filter_map(|(node, _)| DevNum::of_node(std::path::Path::new(node)).ok())
             .collect();
-        let io_weight = dir.path().join(crate::cgroup::V2_IO_WEIGHT);
         if let Some(file) = WeightFile::open_kind(dir, WeightFileKind::V2Io)? {
             for dev in file.read_lines()?.devices.keys().filter(|d| !kept.contains(d)) {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&io_weight)
-                    .and_then(|mut f| f.write_all(format!("{dev} default").as_bytes()))
-                    .map_err(|e| CgroupError::on_cgroup_file("write", &io_weight, dir.path(), e))?;
+                file.write_device(*dev, None)?;
             }
         }
         let want_io = if props.io_weight == IO_WEIGHT_UNSET { 100 } else { props.io_weight };
