@@ -1,9 +1,9 @@
 //! The one place that assembles the agent: from an [`AgentConfig`] and the cgroup root, the configured runtime
 //! (each runtime assembles itself: `runtime::<name>::assemble`, with the devices it cares about), the device
-//! set-up at start ([`devices_at_start`]), the one choice of the way weights are applied ([`with_writer`]: the
-//! files, systemd unit properties where cgroups are units, or Docker's API) and the daemon over them. The binary (`app::run`) and the bench both call
-//! [`AgentBuilder::assemble`]; an embedder whose containers are plain cgroups it announces itself calls
-//! [`AgentBuilder::assemble_on_files`] with its own [`Discovery`].
+//! set-up at start (`devices_at_start`), the one choice of the way weights are applied ([`with_writer`]: the
+//! files, systemd unit properties where cgroups are units, or Docker's API) and the daemon over them. The binary
+//! (`app::run`) and the bench both call [`AgentBuilder::assemble`]; an embedder whose containers are plain cgroups
+//! it announces itself calls [`AgentBuilder::assemble_on_files`] with its own [`Discovery`].
 //!
 //! The assembled [`Agent`] runs until its daemon stops ([`Agent::run`]) and then puts back every device setting it
 //! made at start.
@@ -293,7 +293,7 @@ where
 /// container's `io.stat`.
 ///
 /// `write`: false for the agent's dry run (the plan is logged, nothing is written).
-pub fn devices_at_start(
+fn devices_at_start(
     cfg: &AgentConfig,
     root: &CgroupRoot,
     managed: Vec<Managed>,
