@@ -6,15 +6,15 @@
 //! the governing files back as it does for its own writes.
 //!
 //! - [`mapping`]: which `IOWeight`/`IODeviceWeight` yield a weight in the file that governs each device (pure).
-//! - [`unit`]: the unit a cgroup directory is, if any.
+//! - `unit.rs`: [`UnitName`], the unit a cgroup directory is, if any.
 //! - [`bus`]: the one D-Bus call, with a timeout and typed errors.
-//! - [`units`]: [`UnitWriter`], the way of applying weights as unit properties, read back through the agent's
+//! - `units.rs`: [`UnitWriter`], the way of applying weights as unit properties, read back through the agent's
 //!   file writer; [`crate::writer::AgentWriter`] sends it the cgroups that are units.
 
 pub mod bus;
 pub mod mapping;
-pub mod unit;
-pub mod units;
+pub(crate) mod unit;
+pub(crate) mod units;
 
 pub use bus::{BusAddress, BusError, SystemdBus};
 pub use mapping::UnitIoWeights;
