@@ -2,8 +2,9 @@
 //! assembles it, and run on its own thread with a current-thread tokio runtime (as the binary runs it).
 //!
 //! - Docker runtime: `AgentBuilder::assemble` with `runtime = "docker"` (`DockerDiscovery` by events,
-//!   `DockerCounters` behind the parent gate, `DockerWriter` in the configured actuator mode, inside the systemd
-//!   writer on a systemd host with cgroup v2, where the containers' scopes get their weights through systemd). The
+//!   `DockerCounters` behind the parent gate, the agent's writer with the way the configuration and the host call
+//!   for: systemd unit properties on a systemd host with cgroup v2, where the containers' scopes get their weights
+//!   through systemd, Docker's API for actuator `docker`, else the files). The
 //!   daemon finds the bench's containers itself, as it would any container.
 //! - CRI runtime: the same with `runtime = "cri"` (`CriDiscovery` over the CRI socket, `FileCounters` and
 //!   `FileWriter` on the pod cgroups). The daemon finds the bench's pods itself, as it would on a Kubernetes node.
@@ -85,12 +86,12 @@ impl Backends {
         match self {
             Backends::Docker => {
                 "qos_agent::agent::AgentBuilder::assemble, runtime docker: DockerDiscovery (events), \
-                 DockerCounters::with_root, DockerWriter, in agent::with_systemd (units through systemd on a systemd \
+                 DockerCounters::with_root, AgentWriter from agent::with_writer (units through systemd on a systemd \
                  v2 host)"
             }
             Backends::Cri { .. } => {
                 "qos_agent::agent::AgentBuilder::assemble, runtime cri: CriDiscovery (CRI re-list + inotify on \
-                 kubepods), FileCounters::with_root and FileWriter on the pod cgroups, in agent::with_systemd"
+                 kubepods), FileCounters::with_root and FileWriter on the pod cgroups, in agent::with_writer's AgentWriter"
             }
             Backends::CgroupDir => {
                 "qos_agent::agent::AgentBuilder::assemble_on_files with the bench's ChannelDiscovery \

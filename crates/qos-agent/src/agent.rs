@@ -1,9 +1,9 @@
 //! The one place that assembles the agent: from an [`AgentConfig`] and the cgroup root, the configured runtime
 //! (each runtime assembles itself: `runtime::<name>::assemble`, with the devices it cares about), the device
-//! set-up at start ([`devices_at_start`]), the choice of writer (systemd unit properties where cgroups are units:
-//! [`with_systemd`]) and the daemon over them. The binary (`app::run`) and the bench both call
-//! [`AgentBuilder::assemble`]; an embedder whose containers are plain cgroups it announces itself calls
-//! [`AgentBuilder::assemble_on_files`] with its own [`Discovery`].
+//! set-up at start (`devices_at_start`), the one choice of the way weights are applied ([`with_writer`]: the
+//! files, systemd unit properties where cgroups are units, or Docker's API) and the daemon over them. The binary
+//! (`app::run`) and the bench both call [`AgentBuilder::assemble`]; an embedder whose containers are plain cgroups
+//! it announces itself calls [`AgentBuilder::assemble_on_files`] with its own [`Discovery`].
 //!
 //! The assembled [`Agent`] runs until its daemon stops ([`Agent::run`]) and then puts back every device setting it
 //! made at start.
@@ -26,9 +26,11 @@ use crate::daemon::{Command, Daemon, DaemonError, Summary};
 use crate::files::{FileDevices, FileWriter};
 use crate::ops::metrics::Metrics;
 use crate::ops::readiness::Readiness;
+use crate::runtime::docker::DockerApiWriter;
 use crate::runtime::{cgroup_dir, cri, docker};
 use crate::state::OriginalWeights;
-use crate::systemd::{self, SystemdActuator};
+use crate::systemd::{self, UnitWriter};
+use crate::writer::{AgentWriter, Way};
 
 /// Why the agent could not be assembled; each names the config field or the device concerned.
 #[derive(Debug, thiserror::Error)]
@@ -137,9 +139,10 @@ impl AgentBuilder {
             RuntimeKind::Docker => {
                 let runtime = docker::assemble(&self.cfg).await?;
                 let tuned = self.devices_at_start(runtime.managed(&self.cfg))?;
+                let api = runtime.api_writer(&self.cfg);
                 let backends = runtime.backends(&self.cfg, self.root.clone(), &self.metrics).await?;
                 info!(actuator = ?self.cfg.actuator, dry_run = self.cfg.dry_run, "managing Docker containers");
-                let backends = with_systemd(&self.cfg, &self.root, backends)?;
+                let backends = with_writer(&self.cfg, &self.root, backends, api)?;
                 self.finish(backends, originals, tuned, None)
             }
             RuntimeKind::CgroupDir => {
@@ -163,7 +166,7 @@ impl AgentBuilder {
                 let (client, readiness) = runtime.into_parts();
                 let backends = cri::backends(&self.cfg, client, self.root.clone(), &self.metrics);
                 info!(dry_run = self.cfg.dry_run, "managing Kubernetes pods (one weight per pod cgroup)");
-                let backends = with_systemd(&self.cfg, &self.root, backends)?;
+                let backends = with_writer(&self.cfg, &self.root, backends, None)?;
                 self.finish(backends, originals, tuned, Some(Arc::new(readiness)))
             }
         }
@@ -290,7 +293,7 @@ where
 /// container's `io.stat`.
 ///
 /// `write`: false for the agent's dry run (the plan is logged, nothing is written).
-pub fn devices_at_start(
+fn devices_at_start(
     cfg: &AgentConfig,
     root: &CgroupRoot,
     managed: Vec<Managed>,
@@ -383,17 +386,18 @@ pub fn devices_at_start(
     Ok(tuned)
 }
 
-/// The backends' writer inside the systemd actuator, which sends the weights of cgroups that are systemd units
-/// through systemd: on for `auto` and `systemd` on a cgroup-v2 host whose PID 1 is systemd (`systemd` elsewhere is
-/// an error), a pass-through otherwise.
-pub fn with_systemd<D, C, W: WeightWriter>(
+/// The backends' file writer in the agent's writer, with the way weights are applied chosen once: systemd unit
+/// properties for `auto` and `systemd` on a cgroup-v2 host whose PID 1 is systemd (`systemd` elsewhere is an
+/// error); Docker's API where the runtime offers it (`api`: `actuator = "docker"`); else the files alone.
+pub fn with_writer<D, C>(
     cfg: &AgentConfig,
     root: &CgroupRoot,
-    backends: RuntimeBackends<D, C, W, FileDevices>,
-) -> Result<RuntimeBackends<D, C, SystemdActuator<W>, FileDevices>, AssembleError> {
+    backends: RuntimeBackends<D, C, FileWriter, FileDevices>,
+    api: Option<DockerApiWriter>,
+) -> Result<RuntimeBackends<D, C, AgentWriter, FileDevices>, AssembleError> {
     let v2 = root.version() == CgroupVersion::V2;
     let host = systemd::is_systemd_host();
-    let enabled = match cfg.actuator {
+    let units = match cfg.actuator {
         ActuatorMode::Auto => host && v2,
         ActuatorMode::Systemd if host && v2 => true,
         ActuatorMode::Systemd => {
@@ -405,18 +409,20 @@ pub fn with_systemd<D, C, W: WeightWriter>(
         }
         ActuatorMode::Docker | ActuatorMode::Files => false,
     };
-    if enabled {
-        info!("systemd host on cgroup v2: the weights of cgroups that are systemd units go through systemd");
-    }
-    // Reads back through the runtime writer's own devices: one table, each device reported once, and the devices
-    // of a container weighted through systemd shown in status like any other.
-    let files = FileWriter::with_shared_devices(backends.devices.clone());
+    let way = match api {
+        _ if units => {
+            info!("systemd host on cgroup v2: the weights of cgroups that are systemd units go through systemd");
+            let mut units = UnitWriter::new(root.path().to_owned());
+            if !cfg.dry_run {
+                units = units.with_records_file(crate::files::restore_records::records_path(&cfg.state_file, "units"));
+            }
+            Way::SystemdUnits(units)
+        }
+        Some(api) => Way::DockerApi(api),
+        None => Way::Files,
+    };
     let RuntimeBackends { discovery, counters, writer, devices, starting } = backends;
-    let mut writer =
-        SystemdActuator::new(writer, enabled, files, root.path().to_owned()).with_starting(starting.clone());
-    if enabled && !cfg.dry_run {
-        writer = writer.with_records_file(crate::files::restore_records::records_path(&cfg.state_file, "units"));
-    }
+    let writer = AgentWriter::new(writer, way).with_starting(starting.clone());
     Ok(RuntimeBackends { discovery, counters, writer, devices, starting })
 }
 
@@ -470,12 +476,13 @@ mod tests {
         cfg.actuator = ActuatorMode::Systemd;
         let metrics = Metrics::new();
         let backends = cgroup_dir::backends(&cfg, root.clone(), &metrics).unwrap();
-        let err = with_systemd(&cfg, &root, backends).map(|_| ()).expect_err("v1 root");
+        let err = with_writer(&cfg, &root, backends, None).map(|_| ()).expect_err("v1 root");
         let text = err.to_string();
         assert!(text.starts_with("actuator = \"systemd\" needs systemd as PID 1"), "{text}");
         assert!(text.contains("cgroup v2 (found V1 at "), "{text}");
         cfg.actuator = ActuatorMode::Files;
         let backends = cgroup_dir::backends(&cfg, root.clone(), &metrics).unwrap();
-        assert!(with_systemd(&cfg, &root, backends).is_ok(), "files never asks systemd");
+        let backends = with_writer(&cfg, &root, backends, None).expect("files never asks systemd");
+        assert!(matches!(backends.writer.way(), Way::Files));
     }
 }

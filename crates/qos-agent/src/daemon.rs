@@ -161,7 +161,10 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         })
     }
 
-    /// Charges rounds with CPU time from `clock` (default [`CpuClock::thread`]).
+    /// Charges rounds with CPU time from `clock` (default [`CpuClock::thread`], right for the current-thread runtime
+    /// the binary and the bench run the daemon on). An embedder whose daemon shares a multi-thread runtime gives
+    /// the CPU time its rounds cost some other way (its process's, say); tests give a fake one. The seam the
+    /// pacer's time comes through, like [`Daemon::with_device_monitor`] for the devices: no test code behind it.
     pub fn with_cpu_clock(mut self, clock: CpuClock) -> Self {
         self.cpu_clock = clock;
         self

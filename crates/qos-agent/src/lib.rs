@@ -22,11 +22,14 @@
 //!   [`files::restore_records`]: the writers' restore log beside the state file.
 //! - [`cgroup`]: runtime-agnostic cgroup v1/v2 file primitives: mount detection (once), confined directories,
 //!   counter-file parsers and reader, weight files with verified writes, errors naming files.
-//! - [`systemd`]: the writer for cgroups that are systemd units (unit properties over D-Bus).
+//! - [`writer`]: [`writer::AgentWriter`], the agent's weight writer: one way of applying weights chosen at assembly
+//!   (the files, systemd unit properties, Docker's API) over the one [`files::FileWriter`], which reads every
+//!   weight back and owns the device table.
+//! - [`systemd`]: the way of applying weights to cgroups that are systemd units (unit properties over D-Bus).
 //! - [`blockdev`]: block-device facts (scheduler, io.cost, the disk of a path or device number), the guarded
 //!   switch, protection by default and the operator's tunables. The bench uses it too.
-//! - [`kernel`]: the bottom that [`cgroup`] and [`blockdev`] share and neither imports from the other: device
-//!   numbers ([`kernel::DevNum`]) and mountinfo parsing.
+//! - `kernel/` (crate-private): the bottom that [`cgroup`] and [`blockdev`] share and neither imports from the
+//!   other: device numbers ([`blockdev::DevNum`], re-exported there) and mountinfo parsing.
 //! - [`ops`]: operating the agent: the pre-start checks, the status socket, Prometheus metrics, `/readyz`, the
 //!   bounds on their connections.
 //! - [`config`], [`labels`], [`policy`], [`state`], [`priority`]: configuration, per-container policy labels (and
@@ -45,9 +48,11 @@
 //! ## Public surface
 //! What an embedder uses: [`agent::AgentBuilder`] and [`agent::Agent`]; the traits and types of [`backend`];
 //! [`AgentConfig`]; [`Daemon`], [`Command`], [`Status`] and [`Summary`]; [`files::FileCounters`] and
-//! [`files::FileWriter`]; [`cgroup::CgroupRoot`] and [`cgroup::CgroupDir`]. Every other module is public for
-//! this workspace's bench and tests (they measure and test the shipped parts themselves) and may change without
-//! notice.
+//! [`files::FileWriter`] (and [`writer::AgentWriter`], the assembled writer); [`cgroup::CgroupRoot`],
+//! [`cgroup::CgroupDir`] and the [`cgroup::CgroupFs`] seam. The other public modules are public for this
+//! workspace's binary, bench and tests (they measure and test the shipped parts themselves) and may change without
+//! notice; what nothing outside the crate uses is crate-private (`kernel`, `files::v2_plan` behind its re-exports,
+//! `systemd::unit`/`units` behind theirs, `ops::readiness`, `runtime::support`, `runtime::cri::config`).
 
 pub mod agent;
 pub mod backend;
@@ -56,7 +61,7 @@ pub mod cgroup;
 pub mod config;
 pub mod daemon;
 pub mod files;
-pub mod kernel;
+pub(crate) mod kernel;
 pub mod labels;
 pub mod ops;
 pub mod policy;
@@ -64,6 +69,7 @@ pub mod priority;
 pub mod runtime;
 pub mod state;
 pub mod systemd;
+pub mod writer;
 
 pub use backend::{
     AppliedVia, BackendError, ContainerInfo, CounterSource, DeviceMonitor, Discovery, DiscoveryEvent, WeightWriter,

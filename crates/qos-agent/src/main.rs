@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use qos_agent::blockdev::tune::LeftSettings;
 use qos_agent::config::{ActuatorMode, AgentConfig};
 
 mod app;
@@ -238,18 +239,19 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                     path.display()
                 );
             }
-            let file = qos_agent::blockdev::tune::originals_path(&path);
-            if !file.exists() {
-                println!("{}: no such file: no device setting to put back", file.display());
-                return Ok(ExitCode::SUCCESS);
-            }
             let root = qos_agent::ops::preflight::cgroup_root(&cfg)?;
             let v2 = (root.version() == qos_agent::cgroup::CgroupVersion::V2).then(|| root.path().to_path_buf());
-            let mut tuned = qos_agent::blockdev::tune::TunedDevices::from_originals_file(v2.as_deref(), &file)?;
-            let count = tuned.tuned().len();
-            let failed = tuned.restore();
-            println!("{}: {} of {count} device setting(s) put back", file.display(), count - failed);
-            Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+            match qos_agent::blockdev::tune::restore_left_settings(v2.as_deref(), &path)? {
+                LeftSettings::PutBack { file, count, failed } => {
+                    println!("{}: {} of {count} device setting(s) put back", file.display(), count - failed);
+                    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+                }
+                LeftSettings::None { file } => {
+                    println!("{}: no such file: no device setting to put back", file.display());
+                    Ok(ExitCode::SUCCESS)
+                }
+                _ => Ok(ExitCode::FAILURE),
+            }
         }
         None | Some(Cmd::Run) => {
             let cfg = load(&cli)?;
@@ -338,16 +340,9 @@ fn iocost(
     apply: bool,
 ) -> anyhow::Result<ExitCode> {
     use anyhow::Context;
-    use qos_agent::blockdev::{self, iocost};
-    use qos_agent::kernel::DevNum;
-    if !(1..=600).contains(&seconds) {
-        anyhow::bail!("--seconds {seconds}: must be 1..=600");
-    }
-    if !(1..=256).contains(&jobs) {
-        anyhow::bail!("--jobs {jobs}: must be 1..=256");
-    }
-    let dev = DevNum::of_node(device)?;
-    let disk = blockdev::disk_of_dev(dev)?;
+    use qos_agent::blockdev::iocost::{self, Calibration, SetUp};
+    let calibration = Calibration { duration: Duration::from_secs(seconds), jobs, write_file };
+    let setup = SetUp { device: device.to_owned(), calibration, rlat, apply }.prepare()?;
     let root = if apply {
         let root = qos_agent::cgroup::CgroupRoot::detect().context("finding the cgroup v2 root")?;
         if root.version() != qos_agent::cgroup::CgroupVersion::V2 {
@@ -356,28 +351,15 @@ fn iocost(
                 root.path().display()
             );
         }
-        let protected = blockdev::protected_disks()?;
-        if protected.contains(&disk) {
-            anyhow::bail!(
-                "{} is on {disk}, which backs the root filesystem: not changing its io.cost",
-                device.display()
-            );
-        }
         Some(root)
     } else {
         None
     };
-    let cal = iocost::Calibration { duration: Duration::from_secs(seconds), jobs, write_file };
-    // Three read loads (six with a write file) of `seconds` each, then at most a second of lone reads.
-    let loads = if cal.write_file.is_some() { 6 } else { 3 };
-    eprintln!("measuring {} ({dev}, disk {disk}) for about {}s ...", device.display(), seconds * loads + 1);
-    let measured = iocost::measure(device, &cal)?;
-    let qos = match rlat {
-        Some(r) => iocost::QosTarget { rpct: 95.0, rlat_us: r.as_micros() as u64, min_pct: 10.0 },
-        None => iocost::QosTarget::from_latency(Duration::from_micros(measured.median_4k_qd1_us)),
-    };
-    println!("measured: {measured}");
-    let (model_line, qos_line) = (measured.model.line(dev), qos.line(dev));
+    let (dev, disk) = (setup.dev, &setup.disk);
+    eprintln!("measuring {} ({dev}, disk {disk}) for about {}s ...", device.display(), setup.about().as_secs());
+    let result = setup.measure()?;
+    println!("measured: {}", result.measured);
+    let (model_line, qos_line) = (&result.model_line, &result.qos_line);
     match root {
         None => {
             println!("io.cost.model: {model_line}");
@@ -385,7 +367,7 @@ fn iocost(
             println!("(not applied: run again with --apply, on a cgroup v2 host, to write them)");
         }
         Some(root) => {
-            iocost::apply(root.path(), dev, &measured.model, &qos)?;
+            setup.apply(root.path(), &result)?;
             println!("wrote {}: {model_line}", root.path().join(iocost::IO_COST_MODEL).display());
             println!("wrote {}: {qos_line}", root.path().join(iocost::IO_COST_QOS).display());
             println!("io.weight now divides {disk} among cgroups. To undo:");

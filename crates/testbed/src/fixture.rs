@@ -1,8 +1,10 @@
 //! Fixture cgroups: directories in a temp dir holding the files a real cgroup of a given layout has, with
-//! plausible content. No root needed.
+//! plausible content, and [`FixtureKernel`], which writes their weight files as the kernel does. No root needed.
 
 use std::fs;
 use std::path::Path;
+
+use qos_agent::cgroup::{parse_weight_lines, CgroupFs, RealFs};
 
 /// Verbatim `blkio.bfq.io_service_bytes_recursive` of a cgroup that read 64 MiB from loop0 (7:0), kernel 6.18.
 pub const V1_STAT_64MIB: &str = "7:0 Read 67108864\n7:0 Write 0\n7:0 Sync 67108864\n7:0 Async 0\n7:0 Discard 0\n\
@@ -60,4 +62,46 @@ pub fn make_cgroup(dir: &Path, layout: Layout) {
     for (name, content) in files {
         fs::write(dir.join(name), content).unwrap();
     }
+}
+
+/// The kernel's weight-file writes on regular fixture files (give it to a fixture root:
+/// `CgroupRoot::from_dir(..)?.with_fs(Arc::new(FixtureKernel))`). A regular file's write replaces its content;
+/// the kernel instead applies the one line written (`default N`, `MAJ:MIN N`, `MAJ:MIN default`) to the file's
+/// state and shows `default N` first, then the overrides by device. v1 files (a plain number) and anything that does
+/// not parse are written as they are.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FixtureKernel;
+
+impl CgroupFs for FixtureKernel {
+    fn write(&self, path: &Path, data: &[u8]) -> std::io::Result<usize> {
+        match merge(path, data) {
+            Some(merged) => RealFs.write(path, merged.as_bytes()).map(|_| data.len()),
+            None => RealFs.write(path, data),
+        }
+    }
+}
+
+/// The content a v2 fixture file has after `data` is written to it, or `None` to write `data` as it is.
+fn merge(path: &Path, data: &[u8]) -> Option<String> {
+    let old = fs::read(path).ok()?;
+    if !old.windows(7).any(|w| w == b"default") {
+        return None;
+    }
+    let mut lines = parse_weight_lines(path, &old).ok()?;
+    let mut fields = std::str::from_utf8(data).ok()?.split_whitespace();
+    let (Some(key), Some(value), None) = (fields.next(), fields.next(), fields.next()) else { return None };
+    match (key, value) {
+        ("default", v) => lines.default = v.parse().ok()?,
+        (dev, "default") => {
+            lines.devices.remove(&dev.parse().ok()?);
+        }
+        (dev, v) => {
+            lines.devices.insert(dev.parse().ok()?, v.parse().ok()?);
+        }
+    }
+    let mut out = format!("default {}\n", lines.default);
+    for (dev, v) in &lines.devices {
+        out.push_str(&format!("{dev} {v}\n"));
+    }
+    Some(out)
 }

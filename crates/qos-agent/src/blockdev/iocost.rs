@@ -89,6 +89,111 @@ pub fn undo_lines(dev: DevNum) -> [(String, &'static str); 2] {
     [(format!("{dev} enable=0"), IO_COST_QOS), (format!("{dev} ctrl=auto"), IO_COST_MODEL)]
 }
 
+/// What `ddiskqos-agent iocost` asks for: the device, how to measure it, and whether to apply the result.
+#[derive(Debug, Clone)]
+pub struct SetUp {
+    /// The block device node (e.g. `/dev/vda`).
+    pub device: PathBuf,
+    /// How it is measured.
+    pub calibration: Calibration,
+    /// The latency target (`rlat`) to set; `None`: derived from the measured lone 4 KiB read.
+    pub rlat: Option<Duration>,
+    /// Whether the lines are written (then the device must not back the root filesystem).
+    pub apply: bool,
+}
+
+/// Why an io.cost set-up was refused or failed; each names the option, device or file.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetUpError {
+    /// `--seconds` out of range.
+    #[error("--seconds {0}: must be 1..=600")]
+    Seconds(u64),
+    /// `--jobs` out of range.
+    #[error("--jobs {0}: must be 1..=256")]
+    Jobs(usize),
+    /// The device backs the root filesystem, and `--apply` would change it.
+    #[error("{} is on {disk}, which backs the root filesystem: not changing its io.cost", device.display())]
+    RootDisk {
+        /// The device node.
+        device: PathBuf,
+        /// Its disk.
+        disk: String,
+    },
+    /// The device could not be read, measured or set.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
+/// A checked [`SetUp`]: the device's number and disk.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The request.
+    pub setup: SetUp,
+    /// The device's number.
+    pub dev: DevNum,
+    /// The disk it is (or is on).
+    pub disk: String,
+}
+
+/// What a set-up measured and the lines it sets (or would set).
+#[derive(Debug, Clone)]
+pub struct SetUpResult {
+    /// The measurement.
+    pub measured: Measured,
+    /// The `io.cost.qos` target.
+    pub qos: QosTarget,
+    /// The `io.cost.model` line.
+    pub model_line: String,
+    /// The `io.cost.qos` line.
+    pub qos_line: String,
+}
+
+impl SetUp {
+    /// Checks the options and the device (a device backing the root filesystem is refused when applying).
+    pub fn prepare(self) -> std::result::Result<Prepared, SetUpError> {
+        let secs = self.calibration.duration.as_secs();
+        if !(1..=600).contains(&secs) {
+            return Err(SetUpError::Seconds(secs));
+        }
+        if !(1..=256).contains(&self.calibration.jobs) {
+            return Err(SetUpError::Jobs(self.calibration.jobs));
+        }
+        let dev = DevNum::of_node(&self.device).map_err(DeviceError::from)?;
+        let disk = super::disk_of_dev(dev)?;
+        if self.apply && super::protected_disks()?.contains(&disk) {
+            return Err(SetUpError::RootDisk { device: self.device, disk });
+        }
+        Ok(Prepared { setup: self, dev, disk })
+    }
+}
+
+impl Prepared {
+    /// About how long [`Prepared::measure`] takes: three read loads (six with a write file) of the set duration
+    /// each, then at most a second of lone reads.
+    pub fn about(&self) -> Duration {
+        let cal = &self.setup.calibration;
+        let loads = if cal.write_file.is_some() { 6 } else { 3 };
+        cal.duration * loads + Duration::from_secs(1)
+    }
+
+    /// Measures the device and chooses the latency target.
+    pub fn measure(&self) -> std::result::Result<SetUpResult, SetUpError> {
+        let measured = measure(&self.setup.device, &self.setup.calibration)?;
+        let qos = match self.setup.rlat {
+            Some(r) => QosTarget { rpct: 95.0, rlat_us: r.as_micros() as u64, min_pct: 10.0 },
+            None => QosTarget::from_latency(Duration::from_micros(measured.median_4k_qd1_us)),
+        };
+        let (model_line, qos_line) = (measured.model.line(self.dev), qos.line(self.dev));
+        Ok(SetUpResult { measured, qos, model_line, qos_line })
+    }
+
+    /// Writes the result's lines under the cgroup v2 root `v2_root`.
+    pub fn apply(&self, v2_root: &Path, result: &SetUpResult) -> std::result::Result<(), SetUpError> {
+        Ok(apply(v2_root, self.dev, &result.measured.model, &result.qos)?)
+    }
+}
+
 /// How a calibration measures.
 #[derive(Debug, Clone)]
 pub struct Calibration {

@@ -31,7 +31,7 @@ pub use switch::{set_bfq_tunable, switch_scheduler, switch_to_bfq};
 
 use crate::kernel::mountinfo::root_device;
 use crate::kernel::mountinfo::MOUNTINFO;
-/// Re-exported from its home at the bottom ([`crate::kernel`]), where the bench, the tests and the cgroup layer
+/// Re-exported from its home at the bottom (`crate::kernel`, crate-private), where the bench, the tests and the cgroup layer
 /// also find it.
 pub use crate::kernel::DevNum;
 use crate::kernel::DevNumError;

@@ -115,6 +115,40 @@ impl Tuned {
     }
 }
 
+/// What [`restore_left_settings`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeftSettings {
+    /// No originals file beside the state file: nothing to put back.
+    None {
+        /// The originals file looked for.
+        file: PathBuf,
+    },
+    /// The settings on file were put back, but `failed` of them (each logged, naming device and setting).
+    PutBack {
+        /// The originals file.
+        file: PathBuf,
+        /// How many settings it held.
+        count: usize,
+        /// How many could not be put back.
+        failed: usize,
+    },
+}
+
+/// `ddiskqos-agent devices restore`: puts back the device settings an agent that did not stop cleanly left
+/// (the originals file beside `state_file`, see [`originals_path`]); `v2_root`: the cgroup v2 root, for io.cost
+/// settings. The caller makes sure no running agent holds the state file.
+pub fn restore_left_settings(v2_root: Option<&Path>, state_file: &Path) -> Result<LeftSettings, TuneError> {
+    let file = originals_path(state_file);
+    if !file.exists() {
+        return Ok(LeftSettings::None { file });
+    }
+    let mut tuned = TunedDevices::from_originals_file(v2_root, &file)?;
+    let count = tuned.tuned().len();
+    let failed = tuned.restore();
+    Ok(LeftSettings::PutBack { file, count, failed })
+}
+
 /// Where the originals of the tunables are kept while the agent runs: `<state_file>.bfq-tunables.json`.
 pub fn originals_path(state_file: &Path) -> PathBuf {
     let mut name = state_file.file_name().map(|n| n.to_os_string()).unwrap_or_default();

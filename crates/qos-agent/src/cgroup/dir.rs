@@ -19,6 +19,7 @@ use std::fs;
 use std::path::{Component, Path, PathBuf};
 
 use super::error::{CgroupError, Result};
+use super::fs::FsHandle;
 use super::mount::{CgroupRoot, CgroupVersion};
 
 /// A cgroup directory that existed, as a real directory reached without symlinks, under its [`CgroupRoot`] when
@@ -27,6 +28,7 @@ use super::mount::{CgroupRoot, CgroupVersion};
 pub struct CgroupDir {
     path: PathBuf,
     version: CgroupVersion,
+    fs: FsHandle,
 }
 
 impl CgroupDir {
@@ -38,6 +40,11 @@ impl CgroupDir {
     /// The cgroup interface of the hierarchy the directory is in.
     pub fn version(&self) -> CgroupVersion {
         self.version
+    }
+
+    /// What its weight files are written through (its root's).
+    pub(crate) fn fs(&self) -> &FsHandle {
+        &self.fs
     }
 }
 
@@ -78,7 +85,7 @@ impl CgroupRoot {
             }
         }
         tracing::trace!(path = %path.display(), "resolved cgroup");
-        Ok(CgroupDir { path, version: self.version })
+        Ok(CgroupDir { path, version: self.version, fs: self.fs.clone() })
     }
 
     /// The cgroup of process `pid` in this hierarchy, from `/proc/PID/cgroup`. A process that is gone gives
@@ -187,7 +194,12 @@ mod tests {
 
     #[test]
     fn mount_root_is_stripped() {
-        let root = CgroupRoot { version: CgroupVersion::V1, path: "/r".into(), mount_root: "/docker/a".into() };
+        let root = CgroupRoot {
+            version: CgroupVersion::V1,
+            path: "/r".into(),
+            mount_root: "/docker/a".into(),
+            fs: Default::default(),
+        };
         assert_eq!(root.strip_mount_root("/docker/a").unwrap(), "");
         assert_eq!(root.strip_mount_root("/docker/a/b").unwrap(), "b");
         assert!(root.strip_mount_root("/docker/ab").is_err());

@@ -28,6 +28,8 @@
 //! - `stat.rs`: pure parsers of the counter files (v1 blkio rwstat, v2 `io.stat`).
 //! - `counter_file.rs`: [`CounterReader`], one `pread` per sample of one counter file ([`CounterFileKind`]).
 //! - `weight_file.rs`: [`WeightFile`], the four weight files, their formats and read-back verification.
+//! - `fs.rs`: [`CgroupFs`], the seam the weight files are written through ([`RealFs`]; tests: testbed's fixture
+//!   kernel).
 //! - `error.rs`: [`CgroupError`].
 //!
 //! ## Why not cgroups-rs
@@ -42,6 +44,7 @@
 mod counter_file;
 mod dir;
 mod error;
+mod fs;
 mod mount;
 mod stat;
 mod weight_file;
@@ -49,8 +52,10 @@ mod weight_file;
 pub use counter_file::{CounterFileKind, CounterReader, V1_BFQ_BYTES, V1_THROTTLE_BYTES, V2_IO_STAT};
 pub use dir::CgroupDir;
 pub use error::{CgroupError, Result};
+pub use fs::{CgroupFs, RealFs};
 pub use mount::{CgroupRoot, CgroupVersion};
 pub use stat::{parse_blkio_stat, parse_io_stat};
 pub use weight_file::{
-    WeightFile, WeightFileKind, WeightLines, V1_BFQ_WEIGHT, V1_BLKIO_WEIGHT, V2_BFQ_WEIGHT, V2_IO_WEIGHT,
+    parse_weight_lines, WeightFile, WeightFileKind, WeightLines, V1_BFQ_WEIGHT, V1_BLKIO_WEIGHT, V2_BFQ_WEIGHT,
+    V2_IO_WEIGHT,
 };

@@ -6,6 +6,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::error::{CgroupError, Result};
+use super::fs::{CgroupFs, FsHandle};
 use crate::kernel::mountinfo::{MountLine, MOUNTINFO};
 
 /// Which cgroup interface the block-I/O files follow.
@@ -39,9 +40,18 @@ pub struct CgroupRoot {
     /// cgroup when the agent runs in a container without a cgroup namespace. Paths from `/proc/PID/cgroup` are
     /// relative to the hierarchy's real root, so this prefix is stripped from them.
     pub(crate) mount_root: String,
+    /// What the weight files of its directories are written through.
+    pub(crate) fs: FsHandle,
 }
 
 impl CgroupRoot {
+    /// The same root whose directories' weight files are written through `fs` (tests: a fixture kernel on
+    /// regular files) instead of [`crate::cgroup::RealFs`].
+    pub fn with_fs(mut self, fs: std::sync::Arc<dyn CgroupFs>) -> Self {
+        self.fs = FsHandle(fs);
+        self
+    }
+
     /// Finds the hierarchy where block-I/O weights act: the v1 `blkio` hierarchy if one is mounted (on hybrid
     /// hosts the `blkio` controller lives there, and the v2 tree has no `io`), else the v2 unified hierarchy,
     /// which must offer the `io` controller in its `cgroup.controllers`.
@@ -67,7 +77,7 @@ impl CgroupRoot {
             let source = io::Error::new(io::ErrorKind::NotADirectory, "cgroup root is not a directory");
             return Err(CgroupError::Io { op: "use", path: canonical, source });
         }
-        Ok(Self { version, path: canonical, mount_root: "/".into() })
+        Ok(Self { version, path: canonical, mount_root: "/".into(), fs: FsHandle::default() })
     }
 
     /// The cgroup interface of this hierarchy.
@@ -94,7 +104,12 @@ impl CgroupRoot {
             }
         }
         if let Some(m) = v1 {
-            return Ok(Self { version: CgroupVersion::V1, path: m.mount_point.into(), mount_root: m.root });
+            return Ok(Self {
+                version: CgroupVersion::V1,
+                path: m.mount_point.into(),
+                mount_root: m.root,
+                fs: FsHandle::default(),
+            });
         }
         let Some(m) = v2 else {
             return Err(CgroupError::NoController {
@@ -116,7 +131,7 @@ impl CgroupRoot {
                 ),
             });
         }
-        Ok(Self { version: CgroupVersion::V2, path, mount_root: m.root })
+        Ok(Self { version: CgroupVersion::V2, path, mount_root: m.root, fs: FsHandle::default() })
     }
 }
 

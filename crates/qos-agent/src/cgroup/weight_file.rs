@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -10,6 +10,7 @@ use qos_core::{Weight, WeightError};
 
 use super::dir::CgroupDir;
 use super::error::{CgroupError, Result};
+use super::fs::FsHandle;
 use super::mount::CgroupVersion;
 use crate::kernel::DevNum;
 
@@ -95,12 +96,14 @@ const V2_NAMES: &[&str] = &[V2_BFQ_WEIGHT, V2_IO_WEIGHT];
 /// v1 `blkio.weight` or v2 `io.weight`.
 ///
 /// Only these four file names are ever written, and only inside a [`CgroupDir`] (which is confined to the cgroup
-/// root). Files are opened per operation with `O_NOFOLLOW` and never created: a missing file is an error.
+/// root). Files are opened per operation with `O_NOFOLLOW` and never created: a missing file is an error. Writes
+/// go through the directory's [`crate::cgroup::CgroupFs`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WeightFile {
     path: PathBuf,
     dir: PathBuf,
     kind: WeightFileKind,
+    fs: FsHandle,
 }
 
 impl WeightFile {
@@ -112,7 +115,7 @@ impl WeightFile {
             match std::fs::symlink_metadata(&path) {
                 Ok(meta) if meta.is_file() => {
                     tracing::debug!(path = %path.display(), ?kind, "weight file");
-                    return Ok(Self { path, dir: dir.path().to_owned(), kind });
+                    return Ok(Self { path, dir: dir.path().to_owned(), kind, fs: dir.fs().clone() });
                 }
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
@@ -163,7 +166,9 @@ impl WeightFile {
     pub fn open_kind(dir: &CgroupDir, kind: WeightFileKind) -> Result<Option<Self>> {
         let path = dir.path().join(kind.file_name());
         match std::fs::symlink_metadata(&path) {
-            Ok(meta) if meta.is_file() => Ok(Some(Self { path, dir: dir.path().to_owned(), kind })),
+            Ok(meta) if meta.is_file() => {
+                Ok(Some(Self { path, dir: dir.path().to_owned(), kind, fs: dir.fs().clone() }))
+            }
             Ok(_) => Ok(None),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) && dir.path().is_dir() => Ok(None),
             Err(e) => Err(CgroupError::on_cgroup_file("stat", &path, dir.path(), e)),
@@ -189,21 +194,9 @@ impl WeightFile {
         }
     }
 
-    /// One `write(2)` of `data`: a cgroup file parses each write call on its own.
+    /// One `write(2)` of `data` (see [`crate::cgroup::RealFs`]): a cgroup file parses each write call on its own.
     fn write_data(&self, data: &str) -> Result<()> {
-        #[cfg(test)]
-        let merged = fixture_kernel::merge(&self.path, data);
-        #[cfg(test)]
-        let data = merged.as_deref().unwrap_or(data);
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(false)
-            // Harmless on cgroupfs (as `echo N > file` does); keeps a fixture file holding exactly one value.
-            .truncate(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&self.path)
-            .map_err(|e| CgroupError::on_cgroup_write(&self.path, &self.dir, data, e))?;
-        match file.write(data.as_bytes()) {
+        match self.fs.0.write(&self.path, data.as_bytes()) {
             Ok(n) if n == data.len() => Ok(()),
             Ok(n) => {
                 let source = std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write: {n} bytes"));
@@ -228,13 +221,7 @@ impl WeightFile {
     /// [`WeightFile::write`], then [`WeightFile::verify`]: the kernel accepting a write is not proof it applies it
     /// (Docker, for one, reports success and discards weights on some kernels).
     pub fn write_verified(&self, weight: Weight) -> Result<()> {
-        self.write_then(weight, |_| {})
-    }
-
-    /// `write_verified` with a hook between write and read-back, so tests can interfere.
-    fn write_then(&self, weight: Weight, between: impl FnOnce(&Path)) -> Result<()> {
         self.write(weight)?;
-        between(&self.path);
         self.verify(weight)
     }
 
@@ -272,8 +259,8 @@ impl WeightLines {
     }
 }
 
-/// Parses a whole v2 weight file (or a v1 plain number, which has no overrides).
-pub(crate) fn parse_weight_lines(file: &Path, bytes: &[u8]) -> Result<WeightLines> {
+/// Parses a whole v2 weight file (or a v1 plain number, which has no overrides); `file` names it in errors.
+pub fn parse_weight_lines(file: &Path, bytes: &[u8]) -> Result<WeightLines> {
     let default = parse_default_weight(file, bytes)?;
     let mut devices = BTreeMap::new();
     for (index, line) in bytes.split(|b| *b == b'\n').enumerate() {
@@ -325,49 +312,9 @@ fn parse_u32(field: &[u8]) -> Option<u32> {
     std::str::from_utf8(field).ok().filter(|s| s.bytes().all(|b| b.is_ascii_digit()))?.parse().ok()
 }
 
-/// Unit tests' stand-in for the kernel: fixture weight files are regular files, where a write replaces the whole
-/// content; the kernel instead applies one line (`default N`, `MAJ:MIN N`, `MAJ:MIN default`) to the file's
-/// state. Only compiled for this crate's unit tests; real files are never merged.
-#[cfg(test)]
-pub(crate) mod fixture_kernel {
-    use super::*;
-
-    /// The content a v2 fixture file has after `data` is written to it, or `None` to write `data` as it is (v1
-    /// files, files that do not parse as v2).
-    pub(crate) fn merge(path: &Path, data: &str) -> Option<String> {
-        let old = std::fs::read(path).ok()?;
-        if !old.windows(7).any(|w| w == b"default") {
-            return None;
-        }
-        let mut lines = parse_weight_lines(path, &old).ok()?;
-        let mut fields = data.split_whitespace();
-        let (Some(key), Some(value), None) = (fields.next(), fields.next(), fields.next()) else { return None };
-        match (key, value) {
-            ("default", v) => lines.default = v.parse().ok()?,
-            (dev, "default") => {
-                lines.devices.remove(&dev.parse().ok()?);
-            }
-            (dev, v) => {
-                lines.devices.insert(dev.parse().ok()?, v.parse().ok()?);
-            }
-        }
-        Some(format(&lines))
-    }
-
-    /// The kernel's layout of a v2 weight file.
-    pub(crate) fn format(lines: &WeightLines) -> String {
-        let mut out = format!("default {}\n", lines.default);
-        for (dev, v) in &lines.devices {
-            out.push_str(&format!("{dev} {v}\n"));
-        }
-        out
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cgroup::CgroupRoot;
 
     fn parse(text: &[u8]) -> Result<u32> {
         parse_default_weight(Path::new("w"), text)
@@ -424,28 +371,5 @@ mod tests {
                 assert_eq!(u64::from(back.get()), expect, "{kind:?} {v}");
             }
         }
-    }
-
-    #[test]
-    fn write_verified_catches_a_change_between_write_and_read_back() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::create_dir(tmp.path().join("c")).unwrap();
-        std::fs::write(tmp.path().join("c").join(V2_IO_WEIGHT), "default 100\n").unwrap();
-        let root = CgroupRoot::from_dir(CgroupVersion::V2, tmp.path()).unwrap();
-        let wf = WeightFile::open(&root.resolve_relative("c").unwrap()).unwrap();
-        assert_eq!(wf.kind(), WeightFileKind::V2Io);
-        let err = wf
-            .write_then(Weight::new(700).unwrap(), |p| std::fs::write(p, "default 300\n8:0 700\n").unwrap())
-            .unwrap_err();
-        match err {
-            CgroupError::Mismatch { path, wrote, read } => {
-                assert_eq!(path, wf.path());
-                assert_eq!((wrote, read), (700, 300));
-            }
-            other => panic!("{other}"),
-        }
-        wf.write_then(Weight::new(700).unwrap(), |_| {}).unwrap();
-        // The fixture stands in for the kernel: `default N` leaves the override alone.
-        assert_eq!(std::fs::read_to_string(wf.path()).unwrap(), "default 700\n8:0 700\n");
     }
 }

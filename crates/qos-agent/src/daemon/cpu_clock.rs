@@ -9,7 +9,7 @@ use std::time::Duration;
 pub struct CpuClock(Arc<dyn Fn() -> Duration + Send + Sync>);
 
 impl CpuClock {
-    /// A clock from a function (tests: a fake one).
+    /// A clock from a function (an embedder's, see [`super::Daemon::with_cpu_clock`]; tests: a fake one).
     pub fn new(f: impl Fn() -> Duration + Send + Sync + 'static) -> Self {
         Self(Arc::new(f))
     }

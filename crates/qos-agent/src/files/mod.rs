@@ -14,7 +14,7 @@
 mod counters;
 mod devices;
 pub mod restore_records;
-pub mod v2_plan;
+pub(crate) mod v2_plan;
 mod writer;
 
 pub use counters::{FileCounters, ACTIVE_ROUNDS, FULL_READ_EVERY};

@@ -46,7 +46,8 @@ const DEFAULT_V2_ROOT: &str = "/sys/fs/cgroup";
 /// Writes the cgroup weight file(s) that act on the container's devices and reads them back.
 #[derive(Debug)]
 pub struct FileWriter {
-    /// The devices, shared with the daemon (its [`crate::backend::DeviceMonitor`]).
+    /// The devices, shared with the daemon (its [`crate::backend::DeviceMonitor`]) and no other writer: the
+    /// agent's other ways of applying weights verify through this writer ([`crate::writer::AgentWriter`]).
     devices: FileDevices,
     /// v2 files as the first `read` found them, per container: what a restore puts back.
     snapshots: RestoreRecords<Snapshot>,
@@ -81,12 +82,6 @@ impl FileWriter {
     /// A writer over a given device table (fixtures).
     pub fn with_table(table: DeviceTable) -> Self {
         Self { devices: FileDevices::new(table), snapshots: RestoreRecords::in_memory(), prune_at: 64 }
-    }
-
-    /// A writer planning with `devices`, shared with another writer (the systemd actuator's read-back beside the
-    /// runtime's writer): one device table, each device reported once, every container's devices in one place.
-    pub fn with_shared_devices(devices: FileDevices) -> Self {
-        Self { devices, snapshots: RestoreRecords::in_memory(), prune_at: 64 }
     }
 
     /// Devices (names in /sys/block) written and checked on v2 whatever the container's `io.stat` says:
@@ -589,94 +584,6 @@ mod tests {
         assert_eq!(f.file("io.bfq.weight"), "default 40\n");
         assert_eq!(f.file("io.weight"), "default 100\n");
         assert_eq!(f.metric.get("7:4"), Some(("none".into(), 0)));
-    }
-
-    #[test]
-    fn an_override_that_would_win_is_overwritten_and_restored() {
-        // loop3 has an io.bfq.weight override; io.weight has one for a device the container does not use.
-        let mut f = fixture("default 100\n7:3 500\n", "default 100\n8:0 300\n");
-        // Effective on loop3 is 500 and on loop4 100: read gives the lowest.
-        assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(100));
-        f.writer.write_weight(&f.info, w(1000)).unwrap();
-        assert_eq!(f.file("io.bfq.weight"), "default 1000\n7:3 1000\n");
-        assert_eq!(f.file("io.weight"), "default 1000\n8:0 300\n", "8:0 is not governed for this container");
-        f.writer.write_weight(&f.info, w(10)).unwrap();
-        assert_eq!(f.file("io.bfq.weight"), "default 10\n7:3 10\n");
-
-        // Someone adds an io.weight override on loop4 meanwhile; the next write beats it, the restore removes it.
-        f.put("io.weight", "default 10\n7:4 900\n8:0 300\n");
-        f.writer.write_weight(&f.info, w(40)).unwrap();
-        assert_eq!(f.file("io.weight"), "default 40\n7:4 40\n8:0 300\n");
-        f.writer.restore_weight(&f.info, w(100)).unwrap();
-        assert_eq!(f.file("io.bfq.weight"), "default 100\n7:3 500\n");
-        assert_eq!(f.file("io.weight"), "default 100\n8:0 300\n");
-    }
-
-    #[test]
-    fn a_pinned_weight_equal_to_the_original_is_in_force_on_every_device() {
-        // loop3 has an io.bfq.weight override of 500, loop4 reads 100: `read` gives the lowest, 100.
-        let mut f = fixture("default 100\n7:3 500\n", "default 100\n");
-        assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(100));
-        f.writer.write_weight(&f.info, w(1000)).unwrap();
-        // Pinned at 100, the original's value: a write like any other, so loop3 gets 100 too (not its old 500).
-        f.writer.write_weight(&f.info, w(100)).unwrap();
-        assert_eq!(f.file("io.bfq.weight"), "default 100\n7:3 100\n");
-        assert_eq!(devices_of(&f), ["7:3=bfq io.bfq.weight:100", "7:4=io-cost io.weight:100", "254:0=none"]);
-        // The restore, its own operation, puts loop3's override back.
-        f.writer.restore_weight(&f.info, w(100)).unwrap();
-        assert_eq!(f.file("io.bfq.weight"), "default 100\n7:3 500\n");
-        // A restore to another original (one a crashed agent left on file) writes it like any weight.
-        f.writer.restore_weight(&f.info, w(40)).unwrap();
-        assert_eq!(f.file("io.bfq.weight"), "default 40\n7:3 40\n");
-    }
-
-    /// Issue 28, defect 5: an `io.weight` above 1000 reads as 1000 (the engine's scale ends there), and an agent
-    /// restarted after a crash used to put back 1000, the state file's weight. With the records file the new agent
-    /// puts back the files exactly, overrides included; a container it reads afresh replaces an old record.
-    #[test]
-    fn after_a_crash_the_files_come_back_exactly_from_the_records_file() {
-        let mut f = fixture("default 100\n7:3 500\n", "default 5000\n");
-        let records = f.tmp.path().join("state/state.json.v2-files.jsonl");
-        let sys = f.tmp.path().join("sys");
-        let cg = f.tmp.path().join("cg");
-        let writer = |path: &Path| {
-            FileWriter::with_table(DeviceTable::with_sys(&sys, &cg))
-                .with_devices(vec!["loop4".into()])
-                .with_records_file(path.to_owned())
-        };
-        f.writer = writer(&records);
-        // The engine sees 500 (the lowest in force: loop3's override; loop4's 5000 reads as 1000).
-        assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(500));
-        f.writer.write_weight(&f.info, w(10)).unwrap();
-        // The crash: nothing is put back, the writer is gone.
-        f.writer = writer(&records);
-        assert_eq!(f.file("io.weight"), "default 10\n");
-        // The state file owes the container 500; the new agent does not read it again, and restores.
-        f.writer.restore_weight(&f.info, w(500)).unwrap();
-        assert_eq!(f.file("io.weight"), "default 5000\n");
-        assert_eq!(f.file("io.bfq.weight"), "default 100\n7:3 500\n");
-        assert!(!records.exists(), "a record put back is dropped, and an empty records file removed");
-
-        // Without the file (the agent before the fix, or a dry run) the state file's weight is all there is.
-        let mut plain = FileWriter::with_table(DeviceTable::with_sys(&sys, &cg)).with_devices(vec!["loop4".into()]);
-        plain.read_weight(&f.info).unwrap();
-        plain.write_weight(&f.info, w(10)).unwrap();
-        let mut plain = FileWriter::with_table(DeviceTable::with_sys(&sys, &cg)).with_devices(vec!["loop4".into()]);
-        plain.restore_weight(&f.info, w(500)).unwrap();
-        assert_eq!(f.file("io.weight"), "default 500\n", "the defect this records file fixes");
-        f.put("io.bfq.weight", "default 100\n7:3 500\n");
-
-        // The daemon re-verifies the weights it wrote by reading them: such a read after the crash finds the
-        // agent's own weight and must not take the place of the crashed agent's snapshot.
-        f.put("io.weight", "default 7000\n");
-        f.put("io.bfq.weight", "default 100\n");
-        f.writer = writer(&records);
-        f.writer.read_weight(&f.info).unwrap();
-        f.writer.write_weight(&f.info, w(10)).unwrap();
-        f.writer = writer(&records); // crash
-        assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(10), "the re-verifying read sees the agent's weight");
-        f.writer.restore_weight(&f.info, w(100)).unwrap();
-        assert_eq!(f.file("io.weight"), "default 7000\n");
     }
 
     #[test]

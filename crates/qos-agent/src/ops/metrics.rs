@@ -146,7 +146,7 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
 }
 
 /// [`serve`], and `GET /readyz` answered from `readiness` (200 ready, 503 not, the reasons as text; see
-/// [`crate::ops::readiness`]) when there is one.
+/// [`crate::ops::Readiness`]) when there is one.
 pub async fn serve_with_readiness(
     listener: TcpListener,
     metrics: Arc<Metrics>,

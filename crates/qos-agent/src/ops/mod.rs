@@ -3,11 +3,13 @@
 //! - [`preflight`]: the checks `run` and `check-config` share before anything starts;
 //! - [`control`]: the status socket (`ddiskqos-agent status`) and its rendering;
 //! - [`metrics`]: the Prometheus registry and its HTTP endpoint (with `/readyz`);
-//! - [`readiness`]: what `/readyz` answers (the runtime, the checked devices);
+//! - `readiness.rs`: [`Readiness`], what `/readyz` answers (the runtime, the checked devices);
 //! - [`limits`]: the bounds on those connections and the descriptor limit.
 
 pub mod control;
 pub mod limits;
 pub mod metrics;
 pub mod preflight;
-pub mod readiness;
+pub(crate) mod readiness;
+
+pub use readiness::{CheckedDevice, Readiness, ReadinessReport};

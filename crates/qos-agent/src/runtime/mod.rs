@@ -6,10 +6,10 @@
 //! - [`cgroup_dir`]: every child directory of one cgroup is a container (`runtime = "cgroup-dir"`).
 //!
 //! Counters and weights go through the files layer ([`crate::files`]), which every runtime shares; what their
-//! discoveries share (the reconnect backoff, the inotify watch) is in [`support`]; no runtime imports another's
+//! discoveries share (the reconnect backoff, the inotify watch) is in `support.rs`; no runtime imports another's
 //! internals.
 
 pub mod cgroup_dir;
 pub mod cri;
 pub mod docker;
-pub mod support;
+pub(crate) mod support;

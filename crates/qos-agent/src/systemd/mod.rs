@@ -6,20 +6,20 @@
 //! the governing files back as it does for its own writes.
 //!
 //! - [`mapping`]: which `IOWeight`/`IODeviceWeight` yield a weight in the file that governs each device (pure).
-//! - [`unit`]: the unit a cgroup directory is, if any.
+//! - `unit.rs`: [`UnitName`], the unit a cgroup directory is, if any.
 //! - [`bus`]: the one D-Bus call, with a timeout and typed errors.
-//! - [`actuator`]: [`SystemdActuator`], a [`crate::backend::WeightWriter`] around a runtime's own writer: unit
-//!   cgroups through systemd, every other cgroup through the inner writer.
+//! - `units.rs`: [`UnitWriter`], the way of applying weights as unit properties, read back through the agent's
+//!   file writer; [`crate::writer::AgentWriter`] sends it the cgroups that are units.
 
-pub mod actuator;
 pub mod bus;
 pub mod mapping;
-pub mod unit;
+pub(crate) mod unit;
+pub(crate) mod units;
 
-pub use actuator::SystemdActuator;
 pub use bus::{BusAddress, BusError, SystemdBus};
 pub use mapping::UnitIoWeights;
 pub use unit::UnitName;
+pub use units::UnitWriter;
 
 /// Whether PID 1 is systemd (`sd_booted()`'s test: `/run/systemd/system` is a directory).
 pub fn is_systemd_host() -> bool {

@@ -303,3 +303,42 @@ fn from_dir_needs_a_directory() {
     let err = CgroupRoot::from_dir(CgroupVersion::V1, tmp.path().join("file")).unwrap_err();
     assert!(err.to_string().contains("file"), "{err}");
 }
+
+/// A kernel whose weight file someone changes right after each write (the fixture kernel's write, then this).
+#[derive(Debug)]
+struct Meddled(&'static str);
+
+impl qos_agent::cgroup::CgroupFs for Meddled {
+    fn write(&self, path: &Path, data: &[u8]) -> std::io::Result<usize> {
+        let n = testbed::fixture::FixtureKernel.write(path, data)?;
+        fs::write(path, self.0)?;
+        Ok(n)
+    }
+}
+
+/// Moved from the weight file's unit tests (issue 28: the fixture kernel and the hook between write and read-back
+/// left the production write path for the `CgroupFs` seam).
+#[test]
+fn write_verified_catches_a_change_between_write_and_read_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    fs::create_dir(tmp.path().join("c")).unwrap();
+    fs::write(tmp.path().join("c").join("io.weight"), "default 100\n").unwrap();
+    let root = |fs: std::sync::Arc<dyn qos_agent::cgroup::CgroupFs>| {
+        CgroupRoot::from_dir(CgroupVersion::V2, tmp.path()).unwrap().with_fs(fs)
+    };
+    let meddled = root(std::sync::Arc::new(Meddled("default 300\n8:0 700\n")));
+    let wf = WeightFile::open(&meddled.resolve_relative("c").unwrap()).unwrap();
+    assert_eq!(wf.kind(), WeightFileKind::V2Io);
+    match wf.write_verified(w(700)).unwrap_err() {
+        CgroupError::Mismatch { path, wrote, read } => {
+            assert_eq!(path, wf.path());
+            assert_eq!((wrote, read), (700, 300));
+        }
+        other => panic!("{other}"),
+    }
+    let kernel = root(std::sync::Arc::new(testbed::fixture::FixtureKernel));
+    let wf = WeightFile::open(&kernel.resolve_relative("c").unwrap()).unwrap();
+    wf.write_verified(w(700)).unwrap();
+    // The fixture stands in for the kernel: `default N` leaves the override alone.
+    assert_eq!(fs::read_to_string(wf.path()).unwrap(), "default 700\n8:0 700\n");
+}

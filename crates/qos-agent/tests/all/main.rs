@@ -3,6 +3,8 @@
 //! Without root:
 //! - `daemon_fake`: the daemon on in-memory backends on tokio's paused clock, plus a model-based proptest.
 //! - `cgroup_fixtures`: the cgroup layer on fixture trees of the v1 and v2 layouts.
+//! - `file_writer`: the file writer's cgroup-v2 overrides and restores on fixture files written through testbed's
+//!   fixture kernel.
 //! - `cli`: the binary from outside: `check-config`, `status`, `run` errors, `deploy/`, the systemd notify protocol.
 //! - `confinement`: writes only to managed weight files, paths leading outside the root refused, metrics on
 //!   loopback.
@@ -52,6 +54,7 @@ mod daemon_fake;
 mod deploy_real;
 mod docker_real;
 mod faults_real;
+mod file_writer;
 mod fuzz_parsers;
 mod k8s_manifests;
 mod protect_real;

@@ -20,7 +20,8 @@ use qos_agent::cgroup::{CgroupRoot, CgroupVersion};
 use qos_agent::files::FileWriter;
 use qos_agent::systemd::bus::IO_WEIGHT_UNSET;
 use qos_agent::systemd::mapping::bfq_weight_of;
-use qos_agent::systemd::{BusAddress, BusError, SystemdActuator, SystemdBus, UnitName};
+use qos_agent::systemd::{BusAddress, BusError, SystemdBus, UnitName, UnitWriter};
+use qos_agent::writer::{AgentWriter, Way};
 use qos_core::{ContainerId, Weight};
 use zbus::zvariant::OwnedValue;
 
@@ -205,9 +206,10 @@ impl Fake {
         SystemdBus::at(BusAddress::Peer(format!("unix:path={}", self.sock.display()))).with_call_timeout(DEADLINE)
     }
 
-    fn actuator(&self) -> SystemdActuator<FileWriter> {
-        SystemdActuator::new(FileWriter::new(&self.root), true, FileWriter::new(&self.root), self.root.clone())
-            .with_bus(self.bus())
+    /// The agent's writer with the systemd way, as `agent::with_writer` assembles it on a systemd host.
+    fn actuator(&self) -> AgentWriter {
+        let units = UnitWriter::new(self.root.clone()).with_bus(self.bus());
+        AgentWriter::new(FileWriter::new(&self.root), Way::SystemdUnits(units))
     }
 
     fn info(&self) -> ContainerInfo {

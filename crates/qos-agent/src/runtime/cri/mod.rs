@@ -11,11 +11,12 @@
 //! [`crate::files::FileWriter`] on the pod cgroup.
 
 mod client;
-pub mod config;
+pub(crate) mod config;
 mod discovery;
 pub mod naming;
 
 pub use client::{unix_channel, unix_channel_connected, CriClient, EventWake, SandboxSource};
+pub use config::CriConfig;
 pub use discovery::{CriDiscovery, ANNOTATION_PREFIX};
 
 use std::sync::Arc;

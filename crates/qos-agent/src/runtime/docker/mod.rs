@@ -1,27 +1,27 @@
 //! The Docker runtime through `bollard`: discovery (events subscribed before listing, reconnect with backoff),
-//! counters (cgroup files, Docker stats only as a logged fallback) and the weight actuator (`docker update
-//! --blkio-weight`, verified in the cgroup file, falling back to the file where Docker discards the weight).
+//! counters (cgroup files, Docker stats only as a logged fallback) and the Docker API way of applying weights
+//! (`docker update --blkio-weight`, verified in the cgroup files; only for `actuator = "docker"`).
 //!
 //! - `discovery.rs`: [`DockerDiscovery`]; `cgroup_watch.rs`: new containers seen by their cgroup's creation, before
 //!   Docker's `start` event; `naming.rs`: where Docker puts a container's cgroup
 //!   ([`container_cgroup`], [`CgroupDriver`]);
 //! - `counters.rs`: [`DockerCounters`] (the files layer's counters plus the stats fallback);
-//! - `writer.rs`: [`DockerWriter`] (per [`ActuatorMode`](crate::config::ActuatorMode)).
+//! - `api.rs`: [`DockerApiWriter`] (`actuator = "docker"`; [`api_writer`] says when).
 
+mod api;
 mod cgroup_watch;
 mod counters;
 mod discovery;
 mod naming;
-mod writer;
 
 use std::path::Path;
 
 use bollard::Docker;
 
+pub use api::DockerApiWriter;
 pub use counters::DockerCounters;
 pub use discovery::DockerDiscovery;
 pub use naming::{container_cgroup, CgroupDriver};
-pub use writer::DockerWriter;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,7 +30,7 @@ use crate::backend::{DiscoveryError, RuntimeBackends};
 use crate::blockdev::protect::{self, Managed};
 use crate::cgroup::CgroupRoot;
 use crate::config::{ActuatorMode, AgentConfig};
-use crate::files::{agent_writer, FileDevices};
+use crate::files::{agent_writer, FileDevices, FileWriter};
 use crate::ops::metrics::Metrics;
 
 /// Docker as the agent assembles it ([`assemble`], called by [`crate::agent::AgentBuilder`]): connected, with the
@@ -55,40 +55,50 @@ impl Assembly {
         protect::managed(&cfg.devices, self.data_disk.iter().map(|d| (d.clone(), "Docker's data root".into())))
     }
 
-    /// The backends ([`backends`]), their writer checking the managed devices (once the device settings at start
+    /// The Docker API way of applying weights, if the configuration asks for it ([`api_writer`]).
+    pub fn api_writer(&self, cfg: &AgentConfig) -> Option<DockerApiWriter> {
+        api_writer(&self.docker, cfg.actuator)
+    }
+
+    /// The backends ([`backends`]), their file writer checking the managed devices (once the device settings at start
     /// are made: the writer looks at the devices at once).
     pub async fn backends(
         self,
         cfg: &AgentConfig,
         root: Arc<CgroupRoot>,
         metrics: &Metrics,
-    ) -> Result<RuntimeBackends<DockerDiscovery, DockerCounters, DockerWriter, FileDevices>, DiscoveryError> {
+    ) -> Result<RuntimeBackends<DockerDiscovery, DockerCounters, FileWriter, FileDevices>, DiscoveryError> {
         let check =
             if cfg.devices.check.is_empty() { self.data_disk.into_iter().collect() } else { cfg.devices.check.clone() };
         let records = crate::files::records_file(cfg);
-        backends(self.docker, root, cfg.actuator, check, records, metrics).await
+        backends(self.docker, root, check, records, metrics).await
     }
 }
 
 /// The Docker runtime's backends as the agent binary assembles them (the bench runs the daemon on these too, so
 /// it measures the shipped wiring): discovery by events, counters from the cgroup files behind the parent gate,
-/// the writer in `actuator` mode over the agent's file writer checking the devices `check` names and keeping its
-/// restore snapshots in `records` ([`crate::files::records_file`]).
+/// the agent's file writer checking the devices `check` names and keeping its restore snapshots in `records`
+/// ([`crate::files::records_file`]). The way of applying weights is chosen by the agent's assembly
+/// ([`crate::agent`]; Docker's API: [`api_writer`]).
 pub async fn backends(
     docker: Docker,
     root: Arc<CgroupRoot>,
-    actuator: ActuatorMode,
     check: Vec<String>,
     records: Option<PathBuf>,
     metrics: &Metrics,
-) -> Result<RuntimeBackends<DockerDiscovery, DockerCounters, DockerWriter, FileDevices>, DiscoveryError> {
-    let files = agent_writer(&root, check, records, metrics);
-    let devices = files.devices();
+) -> Result<RuntimeBackends<DockerDiscovery, DockerCounters, FileWriter, FileDevices>, DiscoveryError> {
+    let writer = agent_writer(&root, check, records, metrics);
+    let devices = writer.devices();
     let discovery = DockerDiscovery::new(docker.clone(), root.clone()).await?;
-    let counters = DockerCounters::with_root(docker.clone(), root);
+    let counters = DockerCounters::with_root(docker, root);
     let starting = discovery.starting();
-    let writer = DockerWriter::with_files(docker, actuator, files).with_starting(starting.clone());
     Ok(RuntimeBackends { discovery, counters, writer, devices, starting })
+}
+
+/// The Docker API way of applying weights for `actuator = "docker"` only: `auto` never asks Docker, whose `docker
+/// update` persists the weight in the container's `hostconfig.json` (issue 28, defect 3; see [`DockerApiWriter`]).
+pub fn api_writer(docker: &Docker, actuator: ActuatorMode) -> Option<DockerApiWriter> {
+    (actuator == ActuatorMode::Docker).then(|| DockerApiWriter::new(docker.clone()))
 }
 
 /// Connects to dockerd and agrees on an API version (Docker 20.10 speaks 1.41; bollard defaults newer).

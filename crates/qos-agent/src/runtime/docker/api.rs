@@ -1,71 +1,54 @@
-//! [`DockerWriter`]: weights through the cgroup files (`auto`, `files`) or through `docker update --blkio-weight`
-//! (`docker`), always verified in the file.
+//! [`DockerApiWriter`]: weights through `docker update --blkio-weight` (actuator `docker`), always verified in the
+//! files.
 //!
-//! `auto` never asks Docker: `docker update` persists the weight in the container's `hostconfig.json`, so after an
-//! agent crash or removal a restarted container would come back at the agent's last demotion (10), and a new agent
-//! would take that for the container's own weight. The agent's weights are transient; the files hold them for the
-//! cgroup's life and no longer. (On a systemd host the units' weights go through systemd's runtime properties, see
-//! `SystemdActuator`, which do not persist either.)
+//! Only `docker` asks Docker; `auto` never does: `docker update` persists the weight in the container's
+//! `hostconfig.json`, so after an agent crash or removal a restarted container would come back at the agent's last
+//! demotion (10), and a new agent would take that for the container's own weight. The agent's weights are
+//! transient; the files hold them for the cgroup's life and no longer. (On a systemd host the units' weights go
+//! through systemd's runtime properties, see [`crate::systemd::UnitWriter`], which do not persist either.)
 //!
 //! `docker` is for an operator who wants Docker's own view to show the weight, and accepts that persistence: the
 //! restore at stop writes the original back through Docker too. On cgroup v2 Docker 20.10 writes `io.bfq.weight`
 //! (`default N`) and never `io.weight`, so its weight reaches BFQ devices only; the check after `docker update` is
 //! the file writer's per-device one, and a weight not in force is an error. A container seen at its cgroup's
 //! creation is still starting, and dockerd answers a `docker update` for it only once the start completed (it holds
-//! the container's lock meanwhile), so such a container's files are written directly ([`Starting`]); its later
-//! weights go through Docker.
+//! the container's lock meanwhile), so such a container's files are written directly (the agent's writer,
+//! [`crate::writer::AgentWriter`], sees to that with discovery's [`crate::backend::Starting`]); its later weights
+//! go through Docker.
 
 use bollard::models::ContainerUpdateBody;
 use bollard::Docker;
 use qos_core::Weight;
-use tracing::debug;
 
-use crate::backend::Starting;
-use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
+use crate::backend::{AppliedVia, BackendError, ContainerInfo};
 use crate::cgroup::{CgroupError, V2_IO_WEIGHT};
-use crate::config::ActuatorMode;
-use crate::files::{FileDevices, FileWriter};
+use crate::files::FileWriter;
 
-/// Applies weights through the cgroup files or `docker update --blkio-weight`, per [`ActuatorMode`]; every
-/// write is verified by reading the cgroup file back.
-pub struct DockerWriter {
+/// Applies weights through `docker update --blkio-weight`; every write is verified by reading the cgroup files
+/// back through the agent's one [`FileWriter`], which the caller lends.
+pub struct DockerApiWriter {
     docker: Docker,
-    mode: ActuatorMode,
-    /// Writes and verifies the cgroup files (and holds the restore snapshots and the devices it plans with).
-    files: FileWriter,
-    /// Containers still starting (from discovery): `docker` writes their files rather than wait for dockerd.
-    starting: Starting,
 }
 
-impl std::fmt::Debug for DockerWriter {
+impl std::fmt::Debug for DockerApiWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DockerWriter").field("mode", &self.mode).finish()
+        f.debug_struct("DockerApiWriter").finish_non_exhaustive()
     }
 }
 
-impl DockerWriter {
-    /// A writer in the given mode, with a default [`FileWriter`] for the files.
-    pub fn new(docker: Docker, mode: ActuatorMode) -> Self {
-        Self::with_files(docker, mode, FileWriter::default())
+impl DockerApiWriter {
+    /// A writer asking `docker`.
+    pub fn new(docker: Docker) -> Self {
+        Self { docker }
     }
 
-    /// A writer in the given mode whose file writes and checks go through `files`.
-    pub fn with_files(docker: Docker, mode: ActuatorMode, files: FileWriter) -> Self {
-        Self { docker, mode, files, starting: Starting::default() }
-    }
-
-    /// Takes discovery's set of containers still starting ([`DockerDiscovery::starting`](super::DockerDiscovery)).
-    pub fn with_starting(mut self, starting: Starting) -> Self {
-        self.starting = starting;
-        self
-    }
-
-    /// The devices its file writer plans with, for the daemon (see [`FileWriter::devices`]).
-    pub fn devices(&self) -> FileDevices {
-        self.files.devices()
-    }
-
-    async fn via_docker(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
+    /// Sets `weight` (a restore: the original) through Docker and verifies it in the files through `files`.
+    pub async fn write(
+        &mut self,
+        info: &ContainerInfo,
+        weight: Weight,
+        files: &mut FileWriter,
+    ) -> Result<AppliedVia, BackendError> {
         if weight.get() < 10 {
             return Err(BackendError::Runtime {
                 id: info.id.clone(),
@@ -81,7 +64,7 @@ impl DockerWriter {
         })?;
         // Trust only the kernel's files: Docker 20.10 answers success and discards the weight on BFQ-only v1
         // kernels, and on v2 writes only io.bfq.weight, which does not act on io.cost devices.
-        if let Err(e) = self.files.verify_weight(info, weight) {
+        if let Err(e) = files.verify_weight(info, weight) {
             if e.is_vanished() {
                 return Err(e);
             }
@@ -108,55 +91,22 @@ impl DockerWriter {
     }
 }
 
-impl WeightWriter for DockerWriter {
-    async fn read(&mut self, info: &ContainerInfo) -> Result<Weight, BackendError> {
-        self.files.read_weight(info)
-    }
-
-    async fn write(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
-        self.apply(info, weight, false).await
-    }
-
-    async fn restore(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
-        self.apply(info, original, true).await
-    }
-
-    fn forget(&mut self, id: &qos_core::ContainerId) {
-        self.files.forget(id);
-    }
-}
-
-impl DockerWriter {
-    /// A write (`restore`: of the original) per the mode; where the files are written directly, a restore puts
-    /// them back as first read.
-    async fn apply(&mut self, info: &ContainerInfo, weight: Weight, restore: bool) -> Result<AppliedVia, BackendError> {
-        let direct = |files: &mut FileWriter| {
-            if restore {
-                files.restore_weight(info, weight)
-            } else {
-                files.write_weight(info, weight)
-            }
-        };
-        match self.mode {
-            // `systemd`: units go through `SystemdActuator` around this writer; what reaches here is not a unit.
-            ActuatorMode::Auto | ActuatorMode::Files | ActuatorMode::Systemd => direct(&mut self.files),
-            ActuatorMode::Docker if self.starting.contains(&info.id) => {
-                debug!(container = %info.id.short(), %weight,
-                    "container still starting: writing its cgroup files directly (dockerd would answer \
-                     docker update only after the start)");
-                direct(&mut self.files)
-            }
-            ActuatorMode::Docker => self.via_docker(info, weight).await,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use qos_core::ContainerId;
 
     use super::*;
+    use crate::backend::{Starting, WeightWriter};
     use crate::cgroup::{CgroupRoot, CgroupVersion};
+    use crate::config::ActuatorMode;
+    use crate::runtime::docker::api_writer;
+    use crate::writer::{AgentWriter, Way};
+
+    /// The agent's writer as assembled for `mode` on a host that is not a systemd host (`agent::with_writer`).
+    fn agent_writer(docker: &Docker, mode: ActuatorMode, starting: &Starting) -> AgentWriter {
+        let way = api_writer(docker, mode).map_or(Way::Files, Way::DockerApi);
+        AgentWriter::new(FileWriter::default(), way).with_starting(starting.clone())
+    }
 
     fn w(n: u64) -> Weight {
         Weight::new(n).unwrap()
@@ -204,7 +154,8 @@ mod tests {
         let (docker, asked) = failing_dockerd(tmp.path());
         let starting = Starting::default();
         starting.insert(&ContainerId::new("new"));
-        let mut writer = DockerWriter::new(docker, ActuatorMode::Auto).with_starting(starting.clone());
+        assert!(api_writer(&docker, ActuatorMode::Auto).is_none(), "auto has no Docker API way");
+        let mut writer = agent_writer(&docker, ActuatorMode::Auto, &starting);
         assert_eq!(writer.read(&info("old")).await.unwrap(), w(100));
         for (c, weight) in [("new", 1000), ("old", 1000), ("old", 10), ("new", 200)] {
             assert_eq!(writer.write(&info(c), w(weight)).await.unwrap(), AppliedVia::CgroupFile);
@@ -224,7 +175,7 @@ mod tests {
         let (docker, asked) = failing_dockerd(tmp.path());
         let starting = Starting::default();
         starting.insert(&ContainerId::new("new"));
-        let mut writer = DockerWriter::new(docker, ActuatorMode::Docker).with_starting(starting.clone());
+        let mut writer = agent_writer(&docker, ActuatorMode::Docker, &starting);
 
         assert_eq!(writer.write(&info("new"), w(1000)).await.unwrap(), AppliedVia::CgroupFile);
         assert_eq!(file("new"), "1000\n");

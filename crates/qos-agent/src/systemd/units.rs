@@ -1,7 +1,6 @@
-//! [`SystemdActuator`]: weights of systemd units through systemd, every other cgroup through the runtime's own
-//! writer; every weight read back from the files that govern the devices.
+//! [`UnitWriter`]: the weights of cgroups that are systemd units, as the units' `IOWeight` and `IODeviceWeight`
+//! properties, read back from the files that govern the devices.
 
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -11,7 +10,7 @@ use tracing::{debug, info};
 use super::bus::{BusError, SystemdBus, UnitIoProperties, IO_WEIGHT_UNSET};
 use super::mapping::{bfq_weight_of, UnitIoWeights};
 use super::unit::UnitName;
-use crate::backend::{AppliedVia, BackendError, ContainerInfo, Starting, WeightWriter};
+use crate::backend::{BackendError, ContainerInfo};
 use crate::blockdev;
 use crate::cgroup::{CgroupDir, CgroupError, CgroupVersion, WeightFile, WeightFileKind};
 use crate::files::restore_records::RestoreRecords;
@@ -23,55 +22,31 @@ use crate::kernel::DevNum;
 const READ_BACK_TRIES: u32 = 10;
 const READ_BACK_PAUSE: Duration = Duration::from_millis(20);
 
-/// A [`WeightWriter`] that sets the weight of a cgroup that is a systemd unit as the unit's `IOWeight` and
-/// `IODeviceWeight` (see [`super::mapping`]) and leaves every other cgroup to `inner`. Disabled (`enabled =
-/// false`: not a systemd host, cgroup v1, or another actuator chosen) it is `inner` itself.
-pub struct SystemdActuator<W> {
-    inner: W,
-    enabled: bool,
+/// Sets the weight of a cgroup that is a systemd unit as the unit's `IOWeight` and `IODeviceWeight` (see
+/// [`super::mapping`]) and reads it back through the agent's one [`FileWriter`], which the caller lends
+/// (`files`): the same per-device rule and device table as every other write. Every other cgroup, and a unit
+/// whose runtime is still setting it up, is not its business: the agent's writer
+/// ([`crate::writer::AgentWriter`]) writes their files.
+pub struct UnitWriter {
     bus: SystemdBus,
-    /// Reads back what systemd wrote (the same per-device rule as the file writer), on the devices it shares
-    /// with the runtime's writer.
-    files: FileWriter,
     v2_root: PathBuf,
     said_hello: bool,
     /// Each unit's `IOWeight`/`IODeviceWeight` as the first read found them: what a restore puts back (on disk
     /// too with [`Self::with_records_file`]).
     unit_originals: RestoreRecords<UnitIoProperties>,
-    /// Containers whose runtime is still setting their unit up (runc, through systemd): their weights go to
-    /// `inner` (the files) until discovery says they settled.
-    starting: Starting,
 }
 
-impl<W> std::fmt::Debug for SystemdActuator<W> {
+impl std::fmt::Debug for UnitWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SystemdActuator").field("enabled", &self.enabled).finish()
+        f.debug_struct("UnitWriter").field("v2_root", &self.v2_root).finish_non_exhaustive()
     }
 }
 
-impl<W: WeightWriter> SystemdActuator<W> {
-    /// Around `inner`; `files` reads the weights back (give it the same `[devices] check` as the inner writer's).
-    pub fn new(inner: W, enabled: bool, files: FileWriter, v2_root: PathBuf) -> Self {
-        Self {
-            inner,
-            enabled,
-            bus: SystemdBus::new(),
-            files,
-            v2_root,
-            said_hello: false,
-            unit_originals: RestoreRecords::in_memory(),
-            starting: Starting::default(),
-        }
-    }
-
-    /// Takes discovery's set of containers still starting ([`crate::backend::RuntimeBackends::starting`]). A
-    /// `SetUnitProperties` on a scope runc is still configuring through systemd makes systemd apply the unit's
-    /// cgroup settings under runc (seen: `docker run` failing at `BPF_PROG_ATTACH`), so such a container's weight
-    /// is written to its files by `inner`; once it settled (`DiscoveryEvent::Settled`), the daemon writes it again
-    /// and it goes through systemd.
-    pub fn with_starting(mut self, starting: Starting) -> Self {
-        self.starting = starting;
-        self
+impl UnitWriter {
+    /// A writer over the system bus; `v2_root`: the cgroup root, whose `io.cost.qos` says which devices are under
+    /// io.cost.
+    pub fn new(v2_root: PathBuf) -> Self {
+        Self { bus: SystemdBus::new(), v2_root, said_hello: false, unit_originals: RestoreRecords::in_memory() }
     }
 
     /// Keeps the units' own properties in `path` too (see [`RestoreRecords`]): an agent restarted after a crash
@@ -87,30 +62,60 @@ impl<W: WeightWriter> SystemdActuator<W> {
         self
     }
 
-    /// Whether units go through systemd.
-    pub fn enabled(&self) -> bool {
-        self.enabled
-    }
-
-    fn unit_of(&self, info: &ContainerInfo) -> Option<UnitName> {
+    /// The unit `info`'s cgroup is (cgroup v2 only), if any: the cgroups this writer takes.
+    pub fn unit_of(&self, info: &ContainerInfo) -> Option<UnitName> {
         let dir = info.cgroup.as_ref()?;
-        if !self.enabled || dir.version() != CgroupVersion::V2 {
+        if dir.version() != CgroupVersion::V2 {
             return None;
         }
         UnitName::of_cgroup(dir.path())
     }
 
-    /// The unit to write through, unless its runtime is still setting it up (then `inner` writes the files).
-    fn settled_unit_of(&self, info: &ContainerInfo) -> Option<UnitName> {
-        let unit = self.unit_of(info)?;
-        if self.starting.contains(&info.id) {
-            debug!(unit = %unit, "unit still being set up by its runtime: its cgroup files are written directly");
-            return None;
+    /// Records `unit`'s own I/O properties the first time a weight of it is read (later reads re-verify the
+    /// agent's own weight, and a crashed agent's record must survive them until the restore). Best effort:
+    /// without the record a restore falls back to the weight (see `put_back_unit`).
+    pub async fn record_original(&mut self, info: &ContainerInfo, unit: &UnitName) {
+        if self.unit_originals.contains(&info.id) {
+            return;
         }
-        Some(unit)
+        match self.bus.io_properties(unit).await {
+            Ok(props) => {
+                self.unit_originals.insert(&info.id, props);
+            }
+            Err(e) => debug!(unit = %unit, error = %e, "cannot read the unit's I/O properties"),
+        }
     }
 
-    async fn via_systemd(&mut self, info: &ContainerInfo, unit: &UnitName, weight: Weight) -> Result<(), BackendError> {
+    /// Gives `unit` its own properties back (unset, for a unit nobody had weighted; see `put_back_unit`), else
+    /// its original as a weight, read back through `files`.
+    pub async fn restore(
+        &mut self,
+        info: &ContainerInfo,
+        unit: &UnitName,
+        original: Weight,
+        files: &mut FileWriter,
+    ) -> Result<(), BackendError> {
+        // A stop during a short stall of the bus still puts the units back (once per outage; see there).
+        self.bus.wait_out_backoff().await;
+        match self.unit_original(info, original) {
+            Some(props) => self.put_back_unit(info, unit, &props).await,
+            None => self.write(info, unit, original, files).await,
+        }
+    }
+
+    /// Drops what is kept about a container that is gone: its unit's recorded properties.
+    pub fn forget(&mut self, id: &ContainerId) {
+        self.unit_originals.remove(id);
+    }
+
+    /// Sets `weight` as `unit`'s properties and reads it back through `files`.
+    pub async fn write(
+        &mut self,
+        info: &ContainerInfo,
+        unit: &UnitName,
+        weight: Weight,
+        files: &mut FileWriter,
+    ) -> Result<(), BackendError> {
         let io_cost = blockdev::io_cost_devices(&self.v2_root).map_err(|e| runtime_error(info, e.to_string()))?;
         let props = UnitIoWeights::for_weight(weight, &io_cost);
         let started = std::time::Instant::now();
@@ -121,7 +126,7 @@ impl<W: WeightWriter> SystemdActuator<W> {
                 "actuator: weights of systemd units go through systemd (SetUnitProperties, runtime), which keeps \
                  them over daemon-reload; read back from the files that govern each device");
         }
-        let tries = read_back_until(|| self.read_back(info, weight, &io_cost, &props)).await?;
+        let tries = read_back_until(|| read_back(files, info, weight, &io_cost, &props)).await?;
         debug!(unit = %unit, weight = weight.get(), tries, took_ms = started.elapsed().as_millis() as u64,
             "weight set through systemd and read back");
         Ok(())
@@ -156,14 +161,9 @@ impl<W: WeightWriter> SystemdActuator<W> {
             .iter()
             .filter_map(|(node, _)| DevNum::of_node(std::path::Path::new(node)).ok())
             .collect();
-        let io_weight = dir.path().join(crate::cgroup::V2_IO_WEIGHT);
         if let Some(file) = WeightFile::open_kind(dir, WeightFileKind::V2Io)? {
             for dev in file.read_lines()?.devices.keys().filter(|d| !kept.contains(d)) {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&io_weight)
-                    .and_then(|mut f| f.write_all(format!("{dev} default").as_bytes()))
-                    .map_err(|e| CgroupError::on_cgroup_file("write", &io_weight, dir.path(), e))?;
+                file.write_device(*dev, None)?;
             }
         }
         let want_io = if props.io_weight == IO_WEIGHT_UNSET { 100 } else { props.io_weight };
@@ -172,101 +172,48 @@ impl<W: WeightWriter> SystemdActuator<W> {
         self.unit_originals.remove(&info.id);
         Ok(())
     }
-
-    /// The weight in force: on the devices the container used or `[devices] check` names (the file writer's
-    /// rule), and in `io.weight` on every io.cost device, which it may use next. With no such device (a container
-    /// that has done no I/O, no `[devices] check`), the files as systemd writes them for `props`: the file
-    /// writer's rule would want the weight in `io.weight`'s default too, which no `IOWeight` chosen for BFQ gives
-    /// above 100.
-    fn read_back(
-        &mut self,
-        info: &ContainerInfo,
-        weight: Weight,
-        io_cost: &[DevNum],
-        props: &UnitIoWeights,
-    ) -> Result<(), BackendError> {
-        let dir = info.cgroup.as_ref().ok_or_else(|| BackendError::NoCgroup(info.id.clone()))?;
-        if self.files.governs_a_device(info)? {
-            self.files.verify_weight(info, weight)?;
-        } else {
-            unit_files_read(dir, props.io_weight, io_cost)?;
-        }
-        if io_cost.is_empty() {
-            return Ok(());
-        }
-        let file = WeightFile::open_kind(dir, WeightFileKind::V2Io)?.ok_or_else(|| CgroupError::MissingFile {
-            dir: dir.path().to_owned(),
-            candidates: &[crate::cgroup::V2_IO_WEIGHT],
-        })?;
-        let lines = file.read_lines()?;
-        for dev in io_cost {
-            let read = lines.effective(*dev);
-            if read != weight.to_io_weight() {
-                return Err(CgroupError::DeviceMismatch {
-                    path: file.path().to_owned(),
-                    device: dev.to_string(),
-                    wrote: weight.to_io_weight(),
-                    read,
-                    what: if lines.devices.contains_key(dev) { "its MAJ:MIN override" } else { "the default" },
-                }
-                .into());
-            }
-        }
-        Ok(())
-    }
 }
 
-impl<W: WeightWriter> WeightWriter for SystemdActuator<W> {
-    async fn read(&mut self, info: &ContainerInfo) -> Result<Weight, BackendError> {
-        let weight = self.inner.read(info).await?;
-        if let Some(unit) = self.unit_of(info) {
-            // The first read only: later reads (re-verification) find the agent's own weight, and a crashed
-            // agent's record must survive them until the restore.
-            if !self.unit_originals.contains(&info.id) {
-                // Best effort: without the record a restore falls back to the weight (see `put_back_unit`).
-                match self.bus.io_properties(&unit).await {
-                    Ok(props) => {
-                        self.unit_originals.insert(&info.id, props);
-                    }
-                    Err(e) => debug!(unit = %unit, error = %e, "cannot read the unit's I/O properties"),
-                }
-            }
-        }
-        Ok(weight)
+/// The weight in force: on the devices the container used or `[devices] check` names (the file writer's
+/// rule), and in `io.weight` on every io.cost device, which it may use next. With no such device (a container
+/// that has done no I/O, no `[devices] check`), the files as systemd writes them for `props`: the file
+/// writer's rule would want the weight in `io.weight`'s default too, which no `IOWeight` chosen for BFQ gives
+/// above 100.
+fn read_back(
+    files: &mut FileWriter,
+    info: &ContainerInfo,
+    weight: Weight,
+    io_cost: &[DevNum],
+    props: &UnitIoWeights,
+) -> Result<(), BackendError> {
+    let dir = info.cgroup.as_ref().ok_or_else(|| BackendError::NoCgroup(info.id.clone()))?;
+    if files.governs_a_device(info)? {
+        files.verify_weight(info, weight)?;
+    } else {
+        unit_files_read(dir, props.io_weight, io_cost)?;
     }
-
-    async fn write(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
-        match self.settled_unit_of(info) {
-            Some(unit) => {
-                self.via_systemd(info, &unit, weight).await?;
-                Ok(AppliedVia::Systemd)
-            }
-            None => self.inner.write(info, weight).await,
-        }
+    if io_cost.is_empty() {
+        return Ok(());
     }
-
-    /// A unit gets its own properties back through systemd (unset, for a unit nobody had weighted; see
-    /// `put_back_unit`), else its original as a weight; any other cgroup goes through the runtime's writer, which
-    /// may put its files back as it found them.
-    async fn restore(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
-        match self.settled_unit_of(info) {
-            Some(unit) => {
-                // A stop during a short stall of the bus still puts the units back (once per outage; see there).
-                self.bus.wait_out_backoff().await;
-                match self.unit_original(info, original) {
-                    Some(props) => self.put_back_unit(info, &unit, &props).await?,
-                    None => self.via_systemd(info, &unit, original).await?,
-                }
-                Ok(AppliedVia::Systemd)
+    let file = WeightFile::open_kind(dir, WeightFileKind::V2Io)?.ok_or_else(|| CgroupError::MissingFile {
+        dir: dir.path().to_owned(),
+        candidates: &[crate::cgroup::V2_IO_WEIGHT],
+    })?;
+    let lines = file.read_lines()?;
+    for dev in io_cost {
+        let read = lines.effective(*dev);
+        if read != weight.to_io_weight() {
+            return Err(CgroupError::DeviceMismatch {
+                path: file.path().to_owned(),
+                device: dev.to_string(),
+                wrote: weight.to_io_weight(),
+                read,
+                what: if lines.devices.contains_key(dev) { "its MAJ:MIN override" } else { "the default" },
             }
-            None => self.inner.restore(info, original).await,
+            .into());
         }
     }
-
-    fn forget(&mut self, id: &ContainerId) {
-        self.unit_originals.remove(id);
-        self.inner.forget(id);
-    }
+    Ok(())
 }
 
 /// Calls `check` until it passes, [`READ_BACK_TRIES`] times at most, [`READ_BACK_PAUSE`] apart (systemd applies a
@@ -323,14 +270,12 @@ fn bus_error(info: &ContainerInfo, e: BusError) -> BackendError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::files::FileWriter;
 
     /// A unit's recorded properties go with its container (they grew with every container ever seen before).
     #[test]
     fn forget_drops_a_units_recorded_properties() {
         let tmp = tempfile::tempdir().unwrap();
-        let files = || FileWriter::new(tmp.path());
-        let mut act = SystemdActuator::new(files(), true, files(), tmp.path().into());
+        let mut act = UnitWriter::new(tmp.path().into());
         let (gone, kept) = (ContainerId::new("gone"), ContainerId::new("kept"));
         for id in [&gone, &kept] {
             let props = UnitIoProperties { io_weight: 300, device_weights: Vec::new() };

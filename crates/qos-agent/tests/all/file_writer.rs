@@ -1,0 +1,186 @@
+//! The file writer ([`FileWriter`]) on cgroup v2 fixture files written through testbed's [`FixtureKernel`], which
+//! applies each line written as the kernel does (a `default N` leaves the overrides alone, `MAJ:MIN default` removes
+//! one): per-device overrides written, beaten and restored exactly, also after a crash (from the records file).
+//! Moved here from the writer's unit tests (issue 28) when the fixture kernel left the production write path for
+//! the [`qos_agent::cgroup::CgroupFs`] seam; the rest of the writer's tests need no kernel and stay beside it.
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::Path;
+use std::sync::Arc;
+
+use qos_agent::backend::{ContainerInfo, DeviceMonitor};
+use qos_agent::blockdev::DeviceTable;
+use qos_agent::cgroup::{CgroupRoot, CgroupVersion};
+use qos_agent::files::FileWriter;
+use qos_agent::ops::metrics::DeviceWeightEffective;
+use qos_core::{ContainerId, Weight};
+use testbed::fixture::FixtureKernel;
+
+/// A fake /sys with loop3 (7:3, BFQ), loop4 (7:4, scheduler none, io.cost on) and vda (254:0, mq-deadline,
+/// nothing acts), and a v2 root (written through the fixture kernel) with container `docker/c1` that did I/O on
+/// loop3 and vda; loop4 comes from `[devices] check`. (The same fake as the writer's unit tests.)
+struct Fixture {
+    tmp: tempfile::TempDir,
+    writer: FileWriter,
+    info: ContainerInfo,
+}
+
+fn fixture(bfq: &str, io: &str) -> Fixture {
+    let tmp = tempfile::tempdir().unwrap();
+    let sys = tmp.path().join("sys");
+    for (name, num, sched) in [
+        ("loop3", "7:3", "none [bfq]\n"),
+        ("loop4", "7:4", "[none] bfq\n"),
+        ("vda", "254:0", "[mq-deadline] bfq none\n"),
+    ] {
+        let dev = sys.join("devices/virtual/block").join(name);
+        fs::create_dir_all(dev.join("queue")).unwrap();
+        fs::write(dev.join("queue/scheduler"), sched).unwrap();
+        fs::write(dev.join("dev"), format!("{num}\n")).unwrap();
+        fs::create_dir_all(sys.join("block")).unwrap();
+        fs::create_dir_all(sys.join("dev/block")).unwrap();
+        symlink(format!("../devices/virtual/block/{name}"), sys.join("block").join(name)).unwrap();
+        symlink(format!("../../devices/virtual/block/{name}"), sys.join("dev/block").join(num)).unwrap();
+    }
+    let cg = tmp.path().join("cg");
+    let c1 = cg.join("docker/c1");
+    fs::create_dir_all(&c1).unwrap();
+    fs::write(cg.join("io.cost.qos"), "7:4 enable=1 ctrl=auto rpct=0.00\n254:0 enable=0 ctrl=auto\n").unwrap();
+    fs::write(
+        c1.join("io.stat"),
+        "7:3 rbytes=4096 wbytes=0 rios=1 wios=0 dbytes=0 dios=0\n\
+         254:0 rbytes=8192 wbytes=0 rios=2 wios=0 dbytes=0 dios=0\n",
+    )
+    .unwrap();
+    fs::write(c1.join("io.bfq.weight"), bfq).unwrap();
+    fs::write(c1.join("io.weight"), io).unwrap();
+    let root = CgroupRoot::from_dir(CgroupVersion::V2, &cg).unwrap().with_fs(Arc::new(FixtureKernel));
+    let info = ContainerInfo {
+        id: ContainerId::new("c1"),
+        name: "c1".into(),
+        labels: Default::default(),
+        cgroup: Some(root.resolve_relative("docker/c1").unwrap()),
+    };
+    let writer = FileWriter::with_table(DeviceTable::with_sys(&sys, &cg))
+        .with_devices(vec!["loop4".into()])
+        .with_metric(DeviceWeightEffective::default());
+    Fixture { tmp, writer, info }
+}
+
+impl Fixture {
+    fn file(&self, name: &str) -> String {
+        fs::read_to_string(self.tmp.path().join("cg/docker/c1").join(name)).unwrap()
+    }
+    fn put(&self, name: &str, text: &str) {
+        fs::write(self.tmp.path().join("cg/docker/c1").join(name), text).unwrap();
+    }
+}
+
+fn w(v: u64) -> Weight {
+    Weight::new(v).unwrap()
+}
+
+/// `DEV=GOVERNOR FILE:EFFECTIVE...` for each device of the fixture's container, as status shows them.
+fn devices_of(f: &Fixture) -> Vec<String> {
+    f.writer
+        .devices()
+        .container_devices(&f.info.id)
+        .iter()
+        .map(|d| {
+            let mut s = format!("{}={}", d.dev, d.governor);
+            for (kind, v) in &d.effective {
+                s.push_str(&format!(" {}:{v}", kind.file_name()));
+            }
+            s
+        })
+        .collect()
+}
+
+#[test]
+fn an_override_that_would_win_is_overwritten_and_restored() {
+    // loop3 has an io.bfq.weight override; io.weight has one for a device the container does not use.
+    let mut f = fixture("default 100\n7:3 500\n", "default 100\n8:0 300\n");
+    // Effective on loop3 is 500 and on loop4 100: read gives the lowest.
+    assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(100));
+    f.writer.write_weight(&f.info, w(1000)).unwrap();
+    assert_eq!(f.file("io.bfq.weight"), "default 1000\n7:3 1000\n");
+    assert_eq!(f.file("io.weight"), "default 1000\n8:0 300\n", "8:0 is not governed for this container");
+    f.writer.write_weight(&f.info, w(10)).unwrap();
+    assert_eq!(f.file("io.bfq.weight"), "default 10\n7:3 10\n");
+
+    // Someone adds an io.weight override on loop4 meanwhile; the next write beats it, the restore removes it.
+    f.put("io.weight", "default 10\n7:4 900\n8:0 300\n");
+    f.writer.write_weight(&f.info, w(40)).unwrap();
+    assert_eq!(f.file("io.weight"), "default 40\n7:4 40\n8:0 300\n");
+    f.writer.restore_weight(&f.info, w(100)).unwrap();
+    assert_eq!(f.file("io.bfq.weight"), "default 100\n7:3 500\n");
+    assert_eq!(f.file("io.weight"), "default 100\n8:0 300\n");
+}
+
+#[test]
+fn a_pinned_weight_equal_to_the_original_is_in_force_on_every_device() {
+    // loop3 has an io.bfq.weight override of 500, loop4 reads 100: `read` gives the lowest, 100.
+    let mut f = fixture("default 100\n7:3 500\n", "default 100\n");
+    assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(100));
+    f.writer.write_weight(&f.info, w(1000)).unwrap();
+    // Pinned at 100, the original's value: a write like any other, so loop3 gets 100 too (not its old 500).
+    f.writer.write_weight(&f.info, w(100)).unwrap();
+    assert_eq!(f.file("io.bfq.weight"), "default 100\n7:3 100\n");
+    assert_eq!(devices_of(&f), ["7:3=bfq io.bfq.weight:100", "7:4=io-cost io.weight:100", "254:0=none"]);
+    // The restore, its own operation, puts loop3's override back.
+    f.writer.restore_weight(&f.info, w(100)).unwrap();
+    assert_eq!(f.file("io.bfq.weight"), "default 100\n7:3 500\n");
+    // A restore to another original (one a crashed agent left on file) writes it like any weight.
+    f.writer.restore_weight(&f.info, w(40)).unwrap();
+    assert_eq!(f.file("io.bfq.weight"), "default 40\n7:3 40\n");
+}
+
+/// Issue 28, defect 5: an `io.weight` above 1000 reads as 1000 (the engine's scale ends there), and an agent
+/// restarted after a crash used to put back 1000, the state file's weight. With the records file the new agent
+/// puts back the files exactly, overrides included; a container it reads afresh replaces an old record.
+#[test]
+fn after_a_crash_the_files_come_back_exactly_from_the_records_file() {
+    let mut f = fixture("default 100\n7:3 500\n", "default 5000\n");
+    let records = f.tmp.path().join("state/state.json.v2-files.jsonl");
+    let sys = f.tmp.path().join("sys");
+    let cg = f.tmp.path().join("cg");
+    let writer = |path: &Path| {
+        FileWriter::with_table(DeviceTable::with_sys(&sys, &cg))
+            .with_devices(vec!["loop4".into()])
+            .with_records_file(path.to_owned())
+    };
+    f.writer = writer(&records);
+    // The engine sees 500 (the lowest in force: loop3's override; loop4's 5000 reads as 1000).
+    assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(500));
+    f.writer.write_weight(&f.info, w(10)).unwrap();
+    // The crash: nothing is put back, the writer is gone.
+    f.writer = writer(&records);
+    assert_eq!(f.file("io.weight"), "default 10\n");
+    // The state file owes the container 500; the new agent does not read it again, and restores.
+    f.writer.restore_weight(&f.info, w(500)).unwrap();
+    assert_eq!(f.file("io.weight"), "default 5000\n");
+    assert_eq!(f.file("io.bfq.weight"), "default 100\n7:3 500\n");
+    assert!(!records.exists(), "a record put back is dropped, and an empty records file removed");
+
+    // Without the file (the agent before the fix, or a dry run) the state file's weight is all there is.
+    let mut plain = FileWriter::with_table(DeviceTable::with_sys(&sys, &cg)).with_devices(vec!["loop4".into()]);
+    plain.read_weight(&f.info).unwrap();
+    plain.write_weight(&f.info, w(10)).unwrap();
+    let mut plain = FileWriter::with_table(DeviceTable::with_sys(&sys, &cg)).with_devices(vec!["loop4".into()]);
+    plain.restore_weight(&f.info, w(500)).unwrap();
+    assert_eq!(f.file("io.weight"), "default 500\n", "the defect this records file fixes");
+    f.put("io.bfq.weight", "default 100\n7:3 500\n");
+
+    // The daemon re-verifies the weights it wrote by reading them: such a read after the crash finds the
+    // agent's own weight and must not take the place of the crashed agent's snapshot.
+    f.put("io.weight", "default 7000\n");
+    f.put("io.bfq.weight", "default 100\n");
+    f.writer = writer(&records);
+    f.writer.read_weight(&f.info).unwrap();
+    f.writer.write_weight(&f.info, w(10)).unwrap();
+    f.writer = writer(&records); // crash
+    assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(10), "the re-verifying read sees the agent's weight");
+    f.writer.restore_weight(&f.info, w(100)).unwrap();
+    assert_eq!(f.file("io.weight"), "default 7000\n");
+}
