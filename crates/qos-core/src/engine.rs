@@ -327,6 +327,19 @@ impl Engine {
                 (Some(self.config.levels[0].weight), Some(0), Reason::Managed)
             }
         };
+        self.push_change(id, weight, (old_level, new_level), reason, used);
+    }
+
+    /// Queues one change for [`Engine::poll_change`]: `levels` is (before, after).
+    fn push_change(
+        &mut self,
+        id: &ContainerId,
+        weight: Option<Weight>,
+        levels: (Option<usize>, Option<usize>),
+        reason: Reason,
+        used: u64,
+    ) {
+        let (old_level, new_level) = levels;
         self.changes.push_back(WeightChange {
             id: id.clone(),
             weight,
@@ -516,14 +529,7 @@ impl Engine {
             Policy::Excluded => return,
         };
         // An entering container is at the top (`Container::enter`): it has no timer, no deadline to lower.
-        self.changes.push_back(WeightChange {
-            id: id.clone(),
-            weight,
-            old_level,
-            new_level,
-            reason,
-            bytes_at_old_level: used,
-        });
+        self.push_change(id, weight, (old_level, new_level), reason, used);
     }
 
     fn push_level_change(&mut self, id: &ContainerId, old: usize, new: usize, reason: Reason, used: u64) {

@@ -50,7 +50,7 @@ use qos_agent::cgroup::{CgroupDir, CgroupRoot, CounterReader};
 use qos_core::ContainerId;
 use tonic::transport::Channel;
 
-use super::{fio_args, parse_report, procs, Background, BackgroundKind, ReadOutcome, ReaderHooks, Runtime};
+use super::{parse_report, procs, Background, BackgroundKind, ReadOutcome, ReaderHooks, Runtime};
 use crate::agent::container_info;
 use crate::cleanup::Cleanup;
 
@@ -642,13 +642,7 @@ impl Runtime for CriRuntime {
 
     fn start_background(&self, file: &Path, kind: BackgroundKind, hooks: &dyn ReaderHooks) -> Result<Background> {
         let file_c = self.in_container(file)?;
-        let command: Vec<String> = match kind.resolve() {
-            BackgroundKind::Fio => std::iter::once("/usr/bin/fio".to_string()).chain(fio_args(&file_c)).collect(),
-            _ => ["/bench/ddiskqos-bench", "stream", "--threads", &super::INTERNAL_THREADS.to_string(), &file_c]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-        };
+        let command = kind.container_command(&file_c);
         let p = self.run_pod(self.next.fetch_add(1, Ordering::Relaxed), "bg", command.clone())?;
         *self.bg.lock().unwrap_or_else(|e| e.into_inner()) = Some(p.clone());
         hooks.created(&container_info(&p.pod.uid, p.pod_dir.clone()), Instant::now())?;

@@ -32,7 +32,7 @@ use qos_agent::runtime::docker::CgroupDriver;
 use qos_core::ContainerId;
 
 use super::cgroup::CgroupLayout;
-use super::{fio_args, parse_report, Background, BackgroundKind, ReadOutcome, ReaderHooks, Runtime};
+use super::{parse_report, Background, BackgroundKind, ReadOutcome, ReaderHooks, Runtime};
 use crate::agent::{container_info, WeightRead};
 use crate::cleanup::Cleanup;
 use crate::sys;
@@ -244,13 +244,7 @@ impl Runtime for DockerRuntime {
         let mut args: Vec<String> = vec!["run".into(), "-d".into()];
         args.extend(self.base_args(&name, true));
         args.push(self.image.clone());
-        let command: Vec<String> = match kind.resolve() {
-            BackgroundKind::Fio => std::iter::once("/usr/bin/fio".to_string()).chain(fio_args(&file_c)).collect(),
-            _ => ["/bench/ddiskqos-bench", "stream", "--threads", &super::INTERNAL_THREADS.to_string(), &file_c]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-        };
+        let command = kind.container_command(&file_c);
         args.extend(command.iter().cloned());
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
         let id = sys::run("docker", &argv)?.trim().to_string();

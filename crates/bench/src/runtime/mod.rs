@@ -65,6 +65,18 @@ impl BackgroundKind {
             other => other,
         }
     }
+
+    /// The command a container runs as this background, reading `file` (a path as the container sees it): fio
+    /// from the image's `/usr/bin`, or the bench's own streamer.
+    pub fn container_command(self, file: &str) -> Vec<String> {
+        match self.resolve() {
+            BackgroundKind::Fio => std::iter::once("/usr/bin/fio".to_string()).chain(fio_args(file)).collect(),
+            _ => ["/bench/ddiskqos-bench", "stream", "--threads", &INTERNAL_THREADS.to_string(), file]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        }
+    }
 }
 
 /// Threads of the internal streamer.

@@ -35,6 +35,7 @@ use crate::kernel::mountinfo::MOUNTINFO;
 /// also find it.
 pub use crate::kernel::DevNum;
 use crate::kernel::DevNumError;
+pub use crate::kernel::InvalidName;
 
 const SYS: &str = "/sys";
 
@@ -74,16 +75,9 @@ pub enum DeviceError {
         /// What is wrong with it.
         reason: &'static str,
     },
-    /// A device name or number that cannot be right.
-    #[error("invalid {what} {value:?}: {reason}")]
-    InvalidName {
-        /// "device name", "device number", "BFQ tunable".
-        what: &'static str,
-        /// The rejected value.
-        value: String,
-        /// Why.
-        reason: &'static str,
-    },
+    /// A device name or number that cannot be right ("device name", "device number", "BFQ tunable").
+    #[error(transparent)]
+    InvalidName(#[from] InvalidName),
     /// The operation was refused (a protected disk, a device not allowed) or did not take effect.
     #[error("device {device}: {reason}")]
     Refused {
@@ -99,7 +93,7 @@ impl From<DevNumError> for DeviceError {
     fn from(e: DevNumError) -> Self {
         match e {
             DevNumError::Invalid { value } => {
-                DeviceError::InvalidName { what: "device number", value, reason: "expected MAJ:MIN" }
+                DeviceError::InvalidName(InvalidName { what: "device number", value, reason: "expected MAJ:MIN" })
             }
             DevNumError::Stat { path, source } => DeviceError::Io { op: "stat", path, source },
             DevNumError::NotBlockDevice { path } => {
@@ -213,7 +207,7 @@ fn io_cost_enabled_in(bytes: &[u8], dev: DevNum) -> bool {
 
 /// A device name as in /sys/block: one path component, nothing that could walk elsewhere.
 fn validate_name(name: &str) -> Result<()> {
-    let bad = |reason| DeviceError::InvalidName { what: "device name", value: name.into(), reason };
+    let bad = |reason| DeviceError::InvalidName(InvalidName { what: "device name", value: name.into(), reason });
     if name.is_empty() || name.len() > 64 {
         return Err(bad("must be 1..=64 characters"));
     }

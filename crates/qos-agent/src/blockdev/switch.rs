@@ -6,7 +6,9 @@ use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::Path;
 
-use super::{protected_disks_in, queue_dir, scheduler_in, validate_name, DeviceError, Result, MOUNTINFO, SYS};
+use super::{
+    protected_disks_in, queue_dir, scheduler_in, validate_name, DeviceError, InvalidName, Result, MOUNTINFO, SYS,
+};
 
 /// Makes BFQ the scheduler of device `name`; see [`switch_scheduler`].
 pub fn switch_to_bfq(name: &str, allowed: &[String]) -> Result<()> {
@@ -121,7 +123,11 @@ fn validate_value(what: &'static str, value: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(DeviceError::InvalidName { what, value: value.into(), reason: "must be one word of [A-Za-z0-9_.-]" })
+        Err(DeviceError::InvalidName(InvalidName {
+            what,
+            value: value.into(),
+            reason: "must be one word of [A-Za-z0-9_.-]",
+        }))
     }
 }
 

@@ -50,7 +50,7 @@ fn schedulers() {
     assert_eq!(scheduler_in(sys.path(), "loop3").unwrap().active, "none");
     assert_eq!(scheduler_in(sys.path(), "dm-0").unwrap().active, "none");
     assert!(matches!(scheduler_in(sys.path(), "sdz").unwrap_err(), DeviceError::Io { .. }));
-    assert!(matches!(scheduler_in(sys.path(), "../vda").unwrap_err(), DeviceError::InvalidName { .. }));
+    assert!(matches!(scheduler_in(sys.path(), "../vda").unwrap_err(), DeviceError::InvalidName(_)));
     assert_eq!(parse_scheduler(b"mq-deadline bfq\n"), None);
     assert_eq!(
         parse_scheduler(b"none [mq-deadline] kyber bfq\n").unwrap().available,
@@ -122,7 +122,7 @@ fn tunables_are_guarded_and_read_back() {
     let err = set_bfq_tunable_in(sys.path(), ROOT_ON_VDA, "loop3", "low_latency", "0", &allowed(&[])).unwrap_err();
     assert!(matches!(err, DeviceError::Refused { .. }), "{err}");
     let err = set_bfq_tunable_in(sys.path(), ROOT_ON_VDA, "loop3", "../x", "0", &allowed(&["loop3"])).unwrap_err();
-    assert!(matches!(err, DeviceError::InvalidName { .. }), "{err}");
+    assert!(matches!(err, DeviceError::InvalidName(_)), "{err}");
     assert_eq!(fs::read_to_string(iosched.join("low_latency")).unwrap(), "1\n");
     let old = set_bfq_tunable_in(sys.path(), ROOT_ON_VDA, "loop3", "low_latency", "0", &allowed(&["loop3"])).unwrap();
     assert_eq!(old, "1");
@@ -141,7 +141,7 @@ fn device_table_governors_and_cache() {
     let mut table = DeviceTable::with_sys(sys.path(), cg.path()).with_max_age(Duration::from_secs(5));
     assert_eq!(table.dev_of_name("loop3").unwrap(), loop3);
     assert!(matches!(table.dev_of_name("sdz").unwrap_err(), DeviceError::Io { .. }));
-    assert!(matches!(table.dev_of_name("../x").unwrap_err(), DeviceError::InvalidName { .. }));
+    assert!(matches!(table.dev_of_name("../x").unwrap_err(), DeviceError::InvalidName(_)));
 
     // No io.cost.qos (v1 host), scheduler none: nothing acts; first sight reports "new" (Some(None)).
     let t0 = Instant::now();
@@ -308,7 +308,7 @@ fn bad_bfq_tunables_name_the_key_and_value_and_write_nothing() {
 #[test]
 fn device_number_errors_keep_their_words() {
     let e: DeviceError = "8".parse::<DevNum>().unwrap_err().into();
-    assert!(matches!(e, DeviceError::InvalidName { what: "device number", .. }), "{e:?}");
+    assert!(matches!(e, DeviceError::InvalidName(InvalidName { what: "device number", .. })), "{e:?}");
     assert_eq!(e.to_string(), "invalid device number \"8\": expected MAJ:MIN");
     let e = disk_of_path(Path::new("/nonexistent/x")).unwrap_err();
     assert!(matches!(e, DeviceError::Io { op: "stat", .. }), "{e:?}");
@@ -429,8 +429,16 @@ fn protect_sets_reads_back_and_restores_the_queue_depth_and_after_a_kill_the_fir
     let plan = protect::plan_in(s, &root, None, &Default::default(), &managed(&["loop3", "vda"]));
     let settings: Vec<protect::Setting> = plan.iter().flat_map(|p| p.bfq_settings()).collect();
     assert_eq!(settings.len(), 1, "loop3 only: {settings:?}");
-    let mut tuned =
-        tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, None, &Default::default(), &settings, Some(&file)).unwrap();
+    let mut tuned = tune::TunedDevices::apply_all_adopting_in(
+        s,
+        ROOT_ON_VDA,
+        None,
+        &Default::default(),
+        &settings,
+        &[],
+        Some(&file),
+    )
+    .unwrap();
     assert_eq!(nr_requests(s, "loop3"), "4");
     assert_eq!(nr_requests(s, "vda"), "256", "vda untouched");
     for (key, value) in [("strict_guarantees", "0"), ("max_budget", "0"), ("timeout_sync", "124")] {
@@ -467,18 +475,42 @@ fn protect_sets_reads_back_and_restores_the_queue_depth_and_after_a_kill_the_fir
     assert!(!file.exists());
 
     // SIGKILL: the next agent records the first original, not the killed agent's value, and restores that.
-    let tuned =
-        tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, None, &Default::default(), &settings, Some(&file)).unwrap();
+    let tuned = tune::TunedDevices::apply_all_adopting_in(
+        s,
+        ROOT_ON_VDA,
+        None,
+        &Default::default(),
+        &settings,
+        &[],
+        Some(&file),
+    )
+    .unwrap();
     std::mem::forget(tuned);
-    let mut next =
-        tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, None, &Default::default(), &settings, Some(&file)).unwrap();
+    let mut next = tune::TunedDevices::apply_all_adopting_in(
+        s,
+        ROOT_ON_VDA,
+        None,
+        &Default::default(),
+        &settings,
+        &[],
+        Some(&file),
+    )
+    .unwrap();
     assert_eq!(next.tuned().iter().map(|t| t.original.as_str()).collect::<Vec<_>>(), ["256"]);
     assert_eq!(next.restore(), 0);
     assert_eq!(nr_requests(s, "loop3"), "256");
 
     // Or, when uninstalling after the kill: `devices restore` from the originals file alone.
-    let tuned =
-        tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, None, &Default::default(), &settings, Some(&file)).unwrap();
+    let tuned = tune::TunedDevices::apply_all_adopting_in(
+        s,
+        ROOT_ON_VDA,
+        None,
+        &Default::default(),
+        &settings,
+        &[],
+        Some(&file),
+    )
+    .unwrap();
     std::mem::forget(tuned);
     let mut from_file = tune::TunedDevices::from_originals_file_in(s, ROOT_ON_VDA, None, &file).unwrap();
     assert_eq!(from_file.tuned().len(), 1);
@@ -506,8 +538,16 @@ fn protect_never_writes_the_root_disk_and_a_failing_device_does_not_stop_the_oth
         setting("loop3", "timeout_sync", "8"),
     ]);
     fs::remove_file(s.join("devices/block/loop3/queue/iosched/max_budget")).unwrap();
-    let mut tuned =
-        tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, None, &Default::default(), &settings, Some(&file)).unwrap();
+    let mut tuned = tune::TunedDevices::apply_all_adopting_in(
+        s,
+        ROOT_ON_VDA,
+        None,
+        &Default::default(),
+        &settings,
+        &[],
+        Some(&file),
+    )
+    .unwrap();
     assert_eq!(nr_requests(s, "vda"), "256", "the root disk is never written");
     assert_eq!(nr_requests(s, "loop3"), "4");
     assert_eq!(iosched_value(s, "loop3", "timeout_sync"), "124", "skipped after the failure");
@@ -544,9 +584,16 @@ fn protect_enables_io_cost_with_the_measured_model_reads_it_back_and_turns_it_of
     let settings = protect::io_cost_settings("loop3", dev, &measured);
     assert!(settings[0].value.starts_with("7:3 ctrl=user model=linear rbps=3000000000"), "{settings:?}");
     assert!(settings[1].value.starts_with("7:3 enable=1") && settings[1].value.contains("rlat=2000"), "{settings:?}");
-    let mut tuned =
-        tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, Some(v2.path()), &Default::default(), &settings, Some(&file))
-            .unwrap();
+    let mut tuned = tune::TunedDevices::apply_all_adopting_in(
+        s,
+        ROOT_ON_VDA,
+        Some(v2.path()),
+        &Default::default(),
+        &settings,
+        &[],
+        Some(&file),
+    )
+    .unwrap();
     assert!(io_cost_enabled(v2.path(), dev).unwrap());
     assert!(fs::read_to_string(&model).unwrap().contains("rbps=3000000000"));
     let rows = tuned.view(Vec::new()).read_back();
@@ -558,9 +605,16 @@ fn protect_enables_io_cost_with_the_measured_model_reads_it_back_and_turns_it_of
     assert_eq!(fs::read_to_string(&model).unwrap(), "7:3 ctrl=auto", "the kernel's model again");
     // A line for another device is refused, naming it.
     let wrong = [protect::Setting { device: "loop3".into(), key: "io.cost.qos".into(), value: "8:0 enable=1".into() }];
-    let tuned =
-        tune::TunedDevices::apply_all_in(s, ROOT_ON_VDA, Some(v2.path()), &Default::default(), &wrong, Some(&file))
-            .unwrap();
+    let tuned = tune::TunedDevices::apply_all_adopting_in(
+        s,
+        ROOT_ON_VDA,
+        Some(v2.path()),
+        &Default::default(),
+        &wrong,
+        &[],
+        Some(&file),
+    )
+    .unwrap();
     assert!(tuned.tuned().is_empty());
     assert_eq!(fs::read_to_string(&qos).unwrap(), "7:3 enable=0");
 }

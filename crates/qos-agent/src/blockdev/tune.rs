@@ -247,7 +247,7 @@ impl TunedDevices {
         map: &TunableMap,
         originals: Option<&Path>,
     ) -> Result<Self, TuneError> {
-        Self::apply_all_in(sys, mountinfo, None, map, &[], originals)
+        Self::apply_all_adopting_in(sys, mountinfo, None, map, &[], &[], originals)
     }
 
     /// The operator's `map` (any failure stops the start, naming the key), then the settings of protection by
@@ -269,20 +269,7 @@ impl TunedDevices {
         Self::apply_all_adopting_in(Path::new(SYS), &mountinfo, v2_root, map, protect, adopt, originals)
     }
 
-    /// [`apply_all`](Self::apply_all) on a given sysfs tree, mount table and v2 root (tests use fixtures), adopting
-    /// nothing.
-    pub fn apply_all_in(
-        sys: &Path,
-        mountinfo: &str,
-        v2_root: Option<&Path>,
-        map: &TunableMap,
-        protect: &[Setting],
-        originals: Option<&Path>,
-    ) -> Result<Self, TuneError> {
-        Self::apply_all_adopting_in(sys, mountinfo, v2_root, map, protect, &[], originals)
-    }
-
-    /// [`apply_all`](Self::apply_all) on a given sysfs tree, mount table and v2 root.
+    /// [`apply_all`](Self::apply_all) on a given sysfs tree, mount table and v2 root (tests use fixtures).
     pub fn apply_all_adopting_in(
         sys: &Path,
         mountinfo: &str,

@@ -18,7 +18,7 @@
 use std::fs;
 use std::path::{Component, Path, PathBuf};
 
-use super::error::{CgroupError, Result};
+use super::error::{CgroupError, InvalidName, Result};
 use super::fs::FsHandle;
 use super::mount::{CgroupRoot, CgroupVersion};
 
@@ -57,7 +57,11 @@ impl CgroupRoot {
     pub fn resolve_relative(&self, rel: &str) -> Result<CgroupDir> {
         let outside = |reason| CgroupError::OutsideRoot { path: rel.into(), root: self.path.clone(), reason };
         if rel.contains('\0') {
-            return Err(CgroupError::InvalidName { what: "cgroup path", value: rel.into(), reason: "contains NUL" });
+            return Err(CgroupError::InvalidName(InvalidName {
+                what: "cgroup path",
+                value: rel.into(),
+                reason: "contains NUL",
+            }));
         }
         let mut parts = Vec::new();
         for component in Path::new(rel).components() {
@@ -92,7 +96,11 @@ impl CgroupRoot {
     /// [`CgroupError::Vanished`].
     pub fn resolve_pid(&self, pid: u32) -> Result<CgroupDir> {
         if pid == 0 {
-            return Err(CgroupError::InvalidName { what: "pid", value: "0".into(), reason: "not a process" });
+            return Err(CgroupError::InvalidName(InvalidName {
+                what: "pid",
+                value: "0".into(),
+                reason: "not a process",
+            }));
         }
         let file = PathBuf::from(format!("/proc/{pid}/cgroup"));
         let text = fs::read(&file).map_err(|source| match source.raw_os_error() {

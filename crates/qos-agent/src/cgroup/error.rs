@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 
 use qos_core::WeightError;
 
+pub use crate::kernel::InvalidName;
+
 /// Result of the cgroup layer.
 pub type Result<T, E = CgroupError> = std::result::Result<T, E>;
 
@@ -72,15 +74,8 @@ pub enum CgroupError {
         reason: &'static str,
     },
     /// An identifier that cannot be right: a container id, a systemd slice, a pid.
-    #[error("invalid {what} {value:?}: {reason}")]
-    InvalidName {
-        /// What kind of name: "container id", "cgroup parent", "pid".
-        what: &'static str,
-        /// The rejected value.
-        value: String,
-        /// Why.
-        reason: &'static str,
-    },
+    #[error(transparent)]
+    InvalidName(#[from] InvalidName),
     /// None of the files this layer knows how to use exists in the cgroup directory.
     #[error("none of {candidates:?} exists in {dir}")]
     MissingFile {

@@ -7,7 +7,7 @@ use std::os::unix::fs::symlink;
 use std::path::Path;
 
 use qos_agent::cgroup::{
-    CgroupError, CgroupRoot, CgroupVersion, CounterFileKind, CounterReader, WeightFile, WeightFileKind,
+    CgroupError, CgroupRoot, CgroupVersion, CounterFileKind, CounterReader, InvalidName, WeightFile, WeightFileKind,
 };
 use qos_agent::runtime::docker::{container_cgroup, CgroupDriver};
 use qos_core::{IoCounters, Weight};
@@ -126,7 +126,7 @@ fn systemd_driver_paths() {
     assert_eq!(dir.path(), root.path().join("my.slice/my-app.slice").join(&scope));
     for bad in ["/docker", "my.slice/x", "a--b.slice"] {
         let err = container_cgroup(&root, ID, CgroupDriver::Systemd, Some(bad)).unwrap_err();
-        assert!(matches!(err, CgroupError::InvalidName { what: "cgroup parent", .. }), "{bad}: {err}");
+        assert!(matches!(err, CgroupError::InvalidName(InvalidName { what: "cgroup parent", .. })), "{bad}: {err}");
     }
 }
 
@@ -135,7 +135,7 @@ fn implausible_container_ids_are_refused() {
     let (_tmp, root) = setup(CgroupVersion::V1, Layout::V1Bfq);
     for bad in [&ID[..12], &ID.to_uppercase(), "..", &format!("../{}", &ID[3..])] {
         let err = container_cgroup(&root, bad, CgroupDriver::Cgroupfs, None).unwrap_err();
-        assert!(matches!(err, CgroupError::InvalidName { what: "container id", .. }), "{bad}: {err}");
+        assert!(matches!(err, CgroupError::InvalidName(InvalidName { what: "container id", .. })), "{bad}: {err}");
     }
 }
 
@@ -166,7 +166,7 @@ fn confinement() {
     let err = container_cgroup(&root, ID, CgroupDriver::Cgroupfs, Some("/../outside")).unwrap_err();
     assert!(matches!(err, CgroupError::OutsideRoot { .. }), "{err}");
     assert!(err.to_string().contains("outside the cgroup root"), "{err}");
-    assert!(matches!(root.resolve_relative("a\0b"), Err(CgroupError::InvalidName { .. })));
+    assert!(matches!(root.resolve_relative("a\0b"), Err(CgroupError::InvalidName(_))));
 
     // The victim was never written.
     assert_eq!(fs::read_to_string(base.join("outside/victim/blkio.bfq.weight")).unwrap(), "100\n");
@@ -198,7 +198,7 @@ fn proc_cgroup_text_resolves() {
     assert_eq!(dir.path(), tmp.path().canonicalize().unwrap().join("docker").join(ID));
     let err = root.resolve_proc_cgroup(Path::new("/proc/42/cgroup"), b"7:blkio:/../../etc\n").unwrap_err();
     assert!(matches!(err, CgroupError::OutsideRoot { .. }), "{err}");
-    assert!(matches!(root.resolve_pid(0), Err(CgroupError::InvalidName { .. })));
+    assert!(matches!(root.resolve_pid(0), Err(CgroupError::InvalidName(_))));
 }
 
 #[test]

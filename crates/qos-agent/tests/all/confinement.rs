@@ -152,7 +152,7 @@ fn paths_leading_outside_the_root_are_refused() {
     v1_cgroup(&root_dir.join("docker").join(&id));
     let root = CgroupRoot::from_dir(CgroupVersion::V1, &root_dir).unwrap();
     let refused = |r: Result<qos_agent::cgroup::CgroupDir, CgroupError>, what: &str| match r {
-        Err(CgroupError::OutsideRoot { .. } | CgroupError::InvalidName { .. }) => {}
+        Err(CgroupError::OutsideRoot { .. } | CgroupError::InvalidName(_)) => {}
         other => panic!("{what}: {other:?}"),
     };
     let cgroupfs = CgroupDriver::Cgroupfs;

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::cgroup::{CgroupDir, CgroupError, CgroupRoot, Result};
+use crate::cgroup::{CgroupDir, CgroupError, CgroupRoot, InvalidName, Result};
 
 /// How Docker names container cgroups (`docker info` shows it as "Cgroup Driver").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -23,11 +23,11 @@ impl FromStr for CgroupDriver {
         match s {
             "cgroupfs" => Ok(Self::Cgroupfs),
             "systemd" => Ok(Self::Systemd),
-            _ => Err(CgroupError::InvalidName {
+            _ => Err(CgroupError::InvalidName(InvalidName {
                 what: "cgroup driver",
                 value: s.into(),
                 reason: "expected \"cgroupfs\" or \"systemd\"",
-            }),
+            })),
         }
     }
 }
@@ -73,18 +73,18 @@ fn validate_docker_id(id: &str) -> Result<()> {
     if id.len() == 64 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
         Ok(())
     } else {
-        Err(CgroupError::InvalidName {
+        Err(CgroupError::InvalidName(InvalidName {
             what: "container id",
             value: id.into(),
             reason: "expected the full id: 64 lowercase hex digits",
-        })
+        }))
     }
 }
 
 /// systemd's slice naming, as runc's `ExpandSlice`: `a-b-c.slice` lives at `a.slice/a-b.slice/a-b-c.slice`;
 /// `-.slice` is the root (empty path).
 fn expand_slice(slice: &str) -> Result<String> {
-    let invalid = |reason| CgroupError::InvalidName { what: "cgroup parent", value: slice.into(), reason };
+    let invalid = |reason| CgroupError::InvalidName(InvalidName { what: "cgroup parent", value: slice.into(), reason });
     let Some(name) = slice.strip_suffix(".slice") else {
         return Err(invalid("with the systemd driver the parent must be a slice name ending in .slice"));
     };
