@@ -15,7 +15,7 @@ use qos_agent::agent::{Agent, AgentBuilder, Stopped};
 use qos_agent::config::AgentConfig;
 use qos_agent::daemon::{Command, Summary};
 use qos_agent::ops::metrics::Metrics;
-use qos_agent::ops::{control, metrics};
+use qos_agent::ops::{control, http};
 
 /// Below this many descriptors the agent warns at start (the unit sets `LimitNOFILE=65536`).
 const MIN_NOFILE: u64 = 4096;
@@ -63,7 +63,7 @@ pub(crate) async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Resul
     Ok(stopped.summary)
 }
 
-/// Serves metrics (and `GET /readyz` when the agent has a readiness) and the status socket, and runs the agent on
+/// Serves the HTTP endpoint (`/metrics`, `/readyz` from the agent's readiness if it has one, `/healthz`) and the status socket, and runs the agent on
 /// the commands of `rx` (the signal handlers' and the status socket's); the control socket is removed however the
 /// agent ends.
 async fn serve_and_run(
@@ -72,14 +72,14 @@ async fn serve_and_run(
     (tx, rx): (mpsc::Sender<Command>, mpsc::Receiver<Command>),
 ) -> Result<Stopped> {
     if cfg.metrics.enabled {
-        let listener = metrics::bind(cfg.metrics.listen)
+        let listener = http::bind(cfg.metrics.listen)
             .await
             .with_context(|| format!("metrics.listen = {}: cannot bind", cfg.metrics.listen))?;
         if !cfg.metrics.listen.ip().is_loopback() {
             warn!(listen = %cfg.metrics.listen, "metrics served on a non-loopback address, as configured");
         }
-        info!(listen = %cfg.metrics.listen, "serving Prometheus metrics");
-        tokio::spawn(metrics::serve_with_readiness(listener, agent.metrics().clone(), agent.readiness()));
+        info!(listen = %cfg.metrics.listen, "serving /metrics, /readyz and /healthz");
+        tokio::spawn(http::serve(listener, agent.metrics().clone(), agent.readiness()));
     }
     let listener = control::bind(&cfg.control_socket)
         .with_context(|| format!("control_socket = {}: cannot bind", cfg.control_socket.display()))?;

@@ -30,8 +30,8 @@
 //!   switch, protection by default and the operator's tunables. The bench uses it too.
 //! - `kernel/` (crate-private): the bottom that [`cgroup`] and [`blockdev`] share and neither imports from the
 //!   other: device numbers ([`blockdev::DevNum`], re-exported there) and mountinfo parsing.
-//! - [`ops`]: operating the agent: the pre-start checks, the status socket, Prometheus metrics, `/readyz`, the
-//!   bounds on their connections.
+//! - [`ops`]: operating the agent: the pre-start checks, the status socket, Prometheus metrics and the HTTP
+//!   endpoint (`/metrics`, `/readyz`, `/healthz`), the bounds on their connections.
 //! - [`config`], [`labels`], [`policy`], [`state`], [`priority`]: configuration, per-container policy labels (and
 //!   the namespaces trusted to set them), the originals file (and its repair), the agent's CPU priority. (The
 //!   binary's process around the agent, `app.rs`: signals, serving, is the binary's own module.)

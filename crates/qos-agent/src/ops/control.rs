@@ -38,8 +38,10 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
 /// answered in its own task: the daemon hands the table over and goes on, so a client that reads nothing delays
 /// nobody (it is dropped at its deadline).
 pub async fn serve(listener: UnixListener, commands: mpsc::Sender<Command>) {
-    crate::ops::limits::serve(listener, crate::ops::limits::CONTROL, "control", move |mut stream| {
+    crate::ops::limits::serve(listener, crate::ops::limits::CONTROL, "control", move |mut stream, conn| {
         let commands = commands.clone();
+        // A status client sends nothing: connecting is its request, answered from now on, never closed for another.
+        conn.busy();
         async move {
             let (tx, rx) = oneshot::channel();
             if commands.send(Command::Status(tx)).await.is_err() {

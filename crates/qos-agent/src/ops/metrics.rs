@@ -1,7 +1,6 @@
 //! Prometheus metrics: per-container level, weight and bytes; decisions; round duration; failures; runtime
-//! outages. Served as text on a loopback address when `[metrics] enabled = true`.
+//! outages. Served as text on a loopback address when `[metrics] enabled = true` ([`crate::ops::http`]).
 
-use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
@@ -11,8 +10,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 /// Labels of a per-container series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -133,56 +130,6 @@ impl Metrics {
         self.weight.remove(labels);
         self.bytes.remove(labels);
     }
-}
-
-/// Binds the metrics listener on the configured address (loopback unless the config names another).
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
-}
-
-/// Serves `GET /metrics` (any path, in fact) until the task is dropped, within [`crate::ops::limits::METRICS`]'s bounds.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
-    serve_with_readiness(listener, metrics, None).await
-}
-
-/// [`serve`], and `GET /readyz` answered from `readiness` (200 ready, 503 not, the reasons as text; see
-/// [`crate::ops::Readiness`]) when there is one.
-pub async fn serve_with_readiness(
-    listener: TcpListener,
-    metrics: Arc<Metrics>,
-    readiness: Option<Arc<crate::ops::readiness::Readiness>>,
-) {
-    crate::ops::limits::serve(listener, crate::ops::limits::METRICS, "metrics", move |mut stream| {
-        let metrics = metrics.clone();
-        let readiness = readiness.clone();
-        async move {
-            let mut buf = [0u8; 1024];
-            // Read the request head; the body (if any) is ignored. A client that sends nothing is cut off at the
-            // connection's deadline.
-            let n = tokio::time::timeout(std::time::Duration::from_secs(2), stream.read(&mut buf))
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .unwrap_or(0);
-            let path = std::str::from_utf8(&buf[..n]).ok().and_then(|h| h.split(' ').nth(1)).unwrap_or("/metrics");
-            let (status, kind, body) = match (path, readiness.as_ref()) {
-                ("/readyz", Some(r)) => {
-                    let report = r.check();
-                    let status = if report.ready { "200 OK" } else { "503 Service Unavailable" };
-                    (status, "text/plain; charset=utf-8", report.lines.join("\n") + "\n")
-                }
-                _ => ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", metrics.render()),
-            };
-            let head = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = stream.write_all(head.as_bytes()).await;
-            let _ = stream.write_all(body.as_bytes()).await;
-            let _ = stream.shutdown().await;
-        }
-    })
-    .await
 }
 
 impl Default for Metrics {
