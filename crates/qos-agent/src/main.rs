@@ -4,15 +4,18 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use qos_agent::blockdev::tune::LeftSettings;
 use qos_agent::config::{ActuatorMode, AgentConfig};
 
 mod app;
 
+/// The binary's name: in `--version`, the man pages' names and the completion scripts.
+const BIN: &str = "ddiskqos-agent";
+
 /// dDiskQoS agent: gives containers block-I/O weights by a multi-level feedback queue over their I/O.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = BIN, version, about)]
 struct Cli {
     /// TOML config file; without one the embedded defaults (the paper's) are used.
     #[arg(short, long, global = true, env = "DDISKQOS_CONFIG")]
@@ -92,6 +95,21 @@ enum Cmd {
     Devices {
         #[command(subcommand)]
         action: DevicesCmd,
+    },
+    /// Print the completion script for SHELL, e.g. `ddiskqos-agent completions bash >
+    /// /usr/share/bash-completion/completions/ddiskqos-agent`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff; read it with `ddiskqos-agent man | man -l -`), or with --dir write it and one
+    /// page per subcommand into DIR (ddiskqos-agent.1, ddiskqos-agent-status.1, ...), as the package installs them.
+    Man {
+        /// Write every page into this directory (it must exist) and print their paths, instead of printing the
+        /// top page.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
 }
 
@@ -195,6 +213,25 @@ fn load(cli: &Cli) -> anyhow::Result<AgentConfig> {
 
 fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     match &cli.command {
+        Some(Cmd::Completions { shell }) => {
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut Cli::command(), BIN, &mut script);
+            if *shell == clap_complete::Shell::Bash {
+                script = fix_bash_states(script);
+            }
+            write_stdout(&script)
+        }
+        Some(Cmd::Man { dir: None }) => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(Cli::command().disable_help_subcommand(true)).render(&mut page)?;
+            write_stdout(&page)
+        }
+        Some(Cmd::Man { dir: Some(dir) }) => {
+            for path in man_pages(Cli::command(), dir)? {
+                println!("{}", path.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Some(Cmd::CheckConfig { file, syntax_only }) => {
             let Some(path) = file.as_ref().or(cli.config.as_ref()) else {
                 anyhow::bail!("check-config needs a file (argument or --config)");
@@ -261,6 +298,42 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(if summary.restore_failures == 0 { ExitCode::SUCCESS } else { ExitCode::from(3) })
         }
     }
+}
+
+/// clap_complete's bash script (4.6.11) spells the state of a subcommand two ways when the binary's name has a
+/// hyphen: its loop sets `ddiskqos__agent__subcmd__state`, its case arms test `ddiskqos__subcmd__agent__subcmd__state`,
+/// so nothing past the first word ever completes (clap-rs/clap#6421, open). The arms are respelled as the loop spells
+/// them; once clap_complete is fixed this changes nothing (the test `cli::completions_are_written_for_each_shell_
+/// and_bash_completes_the_subcommands` completes `state <TAB>` through bash either way).
+fn fix_bash_states(script: Vec<u8>) -> Vec<u8> {
+    String::from_utf8_lossy(&script).replace("ddiskqos__subcmd__agent", "ddiskqos__agent").into_bytes()
+}
+
+/// Writes generated text to stdout; a closed pipe is an error, not a panic.
+fn write_stdout(bytes: &[u8]) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(bytes).and_then(|()| out.flush()).map_err(|e| anyhow::anyhow!("writing to stdout: {e}"))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the man page of `cmd` and of each visible subcommand, nested ones too (`ddiskqos-agent-state-show.1`),
+/// into `dir`; returns their paths, the top page first.
+fn man_pages(cmd: clap::Command, dir: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
+    fn each(cmd: clap::Command, dir: &std::path::Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+        let subcommands: Vec<clap::Command> = cmd.get_subcommands().filter(|c| !c.is_hide_set()).cloned().collect();
+        out.push(clap_mangen::Man::new(cmd).generate_to(dir)?);
+        for sub in subcommands {
+            each(sub, dir, out)?;
+        }
+        Ok(())
+    }
+    // Built first, so that each subcommand's page is named and titled by its full name (ddiskqos-agent-state-show).
+    let mut cmd = cmd.disable_help_subcommand(true);
+    cmd.build();
+    let mut out = Vec::new();
+    each(cmd, dir, &mut out).map_err(|e| anyhow::anyhow!("writing man pages into {}: {e}", dir.display()))?;
+    Ok(out)
 }
 
 fn state_cmd(cli: &Cli, action: &StateCmd) -> anyhow::Result<ExitCode> {

@@ -5,7 +5,8 @@
 //! - `cgroup_fixtures`: the cgroup layer on fixture trees of the v1 and v2 layouts.
 //! - `file_writer`: the file writer's cgroup-v2 overrides and restores on fixture files written through testbed's
 //!   fixture kernel.
-//! - `cli`: the binary from outside: `check-config`, `status`, `run` errors, `deploy/`, the systemd notify protocol.
+//! - `cli`: the binary from outside: `check-config`, `status`, `run` errors, completions and man pages, `deploy/`, the
+//!   systemd notify protocol.
 //! - `confinement`: writes only to managed weight files, paths leading outside the root refused, metrics on
 //!   loopback.
 //! - `fuzz_parsers`: property tests of everything parsed from outside.
