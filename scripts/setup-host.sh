@@ -22,6 +22,8 @@ command -v losetup >/dev/null 2>&1 || need+=(mount)
 # The CRI bindings (k8s-cri) compile their .proto files at build time; the CRI tests run Debian's containerd.
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v containerd >/dev/null 2>&1 && command -v ctr >/dev/null 2>&1 || need+=(containerd)
+# The Debian package's check (scripts/build-deb.sh, run by scripts/test.sh).
+command -v lintian >/dev/null 2>&1 || need+=(lintian)
 # The manifests' schema test (tests/all/k8s_manifests.rs) runs kubernetes-validate from a virtualenv (below).
 command -v kubernetes-validate >/dev/null 2>&1 || python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then

@@ -50,22 +50,26 @@ BUILT=$(cargo test "${HOST_TARGETS[@]}" --no-run --message-format=json-render-di
 # The DaemonSet's image (a static agent alone in an image), as an operator builds it: deploy_real runs it as a pod,
 # on the host after the rest of the host pass and in the guest. Its release build runs at idle CPU priority while
 # the host pass runs its tests, most of which wait on Docker, containerd and the devices; a failure fails here.
+# The Debian packages (scripts/build-deb.sh) are made from the same `ship` binary right after it, checked by
+# lintian, in two revisions: the guest's package test installs the first and upgrades to the second.
 IMAGE_LOG=$(mktemp)
-chrt -i 0 nice -n 19 bash deploy/kubernetes/build-image.sh > "$IMAGE_LOG" 2>&1 &
+rm -f target/debian/ddiskqos-agent_*.deb
+chrt -i 0 nice -n 19 bash -c 'bash deploy/kubernetes/build-image.sh && bash scripts/build-deb.sh --no-build --lintian &&
+  bash scripts/build-deb.sh --no-build --revision 2' > "$IMAGE_LOG" 2>&1 &
 IMAGE_PID=$!
 phase "the host pass: run (the DaemonSet's image builds beside it)"
 # --no-fail-fast: one run reports every failing binary. The cgroup-v2 modules need the v2 test bed and run below,
 # in it; deploy_real needs the image and runs once it is built.
 cargo test "${HOST_TARGETS[@]}" --no-fail-fast -- --include-ignored --skip v2_real:: --skip systemd_real:: \
   --skip deploy_real::
-phase "waiting for the DaemonSet's image"
+phase "waiting for the DaemonSet's image and the Debian packages"
 if ! wait "$IMAGE_PID"; then
   cat "$IMAGE_LOG" >&2
-  echo "scripts/test.sh: building the DaemonSet's image failed" >&2
+  echo "scripts/test.sh: building the DaemonSet's image or the Debian packages failed" >&2
   exit 1
 fi
 IMAGE_PID=""
-tail -n 3 "$IMAGE_LOG" >&2
+grep -E '^(built |build-deb:|[EWI]: )' "$IMAGE_LOG" >&2 || tail -n 5 "$IMAGE_LOG" >&2
 rm -f "$IMAGE_LOG"
 phase "the host pass: deploy_real (the DaemonSet's image as a pod)"
 cargo test "${HOST_TARGETS[@]}" -- --include-ignored deploy_real::
@@ -90,6 +94,10 @@ BENCH_V2_TEST=$(grep -o '"executable":"[^"]*/real_run-[^"]*"' <<<"$BUILT" | cut 
 [ -x "$BENCH_V2_TEST" ] || { echo "scripts/test.sh: cannot find the bench's real_run test binary" >&2; exit 1; }
 phase "waiting for the guest image"
 wait_guest_image
+# The packages for systemd_real's package test, by path (the checkout is at the same path in the guest).
+DDISKQOS_DEB=$(ls "$PWD"/target/debian/ddiskqos-agent_*-1_amd64.deb)
+DDISKQOS_DEB_UPGRADE=$(ls "$PWD"/target/debian/ddiskqos-agent_*-2_amd64.deb)
+export DDISKQOS_DEB DDISKQOS_DEB_UPGRADE
 # Both binaries run (one boot per suite), and either failing in either suite fails the pass (every suite runs).
 failed=""
 for suite in $SUITES; do

@@ -40,6 +40,8 @@ pub enum Need {
     Program(&'static str),
     /// An image in the host's Docker (e.g. the agent's, `deploy/kubernetes/build-image.sh`).
     DockerImage(&'static str),
+    /// A file named by this environment variable (e.g. `DDISKQOS_DEB`, the package `scripts/build-deb.sh` built).
+    FileIn(&'static str),
 }
 
 impl Need {
@@ -68,6 +70,7 @@ impl Need {
             }
             Self::Program(name) => on_path(name),
             Self::DockerImage(image) => docker::image_exists(image) || docker::image_exists_on_host(image),
+            Self::FileIn(var) => std::env::var_os(var).is_some_and(|f| Path::new(&f).is_file()),
         };
         (!ok).then(|| self.to_string())
     }
@@ -97,6 +100,10 @@ impl std::fmt::Display for Need {
             }
             Self::Program(name) => write!(f, "{name} on PATH"),
             Self::DockerImage(image) => write!(f, "the image {image} in the host's Docker"),
+            Self::FileIn(var) => match std::env::var(var) {
+                Ok(file) => write!(f, "the file ${var} names ({file:?}: not a file)"),
+                Err(_) => write!(f, "a file named by ${var} (not set)"),
+            },
         }
     }
 }

@@ -828,3 +828,172 @@ fn the_agent_rides_out_a_stalled_dbus_and_restarts_of_docker_and_containerd() {
     drop(docker);
     drop((bfq, cost));
 }
+
+/// `apt-get ARGS` as an operator types it, non-interactive; the output is returned whatever the exit status, and
+/// a failure fails the test with it.
+fn apt_get(args: &[&str]) -> String {
+    let out = Command::new("apt-get")
+        .args(args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .output()
+        .unwrap_or_else(|e| panic!("apt-get {args:?}: {e}"));
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "apt-get {args:?} failed:\n{text}");
+    text
+}
+
+/// `dpkg-query -W -f FORMAT ddiskqos-agent`, or `None` when dpkg knows no such package.
+fn package_field(format: &str) -> Option<String> {
+    let out = Command::new("dpkg-query").args(["-W", "-f", format, "ddiskqos-agent"]).output().unwrap();
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The package purged again on drop, whatever the test left (a no-op once the test purged it).
+struct InstalledPackage;
+
+impl Drop for InstalledPackage {
+    fn drop(&mut self) {
+        if package_field("${Status}").is_some_and(|s| !s.contains("not-installed")) {
+            let _ = Command::new("apt-get")
+                .args(["purge", "-y", "ddiskqos-agent"])
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .output();
+        }
+    }
+}
+
+/// The Debian package (`scripts/build-deb.sh`, issue 27) as an operator meets it on a systemd host:
+/// `apt-get install ./ddiskqos-agent_*.deb` places the binary, the unit, the conffile, completions and man page,
+/// enables the service and does not start it; `systemctl enable --now` weights the running containers (a reader
+/// demoted, a new container at the top); an upgrade to a rebuilt package keeps the edited config and restarts the
+/// running agent, which weights the containers again; `apt-get remove` stops it and every weight reads as before
+/// the agent; `apt-get purge` leaves nothing (config, state, unit links). `$DDISKQOS_DEB` and
+/// `$DDISKQOS_DEB_UPGRADE` name the two packages (`scripts/test.sh` builds them: revisions 1 and 2).
+#[test]
+#[ignore = "needs a systemd host with cgroup v2 (the systemd guest) and the packages scripts/build-deb.sh builds"]
+fn the_debian_package_installs_upgrades_and_removes_cleanly() {
+    let test = "systemd_real::the_debian_package_installs_upgrades_and_removes_cleanly";
+    let needs = [
+        testbed::Need::Root,
+        testbed::Need::SystemdV2Host,
+        testbed::Need::LoopDevices,
+        testbed::Need::Program("apt-get"),
+        testbed::Need::FileIn("DDISKQOS_DEB"),
+        testbed::Need::FileIn("DDISKQOS_DEB_UPGRADE"),
+    ];
+    if !testbed::require(test, &needs) {
+        return;
+    }
+    let _machine = testbed::exclusive();
+    let deb = std::env::var("DDISKQOS_DEB").unwrap();
+    let upgrade = std::env::var("DDISKQOS_DEB_UPGRADE").unwrap();
+    let unit = "ddiskqos-agent.service";
+    let tmp_dir = TmpDir::new("package");
+    let disk = Loop::new(tmp_dir.0.join("bfq.img"), "bfq");
+    let mut docker = SystemDocker::start();
+    let idle = docker.run(&[IMAGE, "sleep", "600"]);
+    let reader_cmd =
+        format!("while true; do dd if={} of=/dev/null bs=1M count=64 iflag=direct 2>/dev/null; done", disk.dev);
+    let reader = docker.run(&["--device", &disk.dev, IMAGE, "sh", "-c", &reader_cmd]);
+    let files = |id: &str| {
+        let dir = scope_dir(id);
+        (read(&dir.join("io.bfq.weight")), read(&dir.join("io.weight")))
+    };
+    let before = (files(&idle), files(&reader));
+    // The weight the agent gave a container: its io.bfq.weight default (the level's weight, 1..=1000).
+    let bfq_weight = |id: &str| -> u32 {
+        let text = read(&scope_dir(id).join("io.bfq.weight"));
+        text.lines().next().and_then(|l| l.strip_prefix("default ")).and_then(|w| w.trim().parse().ok()).unwrap_or(0)
+    };
+    let demoted_and_top = |what: &str| {
+        let seen = poll(patience(Duration::from_secs(30)), || {
+            (bfq_weight(&reader) < 1000 && bfq_weight(&idle) == 1000).then_some(())
+        });
+        assert!(
+            seen.is_some(),
+            "{what}: reader at {}, idle at {} (want < 1000 and 1000)\n{}",
+            bfq_weight(&reader),
+            bfq_weight(&idle),
+            journal(unit)
+        );
+        eprintln!("{what}: reader at {}, idle container at {}", bfq_weight(&reader), bfq_weight(&idle));
+    };
+
+    // Install: the files in place, the config a conffile, the service enabled and not started.
+    let _installed = InstalledPackage;
+    apt_get(&["install", "-y", &deb]);
+    let version = package_field("${Version}").expect("ddiskqos-agent not installed after apt-get install");
+    eprintln!("installed ddiskqos-agent {version} from {deb}");
+    for f in [
+        "/usr/bin/ddiskqos-agent",
+        "/etc/ddiskqos/agent.toml",
+        "/usr/lib/systemd/system/ddiskqos-agent.service",
+        "/usr/share/bash-completion/completions/ddiskqos-agent",
+        "/usr/share/zsh/vendor-completions/_ddiskqos-agent",
+        "/usr/share/fish/vendor_completions.d/ddiskqos-agent.fish",
+        "/usr/share/man/man1/ddiskqos-agent.1.gz",
+        "/usr/share/doc/ddiskqos-agent/copyright",
+    ] {
+        assert!(Path::new(f).is_file(), "the package did not install {f}");
+    }
+    let conffiles = package_field("${Conffiles}").unwrap_or_default();
+    assert!(conffiles.contains("/etc/ddiskqos/agent.toml"), "agent.toml is not a conffile: {conffiles:?}");
+    let exec = unit_prop(unit, "ExecStart");
+    assert!(exec.contains("/usr/bin/ddiskqos-agent"), "the packaged unit runs {exec}");
+    assert_eq!(systemctl(&["is-enabled", unit]), "enabled", "not enabled by the install");
+    assert_eq!(unit_prop(unit, "ActiveState"), "inactive", "started by the install without being asked");
+    assert_eq!(files(&idle), before.0, "a weight changed before the agent was started");
+
+    // Started by the operator: the reader demoted, the idle container and a new one at the top.
+    systemctl(&["enable", "--now", unit]);
+    assert_eq!(unit_prop(unit, "ActiveState"), "active", "{}", journal(unit));
+    demoted_and_top("after enable --now");
+    let late = docker.run(&[IMAGE, "sleep", "600"]);
+    let late_top = poll(patience(Duration::from_secs(10)), || (bfq_weight(&late) == 1000).then_some(()));
+    assert!(late_top.is_some(), "a new container is at {}, not at the top\n{}", bfq_weight(&late), journal(unit));
+
+    // The operator edits the config; the upgrade keeps the edit and restarts the agent on the new binary.
+    let conf = Path::new("/etc/ddiskqos/agent.toml");
+    let edited = read(conf).replace("sample_interval = \"500ms\"", "sample_interval = \"300ms\"");
+    assert!(edited.contains("\"300ms\""), "deploy/agent.toml has no sample_interval = \"500ms\" line to change");
+    std::fs::write(conf, &edited).unwrap();
+    let pid_before = unit_prop(unit, "MainPID");
+    apt_get(&["install", "-y", &upgrade]);
+    let upgraded = package_field("${Version}").unwrap_or_default();
+    assert_ne!(upgraded, version, "apt-get install {upgrade} did not change the version");
+    assert_eq!(read(conf), edited, "the upgrade did not keep the edited /etc/ddiskqos/agent.toml");
+    let pid_after = unit_prop(unit, "MainPID");
+    assert_eq!(unit_prop(unit, "ActiveState"), "active", "not running after the upgrade\n{}", journal(unit));
+    assert_ne!(pid_after, pid_before, "the upgrade did not restart the running agent");
+    let restarted_with_edit = poll(patience(Duration::from_secs(10)), || {
+        let j = run("journalctl", &["-u", unit, "--no-pager", "-o", "cat", &format!("_PID={pid_after}")]);
+        j.contains("300ms").then_some(())
+    });
+    assert!(restarted_with_edit.is_some(), "the upgraded agent does not say it runs with 300ms:\n{}", journal(unit));
+    eprintln!("upgraded {version} -> {upgraded}: config kept, agent restarted ({pid_before} -> {pid_after})");
+    demoted_and_top("after the upgrade");
+
+    // Remove: the service stopped, every weight back as it was before the agent; the config stays until purge.
+    apt_get(&["remove", "-y", "ddiskqos-agent"]);
+    assert_eq!(unit_prop(unit, "ActiveState"), "inactive", "still running after apt-get remove");
+    assert_eq!((files(&idle), files(&reader)), before, "apt-get remove did not restore the weights");
+    // The container started under the agent: back at what systemd gives a scope, as the idle one reads.
+    assert_eq!(files(&late), before.0, "apt-get remove did not restore the container started under the agent");
+    assert!(!Path::new("/usr/bin/ddiskqos-agent").exists(), "the binary is still there after remove");
+    assert!(conf.is_file(), "remove deleted the conffile (only purge should)");
+
+    // Purge: nothing left.
+    apt_get(&["purge", "-y", "ddiskqos-agent"]);
+    let status = package_field("${Status}");
+    assert!(status.as_deref().is_none_or(|s| s.contains("not-installed")), "dpkg still knows it: {status:?}");
+    for left in [
+        "/etc/ddiskqos",
+        "/run/ddiskqos",
+        "/usr/lib/systemd/system/ddiskqos-agent.service",
+        "/etc/systemd/system/multi-user.target.wants/ddiskqos-agent.service",
+    ] {
+        assert!(!Path::new(left).exists(), "{left} is left after apt-get purge");
+    }
+    eprintln!("removed and purged: every weight as before, nothing left");
+    drop(docker);
+}

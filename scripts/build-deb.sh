@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Builds the Debian package of the agent: target/debian/ddiskqos-agent_<version>-<revision>_amd64.deb.
+#   scripts/build-deb.sh [--revision N] [--no-build] [--lintian]
+# The binary is the `ship` build (release without debug info, stripped, statically linked: the one the
+# DaemonSet's image carries, deploy/kubernetes/build-image.sh), so the package depends on no shared library.
+# Needs cargo-deb (`cargo install cargo-deb --locked`; installed here when missing). --no-build packages a
+# binary built before (CI builds it once for the image and the package). Also written beside the package: the
+# unit with the package's paths, the shell completions and the man pages, generated from the binary.
+# --lintian: check the package with Debian's lintian (must be installed) and fail on any error or warning that
+# deploy/debian/lintian-overrides does not explain.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+revision=1
+build=yes
+lint=no
+while [ $# -gt 0 ]; do
+  case $1 in
+    --revision) revision=${2:?--revision needs a number}; shift 2 ;;
+    --no-build) build=no; shift ;;
+    --lintian) lint=yes; shift ;;
+    *) echo "build-deb: unknown argument '$1' (usage: scripts/build-deb.sh [--revision N] [--no-build] [--lintian])" >&2; exit 2 ;;
+  esac
+done
+case $revision in '' | *[!0-9]*) echo "build-deb: --revision '$revision' is not a number" >&2; exit 2 ;; esac
+target=x86_64-unknown-linux-gnu
+out=${CARGO_TARGET_DIR:-target}/$target/ship
+if [ "$build" = yes ]; then
+  RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+    cargo build --profile ship --locked -p qos-agent --bin ddiskqos-agent --target "$target"
+fi
+bin=$out/ddiskqos-agent
+[ -x "$bin" ] || { echo "build-deb: no binary at $bin (build it, or drop --no-build)" >&2; exit 1; }
+if ! command -v cargo-deb >/dev/null 2>&1; then
+  cargo install cargo-deb --locked --version 3.8.0
+fi
+# The generated assets (Cargo.toml's [package.metadata.deb] names them under target/release/deb/, which
+# cargo-deb maps to this build's directory).
+gen=$out/deb
+rm -rf "$gen"
+mkdir -p "$gen/completions" "$gen/man"
+# The unit as shipped in deploy/, with the package's binary path and without the install-by-hand comment.
+sed -e 's#/usr/local/bin/ddiskqos-agent#/usr/bin/ddiskqos-agent#g' \
+  -e '/^# dDiskQoS agent as a systemd service\. Install/,/^#   systemctl daemon-reload/c\
+# dDiskQoS agent as a systemd service, installed by the ddiskqos-agent package. The configuration is\
+# /etc/ddiskqos/agent.toml (a conffile: an edited one is kept across upgrades).' \
+  deploy/ddiskqos-agent.service > "$gen/ddiskqos-agent.service"
+if grep -q /usr/local "$gen/ddiskqos-agent.service"; then
+  echo "build-deb: the unit still names /usr/local after rewriting its paths" >&2
+  exit 1
+fi
+"$bin" completions bash > "$gen/completions/ddiskqos-agent"
+"$bin" completions zsh > "$gen/completions/_ddiskqos-agent"
+"$bin" completions fish > "$gen/completions/ddiskqos-agent.fish"
+"$bin" man "$gen/man"
+gzip -9n "$gen"/man/*.1
+mkdir -p target/debian
+deb=$(cargo deb -p qos-agent --no-build --no-strip --profile ship --target "$target" --deb-revision "$revision" \
+  --output target/debian/ | tail -n 1)
+[ -f "$deb" ] || { echo "build-deb: cargo deb printed no package file (got '$deb')" >&2; exit 1; }
+echo "build-deb: $deb ($(du -k "$deb" | cut -f1) KiB; the binary $(du -k "$bin" | cut -f1) KiB)"
+if [ "$lint" = yes ]; then
+  command -v lintian >/dev/null 2>&1 || { echo "build-deb: --lintian, but lintian is not installed" >&2; exit 1; }
+  lintian --fail-on error,warning --info "$deb"
+  echo "build-deb: lintian: no error or warning that deploy/debian/lintian-overrides does not explain"
+fi
