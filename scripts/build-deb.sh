@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the Debian package of the agent: target/debian/ddiskqos-agent_<version>-<revision>_amd64.deb.
+# Builds the Debian package of the agent: target/packages/ddiskqos-agent_<version>-<revision>_amd64.deb.
 #   scripts/build-deb.sh [--revision N] [--no-build] [--lintian]
 # The binary is the `ship` build (release without debug info, stripped, statically linked: the one the
 # DaemonSet's image carries, deploy/kubernetes/build-image.sh), so the package depends on no shared library.
@@ -37,7 +37,7 @@ fi
 # cargo-deb maps to this build's directory).
 gen=$out/deb
 rm -rf "$gen"
-mkdir -p "$gen/completions" "$gen/man"
+mkdir -p "$gen"
 # The unit as shipped in deploy/, with the package's binary path and without the install-by-hand comment.
 sed -e 's#/usr/local/bin/ddiskqos-agent#/usr/bin/ddiskqos-agent#g' \
   -e '/^# dDiskQoS agent as a systemd service\. Install/,/^#   systemctl daemon-reload/c\
@@ -48,15 +48,16 @@ if grep -q /usr/local "$gen/ddiskqos-agent.service"; then
   echo "build-deb: the unit still names /usr/local after rewriting its paths" >&2
   exit 1
 fi
-"$bin" completions bash > "$gen/completions/ddiskqos-agent"
-"$bin" completions zsh > "$gen/completions/_ddiskqos-agent"
-"$bin" completions fish > "$gen/completions/ddiskqos-agent.fish"
-"$bin" man "$gen/man"
-gzip -9n "$gen"/man/*.1
-mkdir -p target/debian
-deb=$(cargo deb -p qos-agent --no-build --no-strip --profile ship --target "$target" --deb-revision "$revision" \
-  --output target/debian/ | tail -n 1)
-[ -f "$deb" ] || { echo "build-deb: cargo deb printed no package file (got '$deb')" >&2; exit 1; }
+# Completions and man pages where the package installs them, under $gen/root.
+bash scripts/gen-completions.sh "$gen/root" "$bin"
+# Into a directory of its own, then beside the other revisions (cargo-deb replaces an earlier package of the same
+# name in its output directory).
+built=$(cargo deb -p qos-agent --no-build --no-strip --profile ship --target "$target" --deb-revision "$revision" \
+  --output "$gen/out/" | tail -n 1)
+[ -f "$built" ] || { echo "build-deb: cargo deb printed no package file (got '$built')" >&2; exit 1; }
+mkdir -p target/packages
+deb=target/packages/$(basename "$built")
+mv "$built" "$deb"
 echo "build-deb: $deb ($(du -k "$deb" | cut -f1) KiB; the binary $(du -k "$bin" | cut -f1) KiB)"
 if [ "$lint" = yes ]; then
   command -v lintian >/dev/null 2>&1 || { echo "build-deb: --lintian, but lintian is not installed" >&2; exit 1; }

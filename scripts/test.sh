@@ -53,7 +53,7 @@ BUILT=$(cargo test "${HOST_TARGETS[@]}" --no-run --message-format=json-render-di
 # The Debian packages (scripts/build-deb.sh) are made from the same `ship` binary right after it, checked by
 # lintian, in two revisions: the guest's package test installs the first and upgrades to the second.
 IMAGE_LOG=$(mktemp)
-rm -f target/debian/ddiskqos-agent_*.deb
+rm -f target/packages/ddiskqos-agent_*.deb
 chrt -i 0 nice -n 19 bash -c 'bash deploy/kubernetes/build-image.sh && bash scripts/build-deb.sh --no-build --lintian &&
   bash scripts/build-deb.sh --no-build --revision 2' > "$IMAGE_LOG" 2>&1 &
 IMAGE_PID=$!
@@ -95,8 +95,8 @@ BENCH_V2_TEST=$(grep -o '"executable":"[^"]*/real_run-[^"]*"' <<<"$BUILT" | cut 
 phase "waiting for the guest image"
 wait_guest_image
 # The packages for systemd_real's package test, by path (the checkout is at the same path in the guest).
-DDISKQOS_DEB=$(ls "$PWD"/target/debian/ddiskqos-agent_*-1_amd64.deb)
-DDISKQOS_DEB_UPGRADE=$(ls "$PWD"/target/debian/ddiskqos-agent_*-2_amd64.deb)
+DDISKQOS_DEB=$(ls "$PWD"/target/packages/ddiskqos-agent_*-1_amd64.deb)
+DDISKQOS_DEB_UPGRADE=$(ls "$PWD"/target/packages/ddiskqos-agent_*-2_amd64.deb)
 export DDISKQOS_DEB DDISKQOS_DEB_UPGRADE
 # Both binaries run (one boot per suite), and either failing in either suite fails the pass (every suite runs).
 failed=""
