@@ -11,6 +11,12 @@ T0=$(date +%s)
 phase() { echo "scripts/test.sh: [$(( ($(date +%s) - T0) / 60 )) min $(( ($(date +%s) - T0) % 60 )) s] $*" >&2; }
 phase "the module import graph (no cycle in any crate)"
 python3 scripts/check-module-graph.py --self-test crates/*/src
+# helm for the Helm chart's tests (tests/all/helm_chart.rs), built with `go install` when missing: minutes on this
+# machine kind, so at idle CPU priority beside the set-up and the build below; waited for before the host pass runs.
+HELM_LOG=$(mktemp)
+chrt -i 0 nice -n 19 bash scripts/install-helm.sh > "$HELM_LOG" 2>&1 &
+HELM_PID=$!
+trap 'kill $HELM_PID 2>/dev/null || true' EXIT
 phase "host set-up"
 bash scripts/setup-host.sh
 # The Debian releases the v2 pass runs in, one guest after the other (scripts/guest.sh, DDISKQOS_GUEST_SUITE):
@@ -29,7 +35,7 @@ GUEST_BUILD_LOG=$(mktemp)
 GUEST_BUILD_PID=$!
 # A failing host pass ends this script early: the build goes with it (its own trap removes its scratch files).
 IMAGE_PID=""
-trap 'kill "$GUEST_BUILD_PID" $IMAGE_PID 2>/dev/null || true' EXIT
+trap 'kill "$GUEST_BUILD_PID" $IMAGE_PID $HELM_PID 2>/dev/null || true' EXIT
 wait_guest_image() {
   if ! wait "$GUEST_BUILD_PID"; then
     cat "$GUEST_BUILD_LOG" >&2
@@ -47,6 +53,16 @@ export PATH="/usr/bin:$PATH"   # Debian's docker CLI, matching the daemon
 HOST_TARGETS=(--workspace --lib --bins --tests --examples --locked)
 phase "the host pass: build"
 BUILT=$(cargo test "${HOST_TARGETS[@]}" --no-run --message-format=json-render-diagnostics)
+# helm first (the host pass needs it; the image only for deploy_real, after it): alone on the CPU now if not done.
+phase "waiting for helm"
+if ! wait "$HELM_PID"; then
+  cat "$HELM_LOG" >&2
+  echo "scripts/test.sh: installing helm failed" >&2
+  exit 1
+fi
+HELM_PID=""
+tail -n 1 "$HELM_LOG" >&2
+rm -f "$HELM_LOG"
 # The DaemonSet's image (a static agent alone in an image), as an operator builds it: deploy_real runs it as a pod,
 # on the host after the rest of the host pass and in the guest. Its release build runs at idle CPU priority while
 # the host pass runs its tests, most of which wait on Docker, containerd and the devices; a failure fails here.

@@ -34,6 +34,24 @@ pub enum Cmd {
     /// Try engine settings (bottom weight, sampling interval, boost period) in both BFQ modes on 1 and 10 MiB reads
     /// and report the best small-read latency whose background keeps >= 90 % of Original's throughput.
     Sweep(SweepArgs),
+    /// Draw the Grafana dashboard's panels (deploy/grafana/ddiskqos-agent.json) from a run's recorded scrapes
+    /// (scripts/record-metrics.sh; .gz read through gzip) into a PNG, evaluating each panel's own queries.
+    Dashboard {
+        /// The recorded scrapes.
+        scrapes: PathBuf,
+        /// The dashboard JSON.
+        #[arg(long, default_value = "deploy/grafana/ddiskqos-agent.json")]
+        dashboard: PathBuf,
+        /// The PNG to write.
+        #[arg(long, default_value = "deploy/grafana/dashboard.png")]
+        out: PathBuf,
+        /// What Grafana's $__rate_interval stands for (Grafana: four scrape intervals at least).
+        #[arg(long, default_value = "15s")]
+        rate_interval: String,
+        /// Seconds between evaluations.
+        #[arg(long, default_value_t = 2.0)]
+        step: f64,
+    },
     /// Render the tables and charts of a results.json again.
     Report {
         /// The results.json of a run.

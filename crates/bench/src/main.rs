@@ -16,6 +16,7 @@ mod agent;
 mod app;
 mod cleanup;
 mod cli;
+mod dashboard;
 mod disk;
 mod files;
 mod hogs;
@@ -64,6 +65,37 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::Sweep(args) => {
             let _guard = cleanup::Guard::install();
             sweep::run(&args, cleanup::Cleanup::global())
+        }
+        Cmd::Dashboard { scrapes, dashboard, out, rate_interval, step } => {
+            let text = if scrapes.extension().is_some_and(|e| e == "gz") {
+                let child = std::process::Command::new("gzip")
+                    .arg("-dc")
+                    .arg(&scrapes)
+                    .output()
+                    .with_context(|| format!("gzip -dc {}", scrapes.display()))?;
+                anyhow::ensure!(
+                    child.status.success(),
+                    "gzip -dc {}: {}",
+                    scrapes.display(),
+                    String::from_utf8_lossy(&child.stderr)
+                );
+                child.stdout
+            } else {
+                std::fs::read(&scrapes).with_context(|| format!("cannot read {}", scrapes.display()))?
+            };
+            let text = String::from_utf8(text).with_context(|| format!("{}: not UTF-8", scrapes.display()))?;
+            let store = dashboard::parse_scrapes(&text, &scrapes.display().to_string())?;
+            let json =
+                std::fs::read_to_string(&dashboard).with_context(|| format!("cannot read {}", dashboard.display()))?;
+            let panels = dashboard::panels(&json, &dashboard.display().to_string())?;
+            let title = format!(
+                "{} from {} (rate interval {rate_interval})",
+                dashboard.file_name().unwrap_or_default().to_string_lossy(),
+                scrapes.file_name().unwrap_or_default().to_string_lossy()
+            );
+            dashboard::render(&panels, &store, &rate_interval, step, &title, &out)?;
+            println!("dashboard: {} ({} panels)", out.display(), panels.len());
+            Ok(())
         }
         Cmd::Report { json, out } => {
             let run = report::json::read(&json)?;

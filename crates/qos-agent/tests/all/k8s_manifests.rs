@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Namespace, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use qos_agent::config::{ActuatorMode, AgentConfig, RuntimeKind};
 use serde::Deserialize;
 
@@ -137,8 +138,11 @@ fn probes_metrics_and_scrape_annotations_agree() {
     assert_eq!(ann["ddiskqos.io/exclude"], "true", "the agent's own pod is excluded");
     let ready = c.readiness_probe.as_ref().expect("readinessProbe").http_get.as_ref().expect("httpGet");
     assert_eq!(ready.path.as_deref(), Some("/readyz"));
-    let live = c.liveness_probe.as_ref().expect("livenessProbe").exec.as_ref().expect("exec").command.clone().unwrap();
-    assert_eq!(live.last().map(String::as_str), Some("status"), "{live:?}");
+    let live = c.liveness_probe.as_ref().expect("livenessProbe").http_get.as_ref().expect("livenessProbe.httpGet");
+    assert_eq!(live.path.as_deref(), Some("/healthz"));
+    for (probe, get) in [("readinessProbe", ready), ("livenessProbe", live)] {
+        assert_eq!(get.port, IntOrString::String("metrics".into()), "{probe}: not on the metrics port");
+    }
 
     // The ConfigMap's agent.toml is a valid config for the CRI runtime, serving metrics on that port, with the
     // paths the DaemonSet mounts.
@@ -180,12 +184,24 @@ fn kubectl_apply_f_creates_the_namespace_first_and_the_agent_reaches_only_its_me
     let ports = np.ingress.as_ref().unwrap()[0].ports.as_ref().unwrap();
     assert_eq!(ports.len(), 1);
     let port = agent_container(&m.daemonsets[0]).ports.as_ref().unwrap()[0].container_port;
-    assert_eq!(ports[0].port, Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(port)));
+    assert_eq!(ports[0].port, Some(IntOrString::Int(port)));
 }
 
 /// `sha256sum` of a file.
 fn sha256(path: &Path) -> String {
-    let out = std::process::Command::new("sha256sum").arg(path).output().expect("sha256sum (coreutils)");
+    sha256_of(&std::fs::read(path).unwrap())
+}
+
+/// `sha256sum` of bytes, as lowercase hex.
+pub(crate) fn sha256_of(bytes: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sha256sum (coreutils)");
+    child.stdin.take().unwrap().write_all(bytes).unwrap();
+    let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().to_string()
 }
@@ -268,7 +284,7 @@ fn systemd_driver_mounts_the_bus_read_only(rendered: &str) {
 
 /// The program that renders a kustomization here: `kustomize build DIR`, or kubectl's built-in `kubectl kustomize
 /// DIR` (scripts/setup-host.sh installs kustomize with `go install` when neither is there).
-fn kustomize() -> (&'static str, Vec<&'static str>) {
+pub(crate) fn kustomize() -> (&'static str, Vec<&'static str>) {
     if testbed::require::missing(&[testbed::Need::Program("kustomize")]).is_empty() {
         ("kustomize", vec!["build"])
     } else {

@@ -14,6 +14,9 @@
 //!   against a fake systemd manager on a private peer-to-peer D-Bus socket.
 //! - `k8s_manifests`: `deploy/kubernetes/` parsed into the Kubernetes API types, its key fields checked; every
 //!   manifest and rendered overlay through `kubernetes-validate --strict` (a missing tool fails under CI).
+//! - `helm_chart`: `deploy/helm/ddiskqos-agent` rendered by a real `helm` and compared with the kustomize base and
+//!   overlays; `helm lint --strict`, `kubernetes-validate --strict` per values file; the values schema (a missing
+//!   `helm` fails under CI).
 //!
 //! Real (root, cgroup v1 blkio, loop devices, Docker; `#[ignore]`d, so a plain `cargo test` lists them as ignored;
 //! `./scripts/test.sh` runs them, and they fail rather than skip there; see `testbed`):
@@ -57,6 +60,7 @@ mod docker_real;
 mod faults_real;
 mod file_writer;
 mod fuzz_parsers;
+mod helm_chart;
 mod k8s_manifests;
 mod protect_real;
 mod scale_real;
