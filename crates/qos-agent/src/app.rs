@@ -29,7 +29,7 @@ pub(crate) async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Resul
     // (Installed once the control socket was bound, a SIGTERM right after the socket appeared killed the agent
     // with the default action, restoring nothing.)
     let (tx, rx) = mpsc::channel(16);
-    spawn_signal_handlers(tx.clone(), config_path)?;
+    spawn_signal_handlers(tx.clone(), config_path.clone())?;
     let commands = (tx, rx);
     // One counter file per container stays open; connections are bounded (`listen`), but a host with many
     // containers needs more than the usual soft limit of 1,024.
@@ -46,6 +46,15 @@ pub(crate) async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Resul
     // On this (the daemon's) thread before any watcher thread starts: they inherit it.
     qos_agent::priority::apply_logged(cfg.nice);
     info!(version = ?root.version(), path = %root.path().display(), "cgroup root");
+    // What this agent runs with (an upgraded or restarted service says which file and values it took).
+    info!(
+        config = %config_path.as_deref().map_or_else(|| "(none: the embedded defaults)".into(), |p| p.display().to_string()),
+        runtime = ?cfg.runtime,
+        actuator = ?cfg.actuator,
+        sample_interval = ?cfg.sample_interval,
+        dry_run = cfg.dry_run,
+        "configuration"
+    );
     let metrics = Arc::new(Metrics::new());
     // The runtime first: an agent that cannot reach it stops here, before it serves anything or writes anything.
     let agent = AgentBuilder::new(cfg.clone(), root)

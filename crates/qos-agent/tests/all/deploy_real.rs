@@ -5,8 +5,8 @@
 //! uid 0, the runtime's default seccomp profile), host network instead of a pod network (no CNI here). Everything is
 //! taken from the parsed manifests, so a change there is tested here. Checked: readiness (the probe's path
 //! answers), the agent process's capabilities, the node's other pods weighted at their pod cgroups (the agent's own
-//! pod excluded by its annotation), the liveness probe's path, the status command, and a kubelet's stop (SIGTERM
-//! with the grace period) putting every pod's weight back. Needs root, cgroup v1 blkio, loop devices, containerd and the agent's image;
+//! pod excluded by its annotation), the liveness probe's exec (the status command), `/healthz`, and a kubelet's
+//! stop (SIGTERM with the grace period) putting every pod's weight back. Needs root, cgroup v1 blkio, loop devices, containerd and the agent's image;
 //! the same on cgroup v2 runs in the v2 test bed (`v2_real::the_daemonset_on_cgroup_v2`, with the ConfigMap's
 //! documented v2 root).
 
@@ -237,19 +237,15 @@ pub(crate) fn run_daemonset(tree: Tree) {
     );
     assert_eq!(tree.weight(&tree.pod_dir(Qos::Burstable, &agent_uid)), Some(100), "the agent's own pod was weighted");
 
-    // Liveness: the probe's path answers 200, as the kubelet asks it.
-    let live_path = agent.liveness_probe.as_ref().and_then(|p| p.http_get.as_ref()).and_then(|h| h.path.clone());
-    let live_path = live_path.expect("livenessProbe.httpGet.path");
-    let live = testbed::probe::http_get(addr, &live_path);
-    assert!(
-        live.as_ref().is_some_and(|(code, _)| *code == 200),
-        "liveness {live_path}: {live:?}; log:\n{}",
-        log_text()
-    );
-    // The status table, through the agent's control socket inside the container.
-    let status = ["/ddiskqos-agent", "--config", "/etc/ddiskqos/agent.toml", "status"];
-    let (code, out, err) = cri.exec_sync(&agent_id, &status, Duration::from_secs(5)).unwrap();
-    assert_eq!(code, 0, "{status:?} failed: {out}{err}");
+    // Liveness: the probe's command, executed in the container as the kubelet would (the status table, through the
+    // agent's control socket); and /healthz answers.
+    let probe: Vec<String> =
+        agent.liveness_probe.as_ref().and_then(|p| p.exec.as_ref()).and_then(|e| e.command.clone()).unwrap();
+    let probe: Vec<&str> = probe.iter().map(String::as_str).collect();
+    let (code, out, err) = cri.exec_sync(&agent_id, &probe, Duration::from_secs(5)).unwrap();
+    assert_eq!(code, 0, "liveness probe {probe:?} failed: {out}{err}");
+    let health = testbed::probe::http_get(addr, "/healthz");
+    assert!(health.as_ref().is_some_and(|(code, _)| *code == 200), "GET /healthz: {health:?}; log:\n{}", log_text());
     assert!(out.contains("ddiskqos-test/reader") && out.contains("ddiskqos-test/idle"), "status:\n{out}");
     // Its own pod: listed as excluded (the status table's name column is 24 wide, enough for this name).
     let own_row = out.lines().find(|l| l.contains(&format!("{own_namespace}/ddiskqos-agent")));
