@@ -19,6 +19,8 @@ command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v fio >/dev/null 2>&1 || need+=(fio)
 command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v losetup >/dev/null 2>&1 || need+=(mount)
+# The bench's default disk (`--disk throttled`): an image in tmpfs behind qemu-storage-daemon's throttle over FUSE.
+command -v qemu-storage-daemon >/dev/null 2>&1 || need+=(qemu-system-common)
 # The CRI bindings (k8s-cri) compile their .proto files at build time; the CRI tests run Debian's containerd.
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v containerd >/dev/null 2>&1 && command -v ctr >/dev/null 2>&1 || need+=(containerd)

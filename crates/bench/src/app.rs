@@ -13,8 +13,8 @@ use qos_agent::cgroup::{CgroupRoot, CgroupVersion, V1_BFQ_BYTES};
 
 use crate::agent::Backends;
 use crate::cleanup::Cleanup;
-use crate::cli::{Common, RunArgs, SoakArgs};
-use crate::disk::{self, Disk, DiskSource};
+use crate::cli::{Common, DiskArgs, RunArgs, SoakArgs};
+use crate::disk::{self, Disk};
 use crate::files::{self, FileSpec};
 use crate::report::data::{Meta, ModeReport, RunReport};
 use crate::runner::{self, Env, RunConfig};
@@ -97,13 +97,7 @@ fn detect_root() -> Result<CgroupRoot> {
 
 /// Creates the work directory, the disk, the files and the runtime.
 pub fn set_up(common: &Common, plan: &Plan, cleanup: &'static Cleanup) -> Result<Setup> {
-    let base = common.work_dir.clone().unwrap_or_else(std::env::temp_dir);
-    let work = base.join(format!("ddiskqos-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
-    let w = work.clone();
-    cleanup.push(format!("remove {}", work.display()), move || {
-        std::fs::remove_dir_all(&w).with_context(|| format!("cannot remove {}", w.display()))
-    });
+    let work = make_work_dir(&common.disk, cleanup)?;
     // The agent's state file and control socket: under /run, as the shipped agent keeps them, where /run is a tmpfs
     // (systemd hosts); else /dev/shm. On a disk, the save of the originals before a new container's first weight
     // waits for the file system's journal behind the background's load (measured: 20 ms median, 80 ms p99 in BFQ's
@@ -118,32 +112,22 @@ pub fn set_up(common: &Common, plan: &Plan, cleanup: &'static Cleanup) -> Result
         plan.files().into_iter().map(|(name, size_mib)| FileSpec { name, size_mib }).collect();
     specs.push(FileSpec { name: workload::BACKGROUND_FILE.into(), size_mib: common.bg_size_mib });
     let total_mib: u64 = specs.iter().map(|s| s.size_mib).sum();
-    let source = if let Some(dev) = &common.device {
-        DiskSource::Device { path: dev.clone(), format: common.format }
-    } else if let Some(dir) = &common.dir {
-        DiskSource::Dir(dir.clone())
-    } else {
-        DiskSource::Loop { dir: work.clone(), size: loop_size(total_mib) }
-    };
-    let disk = disk::prepare(&source, &work, cleanup)?;
+    let source = common.disk.source(&work, total_mib)?;
+    let (disk, paths) = disk::prepare(&source, &work, cleanup, |files_dir| {
+        let bar = ProgressBar::new(total_mib).with_style(
+            ProgressStyle::with_template("creating files {bar:40} {pos}/{len} MiB {elapsed}").expect("valid template"),
+        );
+        let started = std::time::Instant::now();
+        let paths = files::create_all(files_dir, &specs, common.seed, |n| bar.set_position(n))?;
+        bar.finish_and_clear();
+        eprintln!("files: {total_mib} MiB written in {:.1} s", started.elapsed().as_secs_f64());
+        Ok(paths)
+    })?;
     for assignment in &common.bfq_set {
         disk.set_tunable(assignment, cleanup)?;
     }
     let d = &disk.info;
-    eprintln!(
-        "disk: {} {} ({}), scheduler bfq, files in {}",
-        d.kind,
-        d.dev.display(),
-        d.backing.as_ref().map(|b| format!("sparse file {}", b.display())).unwrap_or_default(),
-        d.files_dir.display()
-    );
-    let bar = ProgressBar::new(total_mib).with_style(
-        ProgressStyle::with_template("creating files {bar:40} {pos}/{len} MiB {elapsed}").expect("valid template"),
-    );
-    let started = std::time::Instant::now();
-    let paths = files::create_all(&disk.info.files_dir, &specs, common.seed, |n| bar.set_position(n))?;
-    bar.finish_and_clear();
-    eprintln!("files: {total_mib} MiB written in {:.1} s", started.elapsed().as_secs_f64());
+    eprintln!("disk: {}, scheduler bfq, files in {}", d.describe(), d.files_dir.display());
     let files = specs.iter().zip(paths).map(|(s, p)| (s.name.clone(), p)).collect();
     let root = Arc::new(detect_root()?);
     if root.version() == CgroupVersion::V1 && !root.path().join(V1_BFQ_BYTES).exists() {
@@ -174,6 +158,43 @@ pub fn set_up(common: &Common, plan: &Plan, cleanup: &'static Cleanup) -> Result
     };
     let session = crate::session::give_the_agents_nice(common.agent_nice, cleanup)?;
     Ok(Setup { disk, runtime, runtime_reason, backends, root, run_dir, files, cleanup, session })
+}
+
+/// Creates the bench's work directory `ddiskqos-bench-PID` under `--work-dir` (default: the temp dir), its removal
+/// on `cleanup`.
+fn make_work_dir(disk: &DiskArgs, cleanup: &Cleanup) -> Result<PathBuf> {
+    let base = disk.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let work = base.join(format!("ddiskqos-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
+    let w = work.clone();
+    cleanup.push(format!("remove {}", work.display()), move || {
+        std::fs::remove_dir_all(&w).with_context(|| format!("cannot remove {}", w.display()))
+    });
+    Ok(work)
+}
+
+/// What we print for `hold-disk`: the prepared disk and the daemon serving it.
+#[derive(Debug, serde::Serialize)]
+struct HeldDisk<'a> {
+    disk: &'a disk::DiskInfo,
+    daemon_pid: Option<u32>,
+}
+
+/// `hold-disk`: prepares the disk, prints it as one line of JSON, keeps it until standard input closes (or a signal
+/// comes), then the caller's guard cleans up.
+pub fn hold_disk(args: &DiskArgs, size_mib: u64, cleanup: &'static Cleanup) -> Result<()> {
+    if !sys::is_root() {
+        bail!("ddiskqos-bench needs root (loop devices, mounts, scheduler settings)");
+    }
+    let work = make_work_dir(args, cleanup)?;
+    let (disk, ()) = disk::prepare(&args.source(&work, size_mib)?, &work, cleanup, |_| Ok(()))?;
+    eprintln!("disk: {}, scheduler bfq, files in {}", disk.info.describe(), disk.info.files_dir.display());
+    println!("{}", serde_json::to_string(&HeldDisk { disk: &disk.info, daemon_pid: disk.daemon_pid })?);
+    use std::io::{Read, Write};
+    std::io::stdout().flush()?;
+    let mut sink = Vec::new();
+    std::io::stdin().read_to_end(&mut sink).context("reading standard input")?;
+    Ok(())
 }
 
 /// Size of the loop device for `total_mib` of files: 25 % and 512 MiB spare, whole GiB, at least 1 GiB.

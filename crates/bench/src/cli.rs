@@ -1,6 +1,6 @@
 //! Command line.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -8,8 +8,10 @@ use clap::{Args, Parser, Subcommand};
 use qos_core::units::parse_duration;
 use qos_core::{ByteSize, Config, LevelConfig, Weight};
 
+use crate::disk::DiskSource;
 use crate::runtime::cgroup::CgroupLayout;
 use crate::runtime::{BackgroundKind, RuntimeChoice};
+use crate::throttled::{self, ThrottleModel};
 use crate::workload::{BfqMode, Exp1Case, Plan};
 
 /// Replays the dDiskQoS paper's experiments (Tables 3-5) on a real BFQ device, with real cgroups or containers
@@ -98,6 +100,17 @@ pub enum Cmd {
         #[arg(long)]
         parent: u32,
     },
+    /// (internal) Prepare the disk of the disk flags with room for `--size-mib` of files, print it as JSON (one line:
+    /// `disk`, `daemon_pid`), keep it until standard input closes, then clean up (the throttled disk's real test).
+    #[command(hide = true)]
+    HoldDisk {
+        /// The disk.
+        #[command(flatten)]
+        disk: DiskArgs,
+        /// Room for this many MiB of files.
+        #[arg(long, default_value_t = 64)]
+        size_mib: u64,
+    },
     /// (internal) Join a cgroup, then exec a command.
     #[command(hide = true)]
     ExecIn {
@@ -122,6 +135,65 @@ fn opt_duration(s: &str) -> Result<Option<Duration>, String> {
     }
 }
 
+/// What `--disk` makes when neither `--device` nor `--dir` names a disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DiskKind {
+    /// An image in a private tmpfs, served by qemu-storage-daemon through a throttle (`--disk-bps`, `--disk-iops`;
+    /// the cgroup-v2 guest's disk model) over FUSE, attached as a loop device: nothing reaches the root disk.
+    Throttled,
+    /// A sparse file in the work directory (on the root disk as a rule), attached as a loop device: its speed is the
+    /// root disk's, shared with Docker's data.
+    Loop,
+}
+
+/// The disk under test: `--disk`, or an existing device or directory.
+#[derive(Debug, Clone, Args)]
+pub struct DiskArgs {
+    /// The disk to create when neither --device nor --dir is given: `throttled` (RAM-backed image behind
+    /// qemu-storage-daemon's throttle; the image takes RAM up to the files' size plus 10 % and 256 MiB) or `loop`
+    /// (sparse file on the root file system).
+    #[arg(long, value_enum, default_value = "throttled", conflicts_with_all = ["device", "dir"])]
+    pub disk: DiskKind,
+    /// `--disk throttled`: the device's bytes per second, reads and writes together [default: 157286400, 150 MiB/s].
+    #[arg(long, value_name = "BYTES")]
+    pub disk_bps: Option<u64>,
+    /// `--disk throttled`: the device's I/O requests per second [default: 1500].
+    #[arg(long, value_name = "N")]
+    pub disk_iops: Option<u64>,
+    /// Use this (unmounted) block device instead of a loop device; needs --format.
+    #[arg(long, conflicts_with = "dir")]
+    pub device: Option<PathBuf>,
+    /// Allow creating an ext4 file system on --device (destroys its data).
+    #[arg(long)]
+    pub format: bool,
+    /// Use this directory (on a disk other than the root disk) instead of a loop device.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Where the work directory (the loop device's sparse backing file, the throttled disk's tmpfs) goes.
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+}
+
+impl DiskArgs {
+    /// The disk to prepare in `work` for `files_mib` of files.
+    pub fn source(&self, work: &Path, files_mib: u64) -> Result<DiskSource> {
+        let throttled = self.disk == DiskKind::Throttled && self.device.is_none() && self.dir.is_none();
+        if !throttled && (self.disk_bps.is_some() || self.disk_iops.is_some()) {
+            bail!("--disk-bps and --disk-iops set the throttled disk's model: they need --disk throttled");
+        }
+        Ok(if let Some(dev) = &self.device {
+            DiskSource::Device { path: dev.clone(), format: self.format }
+        } else if let Some(dir) = &self.dir {
+            DiskSource::Dir(dir.clone())
+        } else if throttled {
+            let model = ThrottleModel::new(self.disk_bps, self.disk_iops)?;
+            DiskSource::Throttled { dir: work.to_path_buf(), size: throttled::image_size(files_mib), model }
+        } else {
+            DiskSource::Loop { dir: work.to_path_buf(), size: crate::app::loop_size(files_mib) }
+        })
+    }
+}
+
 /// Settings shared by `run` and `sweep`.
 #[derive(Debug, Clone, Args)]
 pub struct Common {
@@ -142,18 +214,9 @@ pub struct Common {
     /// (Also: `strict-nolowlat`, and on cgroup v2 `iocost-kernel`, `iocost-calibrated`.)
     #[arg(long, value_enum, value_delimiter = ',', default_value = "default,protect,strict-tuned,strict")]
     pub modes: Vec<BfqMode>,
-    /// Use this (unmounted) block device instead of a loop device; needs --format.
-    #[arg(long, conflicts_with = "dir")]
-    pub device: Option<PathBuf>,
-    /// Allow creating an ext4 file system on --device (destroys its data).
-    #[arg(long)]
-    pub format: bool,
-    /// Use this directory (on a disk other than the root disk) instead of a loop device.
-    #[arg(long)]
-    pub dir: Option<PathBuf>,
-    /// Where the work directory (and the loop device's sparse backing file) goes.
-    #[arg(long)]
-    pub work_dir: Option<PathBuf>,
+    /// The disk under test.
+    #[command(flatten)]
+    pub disk: DiskArgs,
     /// Set a BFQ tunable of the test device for the whole run (repeatable), e.g. `low_latency=0`.
     #[arg(long = "bfq-set", value_name = "KEY=VALUE")]
     pub bfq_set: Vec<String>,
@@ -432,6 +495,50 @@ mod tests {
             panic!()
         };
         assert!(run.common.engine_config().unwrap_err().to_string().contains("levels[1].weight"));
+    }
+
+    #[test]
+    fn the_disk_is_throttled_by_default_and_loop_on_request() {
+        let work = Path::new("/w");
+        let Cmd::Run(run) = parse(&["run"]).command else { panic!() };
+        assert_eq!(run.common.disk.disk, DiskKind::Throttled);
+        let DiskSource::Throttled { dir, size, model } = run.common.disk.source(work, 2359).unwrap() else {
+            panic!("default: throttled")
+        };
+        assert_eq!((dir.as_path(), size, model), (work, throttled::image_size(2359), ThrottleModel::default()));
+
+        let Cmd::Run(run) = parse(&["run", "--disk-bps", "104857600", "--disk-iops", "800"]).command else { panic!() };
+        let DiskSource::Throttled { model, .. } = run.common.disk.source(work, 10).unwrap() else { panic!() };
+        assert_eq!(model, ThrottleModel { bytes_per_sec: 104_857_600, iops: 800 });
+        let Cmd::Run(run) = parse(&["run", "--disk-iops", "1"]).command else { panic!() };
+        let err = run.common.disk.source(work, 10).unwrap_err().to_string();
+        assert!(err.contains("--disk-iops") && err.contains("got 1"), "{err}");
+
+        let Cmd::Run(run) = parse(&["run", "--disk", "loop"]).command else { panic!() };
+        let DiskSource::Loop { dir, size } = run.common.disk.source(work, 2359).unwrap() else { panic!("loop") };
+        assert_eq!((dir.as_path(), size), (work, crate::app::loop_size(2359)));
+        let Cmd::Run(run) = parse(&["run", "--disk", "loop", "--disk-bps", "104857600"]).command else { panic!() };
+        let err = run.common.disk.source(work, 10).unwrap_err().to_string();
+        assert!(err.contains("need --disk throttled"), "{err}");
+
+        // An existing device or directory replaces the default; naming --disk beside them is a contradiction.
+        let Cmd::Run(run) = parse(&["run", "--device", "/dev/vdb", "--format"]).command else { panic!() };
+        let DiskSource::Device { path, format } = run.common.disk.source(work, 10).unwrap() else { panic!() };
+        assert_eq!((path, format), (PathBuf::from("/dev/vdb"), true));
+        let Cmd::Run(run) = parse(&["run", "--dir", "/mnt/x"]).command else { panic!() };
+        assert!(matches!(run.common.disk.source(work, 10).unwrap(), DiskSource::Dir(d) if d == Path::new("/mnt/x")));
+        for flags in [["--disk", "loop", "--device", "/dev/vdb"], ["--disk", "throttled", "--dir", "/mnt/x"]] {
+            let err = Cli::try_parse_from(["ddiskqos-bench", "run"].into_iter().chain(flags)).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict, "{flags:?}: {err}");
+        }
+        let err = Cli::try_parse_from(["ddiskqos-bench", "run", "--disk", "ram"]).unwrap_err().to_string();
+        assert!(err.contains("ram") && err.contains("throttled"), "{err}");
+
+        let Cmd::HoldDisk { disk, size_mib } = parse(&["hold-disk", "--disk", "throttled", "--size-mib", "64"]).command
+        else {
+            panic!()
+        };
+        assert_eq!((disk.disk, size_mib), (DiskKind::Throttled, 64));
     }
 
     #[test]

@@ -1,7 +1,9 @@
-//! The disk under test: by default a sparse file on the host disk, attached as a loop device with direct I/O (so
-//! reads reach the real disk), BFQ as its scheduler, and an ext4 file system mounted under the work directory.
-//! An existing block device (formatted only with `--format`) or an existing directory also works. Every step
-//! registers its undo in the [`Cleanup`] stack.
+//! The disk under test: by default (`--disk throttled`) a throttled device that does not touch the root disk: an
+//! image in a private tmpfs served by qemu-storage-daemon's throttle over FUSE ([`crate::throttled`]); or
+//! (`--disk loop`) a sparse file on the host disk. Either is attached as a loop device with direct I/O (so reads
+//! reach the device below, not the page cache), BFQ as its scheduler, and an ext4 file system mounted under the
+//! work directory. An existing block device (formatted only with `--format`) or an existing directory also works.
+//! Every step registers its undo in the [`Cleanup`] stack.
 //!
 //! Device facts and the writes to a device's queue come from the agent's library (`qos_agent::blockdev`): which
 //! disk a node or a path is on, its scheduler, the guarded scheduler switch and BFQ tunable writes (allowed for the
@@ -20,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cleanup::{Cleanup, Token};
 use crate::sys;
+use crate::throttled::{self, ThrottleModel};
 use crate::workload::BfqMode;
 
 /// Where the test files go.
@@ -31,6 +34,16 @@ pub enum DiskSource {
         dir: PathBuf,
         /// Size of the (sparse) backing file.
         size: u64,
+    },
+    /// An image of `size` bytes in a private tmpfs under `dir`, served through `model`'s throttle by
+    /// qemu-storage-daemon over FUSE, attached as a loop device.
+    Throttled {
+        /// Directory where the tmpfs is mounted (and the daemon's log goes).
+        dir: PathBuf,
+        /// Size of the image.
+        size: u64,
+        /// The throttle: bytes/s and IOPS.
+        model: ThrottleModel,
     },
     /// An existing, unmounted block device; formatted (ext4) only if `format` is set.
     Device {
@@ -46,7 +59,7 @@ pub enum DiskSource {
 /// The disk as the report records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiskInfo {
-    /// `loop`, `device` or `dir`.
+    /// `throttled`, `loop`, `device` or `dir`.
     pub kind: String,
     /// The block device the files live on, e.g. `/dev/loop3`.
     pub dev: PathBuf,
@@ -56,10 +69,25 @@ pub struct DiskInfo {
     pub maj_min: String,
     /// Directory holding the test files.
     pub files_dir: PathBuf,
-    /// The backing file of a loop device.
+    /// The backing file of a loop device (of a throttled disk: the FUSE export).
     pub backing: Option<PathBuf>,
     /// Size of the device in bytes.
     pub size: u64,
+    /// The device model of a throttled disk (absent in results before 2026-11-27).
+    #[serde(default)]
+    pub model: Option<ThrottleModel>,
+}
+
+impl DiskInfo {
+    /// What the disk is, in words, for the logs and the report.
+    pub fn describe(&self) -> String {
+        let what = match (&self.model, &self.backing) {
+            (Some(model), _) => model.to_string(),
+            (None, Some(backing)) => format!("sparse file {}", backing.display()),
+            (None, None) => String::new(),
+        };
+        format!("{} {} ({what})", self.kind, self.dev.display())
+    }
 }
 
 /// The prepared disk.
@@ -74,6 +102,8 @@ pub struct Disk {
     /// `--bfq-set` assignments, applied again when BFQ comes back after an io.cost mode (a new BFQ instance starts
     /// from its defaults).
     extra: Arc<Mutex<Vec<(String, String)>>>,
+    /// The qemu-storage-daemon serving a throttled disk.
+    pub daemon_pid: Option<u32>,
 }
 
 /// io.cost as an io.cost mode set it, read back from the v2 root's files.
@@ -106,7 +136,7 @@ impl Disk {
             }
             first_err.map_or(Ok(()), |e| Err(e.into()))
         });
-        Self { info, low_latency_base: Default::default(), originals, extra: Default::default() }
+        Self { info, low_latency_base: Default::default(), originals, extra: Default::default(), daemon_pid: None }
     }
 
     fn queue(&self) -> PathBuf {
@@ -308,13 +338,22 @@ pub fn ensure_iocost_possible(mode: BfqMode, root: &CgroupRoot) -> Result<()> {
     Ok(())
 }
 
-/// Sets up the disk described by `source` under `work` (a directory the caller owns and removes).
-pub fn prepare(source: &DiskSource, work: &Path, cleanup: &Cleanup) -> Result<Disk> {
-    match source {
-        DiskSource::Loop { dir, size } => prepare_loop(dir, *size, work, cleanup),
-        DiskSource::Device { path, format } => prepare_device(path, *format, work, cleanup),
-        DiskSource::Dir(dir) => prepare_dir(dir, cleanup),
-    }
+/// Sets up the disk described by `source` under `work` (a directory the caller owns and removes), and has `fill`
+/// write the test files into its (mounted) files directory.
+pub fn prepare<T>(
+    source: &DiskSource,
+    work: &Path,
+    cleanup: &Cleanup,
+    fill: impl FnOnce(&Path) -> Result<T>,
+) -> Result<(Disk, T)> {
+    let disk = match source {
+        DiskSource::Throttled { dir, size, model } => return prepare_throttled(dir, *size, model, work, cleanup, fill),
+        DiskSource::Loop { dir, size } => prepare_loop(dir, *size, work, cleanup)?,
+        DiskSource::Device { path, format } => prepare_device(path, *format, work, cleanup)?,
+        DiskSource::Dir(dir) => prepare_dir(dir, cleanup)?,
+    };
+    let filled = fill(&disk.info.files_dir)?;
+    Ok((disk, filled))
 }
 
 fn prepare_loop(dir: &Path, size: u64, work: &Path, cleanup: &Cleanup) -> Result<Disk> {
@@ -326,8 +365,85 @@ fn prepare_loop(dir: &Path, size: u64, work: &Path, cleanup: &Cleanup) -> Result
     });
     f.set_len(size).with_context(|| format!("cannot size {} to {size} bytes", backing.display()))?;
     drop(f);
+    let attached = attach_direct(&backing, false, cleanup)?;
+    mkfs(&attached.dev)?;
+    let files_dir = work.join("mnt");
+    mount(&attached.dev, &files_dir, "noatime", cleanup)?;
+    Ok(Disk::new(attached.info("loop", files_dir, &backing, size), cleanup))
+}
+
+/// The throttled disk, in two steps: the image is formatted and filled through a plain loop device on the tmpfs
+/// file (no qemu: see [`crate::throttled`] on why writes must not go through its FUSE export), then served read-only
+/// by qemu-storage-daemon's throttle, attached read-only with direct I/O and mounted read-only where it was filled.
+fn prepare_throttled<T>(
+    dir: &Path,
+    size: u64,
+    model: &ThrottleModel,
+    work: &Path,
+    cleanup: &Cleanup,
+    fill: impl FnOnce(&Path) -> Result<T>,
+) -> Result<(Disk, T)> {
+    eprintln!("disk: an image of {} MiB in RAM (tmpfs, filled as files are written), throttled to {model}", size >> 20);
+    let image = throttled::make_image(dir, size, cleanup)?;
+    let files_dir = work.join("mnt");
+    let filled = {
+        let path = image.path.to_string_lossy();
+        let dev = sys::run("losetup", &["--find", "--show", &path])?.trim().to_string();
+        if dev.is_empty() {
+            bail!("losetup printed no device for {path}");
+        }
+        let d = dev.clone();
+        let detach = cleanup.push(format!("detach {dev} (filling {path})"), move || detach_loop(&d));
+        let dev = PathBuf::from(dev);
+        mkfs(&dev)?;
+        let unmount = mount(&dev, &files_dir, "noatime", cleanup)?;
+        let filled = fill(&files_dir)?;
+        cleanup.run(unmount)?;
+        cleanup.run(detach)?;
+        filled
+    };
+    let served = throttled::serve(&image, model, dir, cleanup)?;
+    let attached = attach_direct(&served.export, true, cleanup)?;
+    mount(&attached.dev, &files_dir, "ro,noatime", cleanup)?;
+    let mut info = attached.info("throttled", files_dir, &served.export, size);
+    info.model = Some(*model);
+    let mut disk = Disk::new(info, cleanup);
+    disk.daemon_pid = Some(served.daemon_pid);
+    Ok((disk, filled))
+}
+
+/// A loop device attached by [`attach_direct`].
+struct Attached {
+    dev: PathBuf,
+    num: DevNum,
+    disk_name: String,
+}
+
+impl Attached {
+    fn info(self, kind: &str, files_dir: PathBuf, backing: &Path, size: u64) -> DiskInfo {
+        DiskInfo {
+            kind: kind.into(),
+            maj_min: self.num.to_string(),
+            dev: self.dev,
+            disk_name: self.disk_name,
+            files_dir,
+            backing: Some(backing.to_path_buf()),
+            size,
+            model: None,
+        }
+    }
+}
+
+/// Attaches `backing` as a loop device with direct I/O (checked: reads reach the device below, not the page
+/// cache), read-only if asked, and selects BFQ on it; each step's undo on `cleanup`.
+fn attach_direct(backing: &Path, read_only: bool, cleanup: &Cleanup) -> Result<Attached> {
     let backing_str = backing.to_string_lossy().into_owned();
-    let dev = sys::run("losetup", &["--find", "--show", "--direct-io=on", &backing_str])?.trim().to_string();
+    let mut args = vec!["--find", "--show", "--direct-io=on"];
+    if read_only {
+        args.push("--read-only");
+    }
+    args.push(&backing_str);
+    let dev = sys::run("losetup", &args)?.trim().to_string();
     if dev.is_empty() {
         bail!("losetup printed no device for {backing_str}");
     }
@@ -342,18 +458,7 @@ fn prepare_loop(dir: &Path, size: u64, work: &Path, cleanup: &Cleanup) -> Result
         bail!("{} did not enable direct I/O (loop/dio = {dio:?}): reads would hit the page cache", dev.display());
     }
     use_bfq(&disk_name, cleanup)?;
-    mkfs(&dev)?;
-    let files_dir = mount(&dev, work, cleanup)?;
-    let info = DiskInfo {
-        kind: "loop".into(),
-        maj_min: num.to_string(),
-        dev,
-        disk_name,
-        files_dir,
-        backing: Some(backing),
-        size,
-    };
-    Ok(Disk::new(info, cleanup))
+    Ok(Attached { dev, num, disk_name })
 }
 
 fn detach_loop(dev: &str) -> Result<()> {
@@ -386,7 +491,8 @@ fn prepare_device(path: &Path, format: bool, work: &Path, cleanup: &Cleanup) -> 
     }
     use_bfq(&disk_name, cleanup)?;
     mkfs(path)?;
-    let files_dir = mount(path, work, cleanup)?;
+    let files_dir = work.join("mnt");
+    mount(path, &files_dir, "noatime", cleanup)?;
     let size = sys::run("blockdev", &["--getsize64", &path.to_string_lossy()])?.trim().parse().unwrap_or(0);
     let info = DiskInfo {
         kind: "device".into(),
@@ -396,6 +502,7 @@ fn prepare_device(path: &Path, format: bool, work: &Path, cleanup: &Cleanup) -> 
         files_dir,
         backing: None,
         size,
+        model: None,
     };
     Ok(Disk::new(info, cleanup))
 }
@@ -424,6 +531,7 @@ fn prepare_dir(dir: &Path, cleanup: &Cleanup) -> Result<Disk> {
         files_dir,
         backing: None,
         size: 0,
+        model: None,
     };
     Ok(Disk::new(info, cleanup))
 }
@@ -450,16 +558,16 @@ fn mkfs(dev: &Path) -> Result<()> {
     Ok(())
 }
 
-fn mount(dev: &Path, work: &Path, cleanup: &Cleanup) -> Result<PathBuf> {
-    let mnt = work.join("mnt");
-    std::fs::create_dir_all(&mnt).with_context(|| format!("cannot create {}", mnt.display()))?;
-    sys::run("mount", &["-o", "noatime", &dev.to_string_lossy(), &mnt.to_string_lossy()])?;
-    let m = mnt.clone();
-    cleanup.push(format!("unmount {}", mnt.display()), move || unmount(&m));
-    Ok(mnt)
+/// Mounts `dev` at `mnt` (created if missing) with `options`; returns the token of its unmount on `cleanup`.
+fn mount(dev: &Path, mnt: &Path, options: &str, cleanup: &Cleanup) -> Result<Token> {
+    std::fs::create_dir_all(mnt).with_context(|| format!("cannot create {}", mnt.display()))?;
+    sys::run("mount", &["-o", options, &dev.to_string_lossy(), &mnt.to_string_lossy()])?;
+    let m = mnt.to_path_buf();
+    Ok(cleanup.push(format!("unmount {}", mnt.display()), move || unmount(&m)))
 }
 
-fn unmount(mnt: &Path) -> Result<()> {
+/// Unmounts `mnt`, retrying while it is busy, lazily at last.
+pub fn unmount(mnt: &Path) -> Result<()> {
     let m = mnt.to_string_lossy();
     for _ in 0..20 {
         if sys::run("umount", &[&m]).is_ok() {
@@ -546,7 +654,7 @@ mod tests {
         // /tmp is on the root disk on the test machines; elsewhere (tmpfs) it is not a block device at all.
         let dir = tempfile::tempdir().unwrap();
         let stack = Cleanup::new();
-        assert!(prepare(&DiskSource::Dir(dir.path().to_path_buf()), dir.path(), &stack).is_err());
+        assert!(prepare(&DiskSource::Dir(dir.path().to_path_buf()), dir.path(), &stack, |_| Ok(())).is_err());
         assert_eq!(stack.pending(), 0, "nothing may be registered when refusing");
     }
 
@@ -567,7 +675,8 @@ mod tests {
     #[test]
     fn a_device_needs_format_permission() {
         let stack = Cleanup::new();
-        let err = prepare(&DiskSource::Device { path: "/dev/null".into(), format: false }, Path::new("/tmp"), &stack);
+        let source = DiskSource::Device { path: "/dev/null".into(), format: false };
+        let err = prepare(&source, Path::new("/tmp"), &stack, |_| Ok(()));
         assert!(err.unwrap_err().to_string().contains("not a block device"));
     }
 }

@@ -6,7 +6,8 @@
 //!
 //! ## Layout
 //! - `cli`: flags; `app`: the `run` command end to end; `sweep`: the knob sweep.
-//! - `disk`, `files`, `cleanup`: the device, the test files, the undo stack (also on Ctrl-C).
+//! - `disk` (and `throttled`, the default device), `files`, `cleanup`: the device, the test files, the undo stack
+//!   (also on Ctrl-C).
 //! - `workload`: the experiments as data; `runner`: one BFQ mode; `runtime/`: cgroup, Docker and CRI (pod) readers.
 //! - `agent`: the shipped agent's daemon (`qos_agent::daemon::Daemon`) with the agent's own backends, driving the
 //!   weights; the bench only reads weight files.
@@ -28,6 +29,7 @@ mod session;
 mod stats;
 mod sweep;
 mod sys;
+mod throttled;
 mod workload;
 
 use std::process::ExitCode;
@@ -127,6 +129,10 @@ fn dispatch(cmd: Cmd) -> Result<()> {
             Ok(())
         }
         Cmd::Stream { cgroup, threads, path } => reader::stream(&path, cgroup.as_deref(), threads, reader::BLOCK),
+        Cmd::HoldDisk { disk, size_mib } => {
+            let _guard = cleanup::Guard::install();
+            app::hold_disk(&disk, size_mib, cleanup::Cleanup::global())
+        }
         Cmd::ExecIn { cgroup, argv } => reader::exec_in(&cgroup, &argv),
         Cmd::Spin { parent } => hogs::spin(parent),
     }

@@ -578,6 +578,9 @@ pub fn render(run: &RunReport) -> String {
         m.sample_interval_ms,
         m.runtime_reason,
     );
+    if m.disk.model.is_some() {
+        let _ = writeln!(out, "disk: {}", m.disk.describe());
+    }
     if !m.agent.is_empty() {
         let _ = writeln!(out, "agent: {}", m.agent);
     }

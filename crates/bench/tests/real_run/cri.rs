@@ -43,7 +43,7 @@ fn cri_run_weights_pod_cgroups_and_leaves_nothing() {
     let work = tempfile::tempdir_in("/var/tmp").expect("work dir");
     let out = work.path().join("out");
     let child = Command::new(BIN)
-        .args(["run", "--runtime", "cri", "--cri-socket"])
+        .args(["run", "--disk", "loop", "--runtime", "cri", "--cri-socket"])
         .arg(containerd.socket())
         .arg("--work-dir")
         .arg(work.path())
@@ -129,7 +129,7 @@ fn interrupted_cri_run_removes_its_pods() {
     let containerd = Containerd::start();
     let work = tempfile::tempdir_in("/var/tmp").expect("work dir");
     let child = Command::new(BIN)
-        .args(["run", "--runtime", "cri", "--cri-socket"])
+        .args(["run", "--disk", "loop", "--runtime", "cri", "--cri-socket"])
         .arg(containerd.socket())
         .arg("--work-dir")
         .arg(work.path())
