@@ -335,14 +335,8 @@ fn every_manifest_and_overlay_passes_the_kubernetes_schema() {
     let distinct: std::collections::BTreeSet<&String> = names.values().collect();
     assert_eq!(distinct.len(), names.len(), "configs differ, so must the generated names: {names:?}");
     // The oldest and the newest Kubernetes the manifests are for, strict: an unknown field is an error.
-    for version in ["1.28.0", "1.37.0"] {
-        let out = std::process::Command::new("kubernetes-validate")
-            .args(["--strict", "--kubernetes-version", version])
-            .args(&files)
-            .output()
-            .unwrap();
-        let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "kubernetes-validate {version}:\n{report}");
+    for version in KUBERNETES_VERSIONS {
+        let report = kubernetes_validate(version, &files);
         let passed = report.lines().filter(|l| l.contains(" passed for resource ")).count();
         assert_eq!(passed, 5 + 5 * targets.len(), "{version}: not every object validated:\n{report}");
     }
@@ -359,4 +353,20 @@ fn every_manifest_and_overlay_passes_the_kubernetes_schema() {
     let out = std::process::Command::new(program).args(&sub).arg(&copy).output().unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(!text.contains(&format!("ddiskqos-agent-{}", names["base"])), "config changed, name did not:\n{text}");
+}
+
+/// The oldest and the newest Kubernetes the manifests and the chart are for.
+pub(crate) const KUBERNETES_VERSIONS: [&str; 2] = ["1.28.0", "1.37.0"];
+
+/// `kubernetes-validate --strict` (an unknown field is an error) of `files` for Kubernetes `version`: its report;
+/// a failure fails the test with it.
+pub(crate) fn kubernetes_validate(version: &str, files: &[impl AsRef<std::ffi::OsStr>]) -> String {
+    let out = std::process::Command::new("kubernetes-validate")
+        .args(["--strict", "--kubernetes-version", version])
+        .args(files)
+        .output()
+        .unwrap_or_else(|e| panic!("kubernetes-validate: {e}"));
+    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "kubernetes-validate {version}:\n{report}");
+    report
 }
