@@ -197,12 +197,6 @@ pub fn hold_disk(args: &DiskArgs, size_mib: u64, cleanup: &'static Cleanup) -> R
     Ok(())
 }
 
-/// Size of the loop device for `total_mib` of files: 25 % and 512 MiB spare, whole GiB, at least 1 GiB.
-pub fn loop_size(total_mib: u64) -> u64 {
-    let mib = total_mib + total_mib / 4 + 512;
-    mib.div_ceil(1024).max(1) * (1 << 30)
-}
-
 /// The run configuration from the flags.
 pub fn run_config(common: &Common, plan: Plan, exp1: bool, exp2: bool) -> Result<RunConfig> {
     Ok(RunConfig {
@@ -392,20 +386,6 @@ pub fn finish(run: &RunReport, out: &Path) -> Result<()> {
         println!("chart: {} and {}", svg.display(), png.display());
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn loop_size_holds_the_files_with_room() {
-        assert_eq!(loop_size(0), 1 << 30);
-        let quick = Plan::quick().files().iter().map(|(_, s)| s).sum::<u64>() + 2048;
-        let size = loop_size(quick);
-        assert!(size >= (quick + quick / 4) << 20, "{size}");
-        assert_eq!(size % (1 << 30), 0);
-    }
 }
 
 /// `/run` where it is a tmpfs, else `/dev/shm`.

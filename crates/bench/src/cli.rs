@@ -189,7 +189,7 @@ impl DiskArgs {
             let model = ThrottleModel::new(self.disk_bps, self.disk_iops)?;
             DiskSource::Throttled { dir: work.to_path_buf(), size: throttled::image_size(files_mib), model }
         } else {
-            DiskSource::Loop { dir: work.to_path_buf(), size: crate::app::loop_size(files_mib) }
+            DiskSource::Loop { dir: work.to_path_buf(), size: crate::disk::loop_size(files_mib) }
         })
     }
 }
@@ -516,7 +516,7 @@ mod tests {
 
         let Cmd::Run(run) = parse(&["run", "--disk", "loop"]).command else { panic!() };
         let DiskSource::Loop { dir, size } = run.common.disk.source(work, 2359).unwrap() else { panic!("loop") };
-        assert_eq!((dir.as_path(), size), (work, crate::app::loop_size(2359)));
+        assert_eq!((dir.as_path(), size), (work, crate::disk::loop_size(2359)));
         let Cmd::Run(run) = parse(&["run", "--disk", "loop", "--disk-bps", "104857600"]).command else { panic!() };
         let err = run.common.disk.source(work, 10).unwrap_err().to_string();
         assert!(err.contains("need --disk throttled"), "{err}");

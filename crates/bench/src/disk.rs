@@ -563,20 +563,13 @@ fn mount(dev: &Path, mnt: &Path, options: &str, cleanup: &Cleanup) -> Result<Tok
     std::fs::create_dir_all(mnt).with_context(|| format!("cannot create {}", mnt.display()))?;
     sys::run("mount", &["-o", options, &dev.to_string_lossy(), &mnt.to_string_lossy()])?;
     let m = mnt.to_path_buf();
-    Ok(cleanup.push(format!("unmount {}", mnt.display()), move || unmount(&m)))
+    Ok(cleanup.push(format!("unmount {}", mnt.display()), move || sys::unmount(&m)))
 }
 
-/// Unmounts `mnt`, retrying while it is busy, lazily at last.
-pub fn unmount(mnt: &Path) -> Result<()> {
-    let m = mnt.to_string_lossy();
-    for _ in 0..20 {
-        if sys::run("umount", &[&m]).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    // Still busy (a straggler process): detach it lazily so the loop device can go.
-    sys::run("umount", &["-l", &m]).map(|_| ())
+/// Size of the loop device for `total_mib` of files: 25 % and 512 MiB spare, whole GiB, at least 1 GiB.
+pub fn loop_size(total_mib: u64) -> u64 {
+    let mib = total_mib + total_mib / 4 + 512;
+    mib.div_ceil(1024).max(1) * (1 << 30)
 }
 
 /// Refuses to touch a disk the agent's library protects (the one backing `/`, and the disks under it), before
@@ -631,6 +624,15 @@ fn parse_inflight(text: &str) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loop_size_holds_the_files_with_room() {
+        assert_eq!(loop_size(0), 1 << 30);
+        let quick = crate::workload::Plan::quick().files().iter().map(|(_, s)| s).sum::<u64>() + 2048;
+        let size = loop_size(quick);
+        assert!(size >= (quick + quick / 4) << 20, "{size}");
+        assert_eq!(size % (1 << 30), 0);
+    }
 
     #[test]
     fn inflight_is_the_sum_of_reads_and_writes() {

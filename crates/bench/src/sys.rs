@@ -86,6 +86,19 @@ pub fn patience(limit: std::time::Duration) -> std::time::Duration {
     limit * scale.filter(|n| (1..=100).contains(n)).unwrap_or(1)
 }
 
+/// Unmounts `mnt`, retrying while it is busy, lazily at last.
+pub fn unmount(mnt: &Path) -> Result<()> {
+    let m = mnt.to_string_lossy();
+    for _ in 0..20 {
+        if run("umount", &[&m]).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // Still busy (a straggler process): detach it lazily so the loop device can go.
+    run("umount", &["-l", &m]).map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

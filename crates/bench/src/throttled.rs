@@ -208,7 +208,7 @@ pub fn make_image(dir: &Path, size: u64, cleanup: &Cleanup) -> Result<Image> {
     let m = mnt.to_string_lossy().into_owned();
     sys::run("mount", &["-t", "tmpfs", "-o", &format!("size={tmpfs},mode=0700"), "tmpfs", &m])?;
     let mp = mnt.clone();
-    cleanup.push(format!("unmount the tmpfs {}", mnt.display()), move || crate::disk::unmount(&mp));
+    cleanup.push(format!("unmount the tmpfs {}", mnt.display()), move || sys::unmount(&mp));
 
     let image = mnt.join("image.raw");
     let f = std::fs::File::create(&image).with_context(|| format!("cannot create {}", image.display()))?;
@@ -293,7 +293,7 @@ fn stop_daemon(child: &mut Child, export: &Path) -> Result<()> {
     while is_mounted(export, None)? {
         if t0.elapsed() > limit {
             eprintln!("{} still mounted after {DAEMON} exited: unmounting it", export.display());
-            return crate::disk::unmount(export);
+            return sys::unmount(export);
         }
         std::thread::sleep(Duration::from_millis(20));
     }
