@@ -23,13 +23,9 @@ while [ $# -gt 0 ]; do
 done
 case $revision in '' | *[!0-9]*) echo "build-deb: --revision '$revision' is not a number" >&2; exit 2 ;; esac
 target=x86_64-unknown-linux-gnu
-out=${CARGO_TARGET_DIR:-target}/$target/ship
-if [ "$build" = yes ]; then
-  RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-    cargo build --profile ship --locked -p qos-agent --bin ddiskqos-agent --target "$target"
-fi
-bin=$out/ddiskqos-agent
-[ -x "$bin" ] || { echo "build-deb: no binary at $bin (build it, or drop --no-build)" >&2; exit 1; }
+# The static ship build (scripts/build-ship.sh, the DaemonSet image's binary too).
+bin=$(bash scripts/build-ship.sh $([ "$build" = yes ] || echo --no-build))
+out=$(dirname "$bin")
 if ! command -v cargo-deb >/dev/null 2>&1; then
   cargo install cargo-deb --locked --version 3.8.0
 fi

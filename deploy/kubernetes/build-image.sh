@@ -14,15 +14,8 @@ version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' Ca
 [ -n "$version" ] || { echo "build-image: no [workspace.package] version in Cargo.toml" >&2; exit 1; }
 tag=${1:-ddiskqos-agent:$version}
 alias_latest=$([ $# -eq 0 ] && echo yes || true)
-target=x86_64-unknown-linux-gnu
-RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-  cargo build --profile ship --locked -p qos-agent --bin ddiskqos-agent --target "$target"
-bin=${CARGO_TARGET_DIR:-target}/$target/ship/ddiskqos-agent
-# Static: no interpreter, no shared libraries.
-if file "$bin" 2>/dev/null | grep -q 'dynamically linked'; then
-  echo "build-image: $bin is not static" >&2
-  exit 1
-fi
+# The static ship build (scripts/build-ship.sh, the package's binary too).
+bin=$(bash scripts/build-ship.sh)
 root=$(mktemp -d)
 trap 'rm -rf "$root"' EXIT
 install -m 0755 "$bin" "$root/ddiskqos-agent"
