@@ -3,7 +3,7 @@
 #   scripts/build-deb.sh [--revision N] [--no-build] [--lintian]
 # The binary is the `ship` build (release without debug info, stripped, statically linked: the one the
 # DaemonSet's image carries, deploy/kubernetes/build-image.sh), so the package depends on no shared library.
-# Needs cargo-deb (`cargo install cargo-deb --locked`; installed here when missing). --no-build packages a
+# Needs cargo-deb (scripts/install-cargo-deb.sh installs it here when missing). --no-build packages a
 # binary built before (CI builds it once for the image and the package). Also written beside the package: the
 # unit with the package's paths, the shell completions and the man pages, generated from the binary.
 # --lintian: check the package with Debian's lintian (must be installed) and fail on any error or warning that
@@ -26,9 +26,7 @@ target=x86_64-unknown-linux-gnu
 # The static ship build (scripts/build-ship.sh, the DaemonSet image's binary too).
 bin=$(bash scripts/build-ship.sh $([ "$build" = yes ] || echo --no-build))
 out=$(dirname "$bin")
-if ! command -v cargo-deb >/dev/null 2>&1; then
-  cargo install cargo-deb --locked --version 3.8.0
-fi
+bash scripts/install-cargo-deb.sh >&2
 # The generated assets (Cargo.toml's [package.metadata.deb] names them under target/release/deb/, which
 # cargo-deb maps to this build's directory).
 gen=$out/deb

@@ -11,10 +11,12 @@ T0=$(date +%s)
 phase() { echo "scripts/test.sh: [$(( ($(date +%s) - T0) / 60 )) min $(( ($(date +%s) - T0) % 60 )) s] $*" >&2; }
 phase "the module import graph (no cycle in any crate)"
 python3 scripts/check-module-graph.py --self-test crates/*/src
-# helm for the Helm chart's tests (tests/all/helm_chart.rs), built with `go install` when missing: minutes on this
-# machine kind, so at idle CPU priority beside the set-up and the build below; waited for before the host pass runs.
+# The tools some tests need, built when missing: cargo-deb for the Debian packages (`cargo install`; the image's
+# job below waits for it) and helm for the Helm chart's tests (tests/all/helm_chart.rs, `go install`): minutes each
+# on this machine kind, so at idle CPU priority beside the set-up, the build and the host pass below; the chart's
+# tests run after the host pass.
 HELM_LOG=$(mktemp)
-chrt -i 0 nice -n 19 bash scripts/install-helm.sh > "$HELM_LOG" 2>&1 &
+chrt -i 0 nice -n 19 bash -c 'bash scripts/install-cargo-deb.sh && bash scripts/install-helm.sh' > "$HELM_LOG" 2>&1 &
 HELM_PID=$!
 trap 'kill $HELM_PID 2>/dev/null || true' EXIT
 phase "host set-up"
@@ -53,16 +55,6 @@ export PATH="/usr/bin:$PATH"   # Debian's docker CLI, matching the daemon
 HOST_TARGETS=(--workspace --lib --bins --tests --examples --locked)
 phase "the host pass: build"
 BUILT=$(cargo test "${HOST_TARGETS[@]}" --no-run --message-format=json-render-diagnostics)
-# helm first (the host pass needs it; the image only for deploy_real, after it): alone on the CPU now if not done.
-phase "waiting for helm"
-if ! wait "$HELM_PID"; then
-  cat "$HELM_LOG" >&2
-  echo "scripts/test.sh: installing helm failed" >&2
-  exit 1
-fi
-HELM_PID=""
-tail -n 1 "$HELM_LOG" >&2
-rm -f "$HELM_LOG"
 # The DaemonSet's image (a static agent alone in an image), as an operator builds it: deploy_real runs it as a pod,
 # on the host after the rest of the host pass and in the guest. Its release build runs at idle CPU priority while
 # the host pass runs its tests, most of which wait on Docker, containerd and the devices; a failure fails here.
@@ -77,7 +69,18 @@ phase "the host pass: run (the DaemonSet's image builds beside it)"
 # --no-fail-fast: one run reports every failing binary. The cgroup-v2 modules need the v2 test bed and run below,
 # in it; deploy_real needs the image and runs once it is built.
 cargo test "${HOST_TARGETS[@]}" --no-fail-fast -- --include-ignored --skip v2_real:: --skip systemd_real:: \
-  --skip deploy_real::
+  --skip deploy_real:: --skip helm_chart::
+phase "waiting for cargo-deb and helm"
+if ! wait "$HELM_PID"; then
+  cat "$HELM_LOG" >&2
+  echo "scripts/test.sh: installing cargo-deb or helm failed" >&2
+  exit 1
+fi
+HELM_PID=""
+grep -E '^install-' "$HELM_LOG" >&2 || tail -n 2 "$HELM_LOG" >&2
+rm -f "$HELM_LOG"
+phase "the host pass: the Helm chart (helm renders, lints; kubernetes-validate)"
+cargo test "${HOST_TARGETS[@]}" -- --include-ignored helm_chart::
 phase "waiting for the DaemonSet's image and the Debian packages"
 if ! wait "$IMAGE_PID"; then
   cat "$IMAGE_LOG" >&2
