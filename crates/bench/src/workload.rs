@@ -27,7 +27,8 @@ pub enum BfqMode {
     #[serde(rename = "strict-tuned")]
     StrictTuned,
     /// What the shipped agent makes of a BFQ device by default (`[devices] protect = "auto"`, the test disk as its
-    /// managed device): BFQ's defaults with a shallow request queue (`nr_requests=4`), set by the agent's own code
+    /// managed device): BFQ's defaults with a shallow request queue of small requests (`nr_requests=4`,
+    /// `max_sectors_kb` at most 128), set by the agent's own code
     /// (`qos_agent::blockdev::protect`) at its start, so the mode's Alone and Original run with it too; judged
     /// also against the `default` mode's Original, the host as it was.
     Protect,
@@ -52,7 +53,9 @@ impl BfqMode {
             BfqMode::Strict => "BFQ strict_guarantees=1",
             BfqMode::StrictNoLowLatency => "BFQ strict_guarantees=1 + low_latency=0",
             BfqMode::StrictTuned => "BFQ strict_guarantees=1 + agent's bfq_tunables max_budget=256 timeout_sync=8",
-            BfqMode::Protect => "BFQ as the agent protects it by default (nr_requests=4, BFQ's tunables as found)",
+            BfqMode::Protect => {
+                "BFQ as the agent protects it by default (nr_requests=4, max_sectors_kb<=128, BFQ's tunables as found)"
+            }
             BfqMode::IocostKernel => "io.cost, kernel's model (scheduler none)",
             BfqMode::IocostCalibrated => "io.cost, calibrated model (scheduler none)",
         }
@@ -92,13 +95,14 @@ impl BfqMode {
     }
 
     /// What the device must read once the agent started in this mode (its set-up read back; a mode that measured
-    /// the device as found would report a wrong figure): the BFQ tunables and queue settings, by name.
-    pub fn expected_settings(self) -> Vec<(&'static str, &'static str)> {
+    /// the device as found would report a wrong figure): the BFQ tunables and queue settings, by name, for a
+    /// device whose `queue/max_sectors_kb` read `max_sectors_kb_found` before the agent's start.
+    pub fn expected_settings(self, max_sectors_kb_found: Option<u32>) -> Vec<(&'static str, String)> {
         match self {
-            BfqMode::Protect => qos_agent::blockdev::protect::BFQ_SETTINGS.to_vec(),
+            BfqMode::Protect => qos_agent::blockdev::protect::bfq_settings_for(max_sectors_kb_found),
             BfqMode::StrictTuned => {
-                let mut out = vec![("strict_guarantees", "1")];
-                out.extend_from_slice(self.agent_tunables());
+                let mut out = vec![("strict_guarantees", "1".to_string())];
+                out.extend(self.agent_tunables().iter().map(|(k, v)| (*k, v.to_string())));
                 out
             }
             _ => Vec::new(),

@@ -8,15 +8,19 @@
 //! a managed device as it is; `protect = "off"` leaves every device.
 //!
 //! **What is set** ([`plan_in`]):
-//! - the scheduler is BFQ: a shallow request queue ([`BFQ_SETTINGS`]: `queue/nr_requests = 4`, BFQ's own tunables
-//!   left as they are). A big reader then holds at most four requests, so a small reader's request waits behind a
-//!   few requests, not behind the big reader's 32 or 256 in the device, and BFQ's weights pick it next. Measured
-//!   (2026-11-26, loop device, v1; `crates/bench/results/2026-11-26/slots-*`): a 1 MiB read every 50 ms beside a
-//!   QD32 sequential reader took 3.3 ms (max 7-10 ms) against 61-69 ms as found, and the big reader kept its
-//!   throughput (92-105 %); BFQ's `strict_guarantees` protected as well but cost the big reader 14-42 %, and
-//!   the short slots without it (`max_budget=256 timeout_sync=8`) made the small reader wait 380 ms;
-//! - cgroup v1, another scheduler, BFQ available: the scheduler is switched to BFQ, then the same settings;
-//! - cgroup v1, another scheduler, BFQ available: the scheduler is switched to BFQ, then the same settings;
+//! - the scheduler is BFQ: a shallow request queue of small requests ([`bfq_settings_for`]: `queue/nr_requests =
+//!   4` and `queue/max_sectors_kb` at most [`MAX_REQUEST_KB`], BFQ's own tunables left as they are). A big reader
+//!   then holds at most four requests of at most 128 KiB in the device, so a small reader's request waits behind
+//!   about 512 KiB, not behind the big reader's 32 or 256 requests of up to 1.25 MiB, and BFQ's weights pick it
+//!   next. Measured (2026-11-26, loop device, v1; `crates/bench/results/2026-11-26/slots-*`): `nr_requests = 4`
+//!   alone took a 1 MiB read every 50 ms beside a QD32 sequential reader from 61-69 ms as found to 3.3 ms, the big
+//!   reader keeping its throughput (92-105 %); BFQ's `strict_guarantees` protected as well but cost the big reader
+//!   14-42 %, and the short slots without it (`max_budget=256 timeout_sync=8`) made the small reader wait 380 ms.
+//!   On a device whose requests take longer (2026-11-27, the bench's throttled disk, 150 MiB/s: a 1.25 MiB
+//!   request costs 8 ms there; `crates/bench/results/2026-11-27/depth-*`), four requests of the found 1280 KiB
+//!   still left a new container's 1 MiB read 28-42 ms (mean of 30; Docker's nested layout) and requests of at most
+//!   128 KiB brought it to 17-19 ms (p50 13), the big reader at the same 152 MiB/s (128 KiB requests need 1,200
+//!   IOPS at 150 MiB/s);
 //! - cgroup v2, another scheduler: io.cost enabled with a model measured from the device at start
 //!   ([`super::iocost::measure`], reads only, about 4 s) and a latency target from its lone-read latency; a
 //!   device with io.cost already enabled (the operator's model) is left as it is;
@@ -31,13 +35,32 @@ use std::path::Path;
 
 use super::iocost::{self, IO_COST_MODEL, IO_COST_QOS};
 use super::setting::devnum_in;
-pub use super::setting::{line_has_all, queue_file, Setting, NR_REQUESTS, SCHEDULER};
+use super::setting::read_tunable;
+pub use super::setting::{line_has_all, queue_file, Setting, MAX_SECTORS_KB, NR_REQUESTS, SCHEDULER};
 use super::{scheduler_in, validate_name, DevNum, Result};
 use crate::config::{DevicesConfig, ProtectMode};
 
-/// The settings protection makes on a BFQ device, in the order written (and put back in reverse): keys are BFQ
-/// tunables or [`NR_REQUESTS`].
-pub const BFQ_SETTINGS: [(&str, &str); 1] = [(NR_REQUESTS, "4")];
+/// The request queue's depth protection gives a BFQ device (`queue/nr_requests`; 4 is the kernel's least).
+pub const QUEUE_DEPTH: u32 = 4;
+/// The largest request protection leaves a BFQ device, in KiB (`queue/max_sectors_kb`): a device whose requests
+/// are already at most this big keeps its value.
+pub const MAX_REQUEST_KB: u32 = 128;
+
+/// The settings protection makes on a BFQ device whose `queue/max_sectors_kb` reads `max_sectors_kb_found`, in the
+/// order written (and put back in reverse): [`NR_REQUESTS`] = [`QUEUE_DEPTH`], then [`MAX_SECTORS_KB`] =
+/// [`MAX_REQUEST_KB`] where the device's requests may be bigger (an unreadable value is left as it is).
+pub fn bfq_settings_for(max_sectors_kb_found: Option<u32>) -> Vec<(&'static str, String)> {
+    let mut out = vec![(NR_REQUESTS, QUEUE_DEPTH.to_string())];
+    if max_sectors_kb_found.is_some_and(|kb| kb > MAX_REQUEST_KB) {
+        out.push((MAX_SECTORS_KB, MAX_REQUEST_KB.to_string()));
+    }
+    out
+}
+
+/// [`bfq_settings_for`] device `name` of the fake or real `sys` as it reads now.
+pub fn bfq_settings_in(sys: &Path, name: &str) -> Vec<(&'static str, String)> {
+    bfq_settings_for(read_tunable(sys, name, MAX_SECTORS_KB).ok().and_then(|v| v.parse().ok()))
+}
 
 /// How long each of the io.cost calibration's three loads runs at start (and the lone-read latency up to this).
 pub const IOCOST_SECONDS: u64 = 1;
@@ -66,10 +89,13 @@ pub fn managed(cfg: &DevicesConfig, runtime_disks: impl Iterator<Item = (String,
 /// What protection does to one managed device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// BFQ with a shallow request queue ([`BFQ_SETTINGS`]), after switching the scheduler from the one named, if any.
+    /// BFQ with a shallow request queue of small requests ([`bfq_settings_for`]), after switching the scheduler
+    /// from the one named, if any.
     Bfq {
         /// The scheduler it had, when it is switched to BFQ first (cgroup v1).
         switch_from: Option<String>,
+        /// The queue settings, in the order written.
+        settings: Vec<(&'static str, String)>,
     },
     /// io.cost with a model measured from the device (cgroup v2, BFQ not the scheduler).
     IoCost {
@@ -94,27 +120,32 @@ pub struct Planned {
 impl Planned {
     /// The settings of a [`Decision::Bfq`] (none for the others: io.cost's need the measurement first).
     pub fn bfq_settings(&self) -> Vec<Setting> {
-        let Decision::Bfq { switch_from } = &self.decision else { return Vec::new() };
+        let Decision::Bfq { switch_from, settings } = &self.decision else { return Vec::new() };
         let setting =
             |key: &str, value: &str| Setting { device: self.device.clone(), key: key.into(), value: value.into() };
         let mut out = Vec::new();
         if switch_from.is_some() {
             out.push(setting(SCHEDULER, "bfq"));
         }
-        out.extend(BFQ_SETTINGS.iter().map(|(k, v)| setting(k, v)));
+        out.extend(settings.iter().map(|(k, v)| setting(k, v)));
         out
     }
 
     /// One line for the log and `check-config`.
     pub fn describe(&self) -> String {
-        let settings = BFQ_SETTINGS.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
+        let words = |settings: &[(&str, String)]| {
+            settings.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+        };
         match &self.decision {
-            Decision::Bfq { switch_from: None } => {
+            Decision::Bfq { switch_from: None, settings } => {
+                let settings = words(settings);
                 format!("{}: BFQ with {settings} (protect; restored at stop) [{}]", self.device, self.why)
             }
-            Decision::Bfq { switch_from: Some(from) } => format!(
-                "{}: scheduler {from} -> bfq, then BFQ with {settings} (protect; restored at stop) [{}]",
-                self.device, self.why
+            Decision::Bfq { switch_from: Some(from), settings } => format!(
+                "{}: scheduler {from} -> bfq, then BFQ with {} (protect; restored at stop) [{}]",
+                self.device,
+                words(settings),
+                self.why
             ),
             Decision::IoCost { dev } => format!(
                 "{}: io.cost enabled for {dev} with a model measured at start (protect; restored at stop) [{}]",
@@ -163,7 +194,7 @@ fn decide(
     match protected {
         Err(e) => return leave(format!("cannot tell which disk backs /, so no device is changed: {e}")),
         Ok(p) if p.iter().any(|d| d == name) => {
-            let settings = BFQ_SETTINGS
+            let settings = bfq_settings_in(sys, name)
                 .iter()
                 .map(|(k, v)| format!("echo {v} > /sys/block/{name}/queue/{}", queue_file(k).display()))
                 .collect::<Vec<_>>()
@@ -184,7 +215,7 @@ fn decide(
         Err(e) => return leave(format!("cannot read its scheduler: {e}")),
     };
     if s.active == "bfq" {
-        return Decision::Bfq { switch_from: None };
+        return Decision::Bfq { switch_from: None, settings: bfq_settings_in(sys, name) };
     }
     if let Some(v2) = v2_root {
         let dev = match devnum_in(sys, name) {
@@ -203,7 +234,7 @@ fn decide(
         };
     }
     if s.available.iter().any(|a| a == "bfq") {
-        return Decision::Bfq { switch_from: Some(s.active) };
+        return Decision::Bfq { switch_from: Some(s.active), settings: bfq_settings_in(sys, name) };
     }
     leave(format!("its scheduler is {} and bfq is not available (`modprobe bfq`, then restart the agent)", s.active))
 }

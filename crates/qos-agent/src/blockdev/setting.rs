@@ -1,5 +1,5 @@
 //! One device setting, read, written through the guard and put back: a BFQ tunable, the queue's depth
-//! ([`NR_REQUESTS`]), the scheduler ([`SCHEDULER`]) or an io.cost line. What protection plans
+//! ([`NR_REQUESTS`]) or largest request ([`MAX_SECTORS_KB`]), the scheduler ([`SCHEDULER`]) or an io.cost line. What protection plans
 //! ([`super::protect`]) and what the operator's tunables name ([`super::tune`]) are both made of these.
 
 use std::path::Path;
@@ -11,11 +11,18 @@ use super::{scheduler_in, validate_name, DevNum, DeviceError, Result};
 /// The key of the queue's depth (`/sys/block/NAME/queue/nr_requests`, not a BFQ tunable) among the settings.
 pub const NR_REQUESTS: &str = "nr_requests";
 
-/// Where setting `key` of a BFQ device lives, relative to its queue directory: `nr_requests`, or
+/// The key of the largest request the block layer makes (`/sys/block/NAME/queue/max_sectors_kb`, in KiB; bigger
+/// reads and writes are split) among the settings.
+pub const MAX_SECTORS_KB: &str = "max_sectors_kb";
+
+/// The settings that are files of the queue directory itself, not BFQ tunables.
+pub const QUEUE_FILES: [&str; 2] = [NR_REQUESTS, MAX_SECTORS_KB];
+
+/// Where setting `key` of a BFQ device lives, relative to its queue directory: one of [`QUEUE_FILES`], or
 /// `iosched/<key>` for a BFQ tunable.
 pub fn queue_file(key: &str) -> std::path::PathBuf {
-    if key == NR_REQUESTS {
-        NR_REQUESTS.into()
+    if QUEUE_FILES.contains(&key) {
+        key.into()
     } else {
         Path::new("iosched").join(key)
     }
@@ -105,8 +112,8 @@ pub(crate) fn write_setting(
         }
         return Ok(old);
     }
-    if key == NR_REQUESTS {
-        return set_queue_file_in(sys, mountinfo, device, Path::new(NR_REQUESTS), value, allowed);
+    if QUEUE_FILES.contains(&key) {
+        return set_queue_file_in(sys, mountinfo, device, Path::new(key), value, allowed);
     }
     set_bfq_tunable_in(sys, mountinfo, device, key, value, allowed)
 }
@@ -136,7 +143,7 @@ pub(crate) fn restore_setting(
     write_setting(sys, mountinfo, v2_root, device, key, original, allowed)
 }
 
-/// What setting `key` (a BFQ tunable, or [`NR_REQUESTS`]) of `device` reads now.
+/// What setting `key` (a BFQ tunable, or one of [`QUEUE_FILES`]) of `device` reads now.
 pub(super) fn read_tunable(sys: &Path, device: &str, key: &str) -> Result<String, DeviceError> {
     let path = super::queue_dir(sys, device).join(queue_file(key));
     std::fs::read_to_string(&path).map(|s| s.trim().to_string()).map_err(|source| DeviceError::Io {

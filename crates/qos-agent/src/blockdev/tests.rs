@@ -344,8 +344,8 @@ fn decisions(plan: &[protect::Planned]) -> Vec<(String, String)> {
     plan.iter()
         .map(|p| {
             let d = match &p.decision {
-                protect::Decision::Bfq { switch_from: None } => "bfq".to_string(),
-                protect::Decision::Bfq { switch_from: Some(f) } => format!("switch from {f}, bfq"),
+                protect::Decision::Bfq { switch_from: None, .. } => "bfq".to_string(),
+                protect::Decision::Bfq { switch_from: Some(f), .. } => format!("switch from {f}, bfq"),
                 protect::Decision::IoCost { dev } => format!("io.cost {dev}"),
                 protect::Decision::Leave(why) => format!("leave: {why}"),
             };
@@ -417,6 +417,58 @@ fn protect_plans_per_device_from_what_it_finds_and_never_the_root_disk() {
     assert!(leave(&cfg, &unknown).contains("cannot tell which disk backs /"));
     // A device that does not exist is left, with why.
     assert!(decisions(&protect::plan_in(s, &root, None, &cfg, &managed(&["sdz"])))[0].1.contains("cannot read its"));
+}
+
+#[test]
+fn protect_caps_the_request_size_where_requests_may_be_bigger_and_puts_it_back() {
+    let sys = fake_sys_protect();
+    let s = sys.path();
+    let max_kb =
+        |dev: &str| fs::read_to_string(s.join("devices/block").join(dev).join("queue/max_sectors_kb")).unwrap();
+    fs::write(s.join("devices/block/loop3/queue/max_sectors_kb"), "1280\n").unwrap();
+    fs::write(s.join("devices/block/vda/queue/max_sectors_kb"), "1280\n").unwrap();
+    let root: std::result::Result<Vec<String>, String> = Ok(vec!["vda".into()]);
+    let plan = protect::plan_in(s, &root, None, &Default::default(), &managed(&["loop3", "vda"]));
+    let settings: Vec<protect::Setting> = plan.iter().flat_map(|p| p.bfq_settings()).collect();
+    assert_eq!(
+        settings.iter().map(|x| (x.device.as_str(), x.key.as_str(), x.value.as_str())).collect::<Vec<_>>(),
+        [("loop3", "nr_requests", "4"), ("loop3", "max_sectors_kb", "128")]
+    );
+    assert!(plan[0].describe().contains("loop3: BFQ with nr_requests=4 max_sectors_kb=128"), "{}", plan[0].describe());
+    assert!(
+        decisions(&plan)[1].1.contains("echo 128 > /sys/block/vda/queue/max_sectors_kb"),
+        "the root disk's advice names it too: {plan:?}"
+    );
+    let state = tempfile::tempdir().unwrap();
+    let file = tune::originals_path(&state.path().join("state.json"));
+    let mut tuned = tune::TunedDevices::apply_all_adopting_in(
+        s,
+        ROOT_ON_VDA,
+        None,
+        &Default::default(),
+        &settings,
+        &[],
+        Some(&file),
+    )
+    .unwrap();
+    assert_eq!((nr_requests(s, "loop3").as_str(), max_kb("loop3").trim()), ("4", "128"));
+    assert_eq!(max_kb("vda").trim(), "1280", "vda untouched");
+    let on_disk: serde_json::Value = serde_json::from_str(&fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(on_disk["loop3"]["max_sectors_kb"], "1280", "{on_disk}");
+    let rows = tuned.view(Vec::new()).read_back();
+    assert!(rows.iter().any(|r| r.setting == "max_sectors_kb" && r.original == "1280" && r.as_set()), "{rows:?}");
+    assert_eq!(tuned.restore(), 0, "no restore failure");
+    assert_eq!((nr_requests(s, "loop3").as_str(), max_kb("loop3").trim()), ("256", "1280"), "both put back");
+
+    // Requests already at most 128 KiB (or a value that does not read as a number): left as they are.
+    for found in ["128", "64", "junk"] {
+        fs::write(s.join("devices/block/loop3/queue/max_sectors_kb"), format!("{found}\n")).unwrap();
+        let plan = protect::plan_in(s, &root, None, &Default::default(), &managed(&["loop3"]));
+        let keys: Vec<String> = plan[0].bfq_settings().into_iter().map(|x| x.key).collect();
+        assert_eq!(keys, ["nr_requests"], "max_sectors_kb {found}");
+    }
+    assert_eq!(protect::bfq_settings_for(Some(129)).len(), 2);
+    assert_eq!(protect::bfq_settings_for(None).len(), 1);
 }
 
 #[test]
@@ -531,7 +583,8 @@ fn protect_never_writes_the_root_disk_and_a_failing_device_does_not_stop_the_oth
     // list of three, protection's and two BFQ tunables, shows the order: loop3's second setting fails (its file is
     // gone), the first is kept and restored, the third skipped.
     let setting = |dev: &str, k: &str, v: &str| protect::Setting { device: dev.into(), key: k.into(), value: v.into() };
-    let mut settings: Vec<protect::Setting> = protect::BFQ_SETTINGS.iter().map(|(k, v)| setting("vda", k, v)).collect();
+    let mut settings: Vec<protect::Setting> =
+        protect::bfq_settings_for(Some(1280)).iter().map(|(k, v)| setting("vda", k, v)).collect();
     settings.extend([
         setting("loop3", protect::NR_REQUESTS, "4"),
         setting("loop3", "max_budget", "256"),

@@ -1175,7 +1175,8 @@ fn protection_by_default_enables_io_cost_where_bfq_is_not_the_scheduler_and_puts
     let tunable =
         |key: &str| read(Path::new(&format!("/sys/block/{}/queue/iosched/{key}", bfq.name))).trim().to_string();
     let depth = || read(Path::new(&format!("/sys/block/{}/queue/nr_requests", bfq.name))).trim().to_string();
-    let (budget0, depth0) = (tunable("max_budget"), depth());
+    let size = || read(Path::new(&format!("/sys/block/{}/queue/max_sectors_kb", bfq.name))).trim().to_string();
+    let (budget0, depth0, size0) = (tunable("max_budget"), depth(), size());
     let rel = format!("ddiskqos-protect-{}", std::process::id());
     let parent = Path::new(CGROUP).join(&rel);
     std::fs::create_dir(&parent).unwrap();
@@ -1208,6 +1209,11 @@ fn protection_by_default_enables_io_cost_where_bfq_is_not_the_scheduler_and_puts
     let model = root_line("io.cost.model", &cost.num).unwrap_or_default();
     assert!(model.contains("ctrl=user") && model.contains("model=linear"), "{model}");
     assert_eq!(depth(), "4", "the BFQ device's queue made shallow");
+    let size_set: u32 = size().parse().unwrap();
+    assert!(
+        size_set <= 128 && (size_set == 128 || size_set.to_string() == size0),
+        "max_sectors_kb {size_set}, was {size0}"
+    );
     assert_eq!(tunable("max_budget"), budget0, "BFQ's tunables left as they are");
     let st = status_json(&socket);
     let row =
@@ -1222,5 +1228,6 @@ fn protection_by_default_enables_io_cost_where_bfq_is_not_the_scheduler_and_puts
     let model = root_line("io.cost.model", &cost.num);
     assert!(model.as_deref().is_none_or(|l| l.contains("ctrl=auto")), "model left: {model:?}");
     assert_eq!(depth(), depth0);
+    assert_eq!(size(), size0, "the request size put back");
     assert_eq!(tunable("max_budget"), budget0);
 }
