@@ -12,9 +12,11 @@
 # systemd cgroup driver: every container is system.slice/docker-<id>.scope, and the agent's `auto` actuator sends
 # its weights through systemd), and runs `ddiskqos-bench run --runtime docker --device /dev/vdb --format` there in
 # quick mode in the modes users meet on v2 (default: BFQ default, BFQ strict, strict with the agent's BFQ tunables,
-# io.cost with the kernel's model, io.cost with the agent's calibrated model), Alone / Original / dDiskQoS / static
-# best (`--static-best`: the background at the engine's bottom weight and readers at its top, set at creation with
-# Docker's --blkio-weight; issue 25) interleaved per repetition. JSON, report and chart land in DIR/<mode> on the
+# io.cost with the kernel's model, io.cost with the agent's calibrated model), Alone / Original / dDiskQoS
+# interleaved per repetition (with `--static-best` among the extra arguments, a fourth variant: the background at
+# the engine's bottom weight and readers at its top, set at creation with Docker's --blkio-weight; opt-in until it
+# has run here: on v2 Docker maps --blkio-weight itself (runc: io.weight 1..10000; the systemd driver through
+# IOWeight) while the variant's read-back expects the agent's scale, so a mode may stop at its first reader). JSON, report and chart land in DIR/<mode> on the
 # host (default ./bench-out-v2; the checkout is shared with the guest over 9p, so DIR must be inside it). Every report says that it ran under emulation on a
 # throttled disk: figures are only comparable within one run. Prints how long everything took. Nothing is left
 # behind (scripts/guest.sh kills qemu and removes its run directory and disk images whatever happens).
@@ -52,14 +54,14 @@ inside() {
   local rc=0 mode
   [ "$modes" = none ] || for mode in ${modes//,/ }; do
     log "mode $mode: $(date -u +%H:%M:%S) UTC"
-    target/release/ddiskqos-bench run --runtime docker --device /dev/vdb --format --static-best --modes "$mode" \
+    target/release/ddiskqos-bench run --runtime docker --device /dev/vdb --format --modes "$mode" \
       --out "$out/$mode" --note "TEST BED: the systemd guest (scripts/guest.sh, $suite_note: $versions) under qemu's SOFTWARE EMULATION (TCG, 2 vCPUs), on a virtio disk THROTTLED by qemu ($MODEL_NOTE); Docker's systemd cgroup driver (system.slice/docker-<id>.scope, weights through systemd). Ratios within this run only; figures are not comparable with the host's" \
       "$@" || { rc=$?; log "mode $mode failed (exit status $rc)"; }
   done
   [ "$cri_modes" = none ] || for mode in ${cri_modes//,/ }; do
     log "pods through CRI (containerd, systemd cgroup driver), mode $mode: $(date -u +%H:%M:%S) UTC"
     target/release/ddiskqos-containerd --systemd -- target/release/ddiskqos-bench run --runtime cri --device /dev/vdb \
-      --format --static-best --modes "$mode" --out "$out/cri-$mode" \
+      --format --modes "$mode" --out "$out/cri-$mode" \
       --note "TEST BED: the systemd guest (scripts/guest.sh, $suite_note: $versions) under qemu's SOFTWARE EMULATION (TCG, 2 vCPUs), on a virtio disk THROTTLED by qemu ($MODEL_NOTE); pods through CRI (a throw-away containerd $(containerd --version | awk '{print $3}'), runc's systemd cgroup driver: kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice). Ratios within this run only; figures are not comparable with the host's" \
       "$@" || { rc=$?; log "CRI mode $mode failed (exit status $rc)"; }
   done
