@@ -13,8 +13,11 @@
 # its weights through systemd), and runs `ddiskqos-bench run --runtime docker --device /dev/vdb --format` there in
 # quick mode in the modes users meet on v2 (default: BFQ default, BFQ strict, strict with the agent's BFQ tunables,
 # io.cost with the kernel's model, io.cost with the agent's calibrated model), Alone / Original / dDiskQoS
-# interleaved per repetition. JSON, report and chart land in DIR/<mode> on the host (default ./bench-out-v2; the checkout is
-# shared with the guest over 9p, so DIR must be inside it). Every report says that it ran under emulation on a
+# interleaved per repetition (with `--static-best` among the extra arguments, a fourth variant: the background at
+# the engine's bottom weight and readers at its top, set at creation with Docker's --blkio-weight; opt-in until it
+# has run here: on v2 Docker maps --blkio-weight itself (runc: io.weight 1..10000; the systemd driver through
+# IOWeight) while the variant's read-back expects the agent's scale, so a mode may stop at its first reader). JSON, report and chart land in DIR/<mode> on the
+# host (default ./bench-out-v2; the checkout is shared with the guest over 9p, so DIR must be inside it). Every report says that it ran under emulation on a
 # throttled disk: figures are only comparable within one run. Prints how long everything took. Nothing is left
 # behind (scripts/guest.sh kills qemu and removes its run directory and disk images whatever happens).
 #
@@ -51,8 +54,8 @@ inside() {
   local rc=0 mode
   [ "$modes" = none ] || for mode in ${modes//,/ }; do
     log "mode $mode: $(date -u +%H:%M:%S) UTC"
-    target/release/ddiskqos-bench run --runtime docker --device /dev/vdb --format --modes "$mode" --out "$out/$mode" \
-      --note "TEST BED: the systemd guest (scripts/guest.sh, $suite_note: $versions) under qemu's SOFTWARE EMULATION (TCG, 2 vCPUs), on a virtio disk THROTTLED by qemu ($MODEL_NOTE); Docker's systemd cgroup driver (system.slice/docker-<id>.scope, weights through systemd). Ratios within this run only; figures are not comparable with the host's" \
+    target/release/ddiskqos-bench run --runtime docker --device /dev/vdb --format --modes "$mode" \
+      --out "$out/$mode" --note "TEST BED: the systemd guest (scripts/guest.sh, $suite_note: $versions) under qemu's SOFTWARE EMULATION (TCG, 2 vCPUs), on a virtio disk THROTTLED by qemu ($MODEL_NOTE); Docker's systemd cgroup driver (system.slice/docker-<id>.scope, weights through systemd). Ratios within this run only; figures are not comparable with the host's" \
       "$@" || { rc=$?; log "mode $mode failed (exit status $rc)"; }
   done
   [ "$cri_modes" = none ] || for mode in ${cri_modes//,/ }; do

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: replays the dDiskQoS paper's experiments (Tables 3-5) on this machine in quick mode, both BFQ
 # modes, Alone vs Original vs dDiskQoS, and writes the table, JSON and charts to ./bench-out. Root needed (loop
-# device, cgroups, dockerd). Extra arguments go to `ddiskqos-bench run` (e.g. --full, --runtime cgroup-dir).
+# device, cgroups, dockerd). Extra arguments go to `ddiskqos-bench run` (e.g. --full, --runtime cgroup-dir,
+# --static-best: the static-best weights as a fourth variant, off by default to keep the main job's time).
 # The disk under test is by default `--disk throttled`: an image in a private tmpfs behind qemu-storage-daemon's
 # throttle (150 MiB/s, 1500 IOPS, the v2 guest disk's model) over FUSE, attached as a loop device, so nothing reaches
 # the root disk that carries Docker's data (issue 26); it takes RAM for the files (about 2.5 GiB in quick mode).

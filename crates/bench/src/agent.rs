@@ -20,8 +20,9 @@
 //! of the background every `boost_after`) follow the wall clock as in a long deployment. Alone and Original blocks
 //! use its own dry run ([`Agent::set_dry_run`]: `Command::Reload` with `dry_run = true`, whereupon it restores
 //! every original weight and writes nothing); dDiskQoS blocks `dry_run = false`, whereupon its next round writes
-//! every container's weight. The bench never writes a weight; it only reads weight files
-//! ([`Agent::wait_for_weight`], [`read_weight`]) to record what the kernel holds.
+//! every container's weight. The bench writes no weight for the agent; it only reads weight files
+//! ([`Agent::wait_for_weight`], [`read_weight`]) to record what the kernel holds. (The static-best variant's weights
+//! are set by hand at each container's creation, as an operator would: [`crate::static_best`].)
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -145,6 +146,22 @@ impl WeightProbe {
             WeightProbe::V1 => weight.to_bfq(),
             WeightProbe::V2 { kind, .. } => kind.file_value(weight),
         }
+    }
+
+    /// Writes `weight` into the probed file of `dir` (v2: its `default` line), as an operator sets a cgroup's weight
+    /// by hand; returns the file's path. Only the static-best variant writes a weight this way
+    /// ([`crate::static_best`]); the agent's weights are the agent's.
+    pub fn write(&self, dir: &CgroupDir, weight: Weight) -> Result<std::path::PathBuf> {
+        let file = match *self {
+            WeightProbe::V1 => WeightFile::open(dir)?,
+            WeightProbe::V2 { kind, .. } => WeightFile::open_kind(dir, kind)?
+                .with_context(|| format!("{} has no {}", dir.path().display(), kind.file_name()))?,
+        };
+        match *self {
+            WeightProbe::V1 => file.write(weight)?,
+            WeightProbe::V2 { kind, .. } => file.write_default_value(kind.file_value(weight))?,
+        }
+        Ok(file.path().to_path_buf())
     }
 
     /// Reads the weight that acts on the test device, on the file's own scale, and the file's path.

@@ -213,6 +213,7 @@ pub fn run_config(common: &Common, plan: Plan, exp1: bool, exp2: bool) -> Result
         agent_nice: common.agent_nice,
         agent_actuator: common.agent_actuator,
         soak: None,
+        static_best: false,
     })
 }
 
@@ -229,7 +230,9 @@ pub fn run(args: &RunArgs, cleanup: &'static Cleanup) -> Result<RunReport> {
     preflight(&args.common.modes)?;
     let plan = args.plan()?;
     let common = &args.common;
-    let cfg = run_config(common, plan.clone(), !args.no_exp1, !args.no_exp2)?;
+    let mut cfg = run_config(common, plan.clone(), !args.no_exp1, !args.no_exp2)?;
+    cfg.static_best = args.static_best;
+    let variants = cfg.variants().len() as u64;
     let date = sys::utc_now();
     let setup = set_up(common, &plan, cleanup)?;
     let env = setup.env();
@@ -239,18 +242,18 @@ pub fn run(args: &RunArgs, cleanup: &'static Cleanup) -> Result<RunReport> {
         ..plan.clone()
     };
     let per_variant = counted.reads_per_variant();
-    let estimate = estimate(&counted, &common.modes);
+    let estimate = estimate(&counted, &common.modes, variants);
     eprintln!(
         "plan: {} reads in {} mode(s) ({}); estimated {:.0} min on this project's 2-core VM (measured there: ~0.5 s per \
          read in strict modes, ~1 s in BFQ's default mode, container start and pauses included)",
-        per_variant * 3 * common.modes.len() as u64,
+        per_variant * variants * common.modes.len() as u64,
         common.modes.len(),
         if args.full { "full: the paper's sizes and 50 repetitions" } else { "quick" },
         estimate.as_secs_f64() / 60.0
     );
     let hogs = crate::hogs::CpuHogs::start(common.cpu_hogs).context("--cpu-hogs: starting the busy processes")?;
     let started = std::time::Instant::now();
-    let bar = progress(per_variant * 3 * common.modes.len() as u64);
+    let bar = progress(per_variant * variants * common.modes.len() as u64);
     let mut modes: Vec<ModeReport> = Vec::new();
     let mut background = String::new();
     for &mode in &common.modes {
@@ -333,6 +336,17 @@ pub fn meta(
     if plan.exp2.iter().zip(workload::exp2_schedule()).any(|(a, b)| a.start != b.start) {
         notes.push("Experiment 2 start times are scaled (--exp2-time-scale)".into());
     }
+    if cfg.static_best {
+        let w = crate::static_best::StaticWeights::of(&cfg.engine)?;
+        notes.push(format!(
+            "STATIC BEST (--static-best): a fourth variant, interleaved per repetition: a second background created at \
+             the engine's bottom weight {} and every reader at its top weight {}, set once at creation through the \
+             runtime (Docker: --blkio-weight; cgroup-dir: the new cgroup's weight file; CRI: the pod cgroup's weight \
+             file), the agent in its dry run and not told of them; every weight read back from the file governing the \
+             device",
+            w.background, w.reader
+        ));
+    }
     if let Some((reader, bg)) = common.pin()? {
         notes.push(format!(
             "STATIC WEIGHTS (--pin-weights {reader},{bg}): in the dDiskQoS blocks the agent pins every reader at \
@@ -399,14 +413,15 @@ fn tmpfs_run_base() -> PathBuf {
     }
 }
 
-/// A rough duration of `plan` in `modes`, from this project's VM: per read (three variants each) the container's
+/// A rough duration of `plan` in `modes` with `variants` variants, from this project's VM: per read the container's
 /// start, the pauses and the settle time (~0.5 s; ~1 s in BFQ's default mode, where the background slows container
 /// starts), plus the read itself at ~500 MiB/s.
-pub fn estimate(plan: &Plan, modes: &[BfqMode]) -> std::time::Duration {
-    let reads = plan.reads_per_variant() as f64 * 3.0;
+pub fn estimate(plan: &Plan, modes: &[BfqMode], variants: u64) -> std::time::Duration {
+    let variants = variants as f64;
+    let reads = plan.reads_per_variant() as f64 * variants;
     let mib: f64 = (plan.exp1.iter().map(|c| (c.size_mib * u64::from(c.reps)) as f64).sum::<f64>()
         + plan.exp2.iter().map(|r| r.size_mib as f64).sum::<f64>() * f64::from(plan.exp2_reps))
-        * 3.0;
+        * variants;
     let secs: f64 =
         modes.iter().map(|m| reads * if *m == BfqMode::Default { 1.0 } else { 0.5 } + mib / 500.0 + 20.0).sum();
     std::time::Duration::from_secs_f64(secs)
@@ -419,10 +434,12 @@ mod estimate_tests {
     #[test]
     fn the_quick_main_job_fits_15_minutes_and_full_is_much_longer() {
         let modes = [BfqMode::Default, BfqMode::Strict, BfqMode::StrictTuned, BfqMode::StrictNoLowLatency];
-        let quick = estimate(&Plan::quick(), &modes);
-        let full = estimate(&Plan::full(), &modes);
+        let quick = estimate(&Plan::quick(), &modes, 3);
+        let full = estimate(&Plan::full(), &modes, 3);
         assert!(quick < std::time::Duration::from_secs(15 * 60), "{quick:?}");
         assert!(full > quick * 10, "{full:?} vs {quick:?}");
-        assert!(estimate(&Plan::quick(), &modes[1..2]) < estimate(&Plan::quick(), &modes[..1]));
+        assert!(estimate(&Plan::quick(), &modes[1..2], 3) < estimate(&Plan::quick(), &modes[..1], 3));
+        // The static-best variant adds a fourth of the reads.
+        assert!(estimate(&Plan::quick(), &modes, 4) > quick);
     }
 }

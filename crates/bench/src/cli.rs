@@ -335,6 +335,12 @@ pub struct RunArgs {
     /// Skip Experiment 2.
     #[arg(long)]
     pub no_exp2: bool,
+    /// Also run the static-best variant (issue 25), interleaved per repetition with the others: a second background
+    /// created at the engine's bottom weight and every reader at its top weight, set once at creation through the
+    /// runtime (Docker: `--blkio-weight`), the agent writing nothing; the report compares dDiskQoS with it (target
+    /// 1.2x). Off by default: it adds a third to the run's time.
+    #[arg(long)]
+    pub static_best: bool,
     /// A remark about the test bed that the report and the JSON carry first among their notes (repeatable), e.g.
     /// that the run is under emulation on a throttled disk (`scripts/bench-v2.sh` says so).
     #[arg(long = "note", value_name = "TEXT")]
@@ -438,6 +444,7 @@ mod tests {
         assert_eq!(run.common.out, PathBuf::from("bench-out"));
         assert_eq!(run.common.runtime, RuntimeChoice::Auto);
         assert!(run.notes.is_empty());
+        assert!(!run.static_best, "the static-best variant only when asked for");
         let Cmd::Run(noted) = parse(&["run", "--note", "under emulation", "--note", "throttled"]).command else {
             panic!()
         };
@@ -539,6 +546,18 @@ mod tests {
             panic!()
         };
         assert_eq!((disk.disk, size_mib), (DiskKind::Throttled, 64));
+    }
+
+    #[test]
+    fn static_best_is_a_flag_of_run() {
+        let Cmd::Run(run) = parse(&["run", "--static-best", "--modes", "protect"]).command else { panic!() };
+        assert!(run.static_best);
+        assert_eq!(run.common.modes, vec![BfqMode::Protect]);
+        let err = Cli::try_parse_from(["ddiskqos-bench", "run", "--static-best=yes"]).unwrap_err();
+        assert!(err.to_string().contains("--static-best"), "{err}");
+        // A flag of `run` (the main jobs), not of `soak` or `sweep`.
+        assert!(Cli::try_parse_from(["ddiskqos-bench", "soak", "--minutes", "1", "--static-best"]).is_err());
+        assert!(Cli::try_parse_from(["ddiskqos-bench", "sweep", "--static-best"]).is_err());
     }
 
     #[test]

@@ -2,13 +2,15 @@
 //!
 //! Replays the dDiskQoS paper's experiments (Tables 3-5) on this machine: a loop device with BFQ, a background
 //! stream, foreground readers as new cgroups or containers, and three variants per case (Alone, Original,
-//! dDiskQoS with the shipped agent's daemon applying weights). See the crate README.
+//! dDiskQoS with the shipped agent's daemon applying weights), four with `run --static-best` (the static-best
+//! weights set at each container's creation). See the crate README.
 //!
 //! ## Layout
 //! - `cli`: flags; `app`: the `run` command end to end; `sweep`: the knob sweep.
 //! - `disk` (and `throttled`, the default device), `files`, `cleanup`: the device, the test files, the undo stack
 //!   (also on Ctrl-C).
-//! - `workload`: the experiments as data; `runner`: one BFQ mode; `runtime/`: cgroup, Docker and CRI (pod) readers.
+//! - `workload`: the experiments as data; `runner`: one BFQ mode; `runtime/`: cgroup, Docker and CRI (pod) readers;
+//!   `static_best`: the static-best variant's weights, set at creation and read back.
 //! - `agent`: the shipped agent's daemon (`qos_agent::daemon::Daemon`) with the agent's own backends, driving the
 //!   weights; the bench only reads weight files.
 //! - `reader`: the reader processes (hidden subcommands); `stats`, `report/` (its `data.rs`: the results as data): results and output.
@@ -26,6 +28,7 @@ mod report;
 mod runner;
 mod runtime;
 mod session;
+mod static_best;
 mod stats;
 mod sweep;
 mod sys;

@@ -5,6 +5,11 @@
 //! A variant block: Alone stops the background (SIGSTOP, waits for its in-flight I/O to drain); Original lets it
 //! run; dDiskQoS lets it run with the daemon out of dry run (its weights written). In Alone and Original blocks the
 //! daemon is in dry run: it has restored every original weight and keeps sampling and deciding, writing nothing.
+//! With `--static-best` a second background runs, created at the engine's bottom weight, and the static-best blocks
+//! stop the first and let the second run (the others keep the second stopped); their readers are created at the
+//! top weight; the daemon is in dry run and is not told of them (`crate::static_best`). Every static weight is read
+//! back from the file that governs the device, the background's after every read: one that does not read as set
+//! fails the run.
 //! Each read is a new cgroup/container. A Docker reader reads as soon as its container starts, while the bench
 //! times the agent's reaction (its cgroup's appearance to the top weight in its file); cgroup and CRI readers wait,
 //! in dDiskQoS blocks, until their weight file reads the top weight.
@@ -24,7 +29,8 @@ use crate::agent::{Agent, Backends, WeightProbe, WeightRead};
 use crate::cleanup::Cleanup;
 use crate::disk::Disk;
 use crate::report::data::{CaseReport, ModeReport, Sample, Throughput};
-use crate::runtime::{Background, BackgroundKind, ReaderHooks, Runtime};
+use crate::runtime::{Background, BackgroundKind, PlannedRead, ReaderHooks, Runtime};
+use crate::static_best::{StaticWeight, StaticWeights};
 use crate::stats::Latency;
 use crate::workload::{self, BfqMode, Exp2Reader, Plan, Variant};
 
@@ -58,6 +64,16 @@ pub struct RunConfig {
     /// `soak`: measure for this long instead of for the plan's repetitions (Experiment 1 rounds for the first 55 %,
     /// Experiment 2 rounds for the rest); rounds start while time is left and always finish.
     pub soak: Option<Duration>,
+    /// `--static-best`: also the static-best variant (the background at the engine's bottom weight, readers at its
+    /// top, set at their creation), interleaved with the others.
+    pub static_best: bool,
+}
+
+impl RunConfig {
+    /// The variants each round runs.
+    pub fn variants(&self) -> Vec<Variant> {
+        Variant::measured(self.static_best)
+    }
 }
 
 /// Share of a soak's time given to Experiment 1 (the rest goes to Experiment 2).
@@ -95,27 +111,54 @@ impl Env<'_> {
     }
 }
 
-/// What the bench does around a reader: announce it to the agent (cgroup runtime), read its weight (in dDiskQoS
-/// blocks: wait until the agent's top weight is in its file), announce its end.
+/// What the bench expects of a new cgroup's weight file.
+#[derive(Debug, Clone, Copy)]
+enum Expect {
+    /// Whatever it holds, read once (Alone, Original: the original).
+    Read,
+    /// The agent's top weight, awaited (dDiskQoS).
+    AgentTop,
+    /// The static weight it was created with, awaited a moment (Docker writes it as the container starts); another
+    /// value fails the run. The agent is not told of the cgroup (static best).
+    Static(StaticWeight),
+}
+
+/// What the bench does around a reader: announce it to the agent (cgroup runtime; not the static-best variant's),
+/// read its weight (in dDiskQoS blocks: wait until the agent's top weight is in its file; static best: check the
+/// weight it was created with), announce its end.
 struct AgentHooks<'a> {
     agent: &'a Agent,
-    wait_top: bool,
+    expect: Expect,
 }
 
 impl ReaderHooks for AgentHooks<'_> {
     fn created(&self, info: &ContainerInfo, since: Instant) -> Result<WeightRead> {
-        self.agent.announce_started(info)?;
         let dir = info.cgroup.as_ref().with_context(|| format!("container {} has no cgroup", info.id))?;
-        if self.wait_top {
-            self.agent.wait_for_weight(dir, self.agent.top(), since)
-        } else {
-            self.agent.read_weight(dir)
+        match self.expect {
+            Expect::Static(weight) => weight.wait(dir, since),
+            Expect::AgentTop => {
+                self.agent.announce_started(info)?;
+                self.agent.wait_for_weight(dir, self.agent.top(), since)
+            }
+            Expect::Read => {
+                self.agent.announce_started(info)?;
+                self.agent.read_weight(dir)
+            }
         }
     }
 
     fn finished(&self, id: &ContainerId) {
-        self.agent.announce_stopped(id);
+        if !matches!(self.expect, Expect::Static(_)) {
+            self.agent.announce_stopped(id);
+        }
     }
+}
+
+/// The static-best variant's weights on the mode's governing file.
+#[derive(Debug, Clone, Copy)]
+struct Statics {
+    reader: StaticWeight,
+    background: StaticWeight,
 }
 
 /// Per (case, variant) accumulator.
@@ -131,6 +174,8 @@ struct ModeRun<'a, 'e> {
     env: &'a Env<'e>,
     cfg: &'a RunConfig,
     bg: &'a Background,
+    /// The static-best variant's background and weights (`--static-best`).
+    statics: Option<(&'a Background, Statics)>,
     agent: &'a Agent,
     blocks: BTreeMap<Variant, Throughput>,
     progress: &'a ProgressBar,
@@ -166,8 +211,18 @@ fn run_mode_on_device(
     let dev: qos_agent::blockdev::DevNum =
         env.disk.info.maj_min.parse().with_context(|| format!("device number {}", env.disk.info.maj_min))?;
     let probe = WeightProbe::for_device(&env.root, dev);
+    let statics = match cfg.static_best {
+        true => {
+            let w = StaticWeights::of(&cfg.engine)?;
+            Some(Statics {
+                reader: StaticWeight { weight: w.reader, probe },
+                background: StaticWeight { weight: w.background, probe },
+            })
+        }
+        false => None,
+    };
     let bg_file = env.file(workload::BACKGROUND_FILE)?;
-    let reads = planned_reads(env, cfg)?;
+    let reads = planned_reads(env, cfg, statics.map(|s| s.reader))?;
     progress.set_message(format!("{}: starting the agent", mode.name()));
     let v2 = env.root.version() == qos_agent::cgroup::CgroupVersion::V2;
     let test_disk = v2.then_some(env.disk.info.disk_name.as_str());
@@ -211,12 +266,22 @@ fn run_mode_on_device(
         }
     }
     progress.set_message(format!("{}: preparing {} readers", mode.name(), reads.len()));
-    let bg = env.runtime.prepare(&reads).and_then(|()| {
+    let bgs = env.runtime.prepare(&reads).and_then(|()| {
         progress.set_message(format!("{}: starting the background", mode.name()));
-        env.runtime.start_background(bg_file, cfg.background, &AgentHooks { agent: &agent, wait_top: false })
+        let hooks = AgentHooks { agent: &agent, expect: Expect::Read };
+        let bg = env.runtime.start_background(bg_file, cfg.background, None, &hooks)?;
+        let Some(s) = statics else { return Ok((bg, None)) };
+        progress.set_message(format!("{}: starting the static-best background", mode.name()));
+        match start_static_background(env, cfg, bg_file, s.background, &agent) {
+            Ok(static_bg) => Ok((bg, Some(static_bg))),
+            Err(e) => {
+                let _ = env.runtime.stop_background(&bg);
+                Err(e)
+            }
+        }
     });
-    let bg = match bg {
-        Ok(bg) => bg,
+    let (bg, static_bg) = match bgs {
+        Ok(bgs) => bgs,
         Err(e) => {
             drop(agent);
             let _ = env.runtime.end_mode();
@@ -230,19 +295,26 @@ fn run_mode_on_device(
             std::thread::sleep(Duration::from_millis(10));
         }
         let measuring = Instant::now();
-        let mut run = ModeRun { env, cfg, bg: &bg, agent: &agent, blocks: BTreeMap::new(), progress, mode, measuring };
+        let statics = static_bg.as_ref().zip(statics);
+        let mut run =
+            ModeRun { env, cfg, bg: &bg, statics, agent: &agent, blocks: BTreeMap::new(), progress, mode, measuring };
         let exp1 = if cfg.exp1 { run.exp1()? } else { Vec::new() };
         let exp2 = if cfg.exp2 { run.exp2()? } else { Vec::new() };
         Ok((exp1, exp2, run.blocks))
     })();
     bg.thaw();
+    if let Some(s) = &static_bg {
+        s.thaw();
+    }
     // Stopped while its containers still exist: the daemon restores what it changed.
     let agent_report = agent.stop();
     let stopped = env.runtime.stop_background(&bg);
+    let static_stopped = static_bg.as_ref().map_or(Ok(()), |s| env.runtime.stop_background(s));
     let ended = env.runtime.end_mode();
     let (exp1, exp2, background_blocks) = result?;
     let agent = agent_report?;
     stopped?;
+    static_stopped?;
     ended?;
     Ok(ModeReport {
         mode,
@@ -260,42 +332,75 @@ fn run_mode_on_device(
 impl ModeRun<'_, '_> {
     /// Puts the system in the state of `variant`.
     fn enter(&self, variant: Variant) -> Result<()> {
+        // The static-best background runs in its own blocks only; stopping it waits for its in-flight I/O.
+        let freeze_static = || self.statics.map_or(Ok(()), |(s, _)| s.freeze());
         match variant {
             Variant::Alone => {
                 self.agent.set_dry_run(true)?;
                 self.bg.freeze()?;
+                freeze_static()?;
                 // The frozen background's requests already in the device are served before anything else: Alone
                 // starts once the device has none left.
                 self.env.disk.wait_idle(crate::sys::patience(ALONE_IDLE_TIMEOUT))?;
             }
             Variant::Original => {
+                freeze_static()?;
                 self.bg.thaw();
                 self.agent.set_dry_run(true)?;
             }
             Variant::DDiskQos => {
+                freeze_static()?;
                 self.bg.thaw();
                 self.agent.set_dry_run(false)?;
             }
+            Variant::StaticBest => {
+                // The agent writes nothing (and has restored what it wrote); the weights are those set at creation.
+                self.agent.set_dry_run(true)?;
+                self.bg.freeze()?;
+                self.active_bg(variant)?.thaw();
+            }
         }
         std::thread::sleep(self.cfg.settle);
-        self.bg.check_alive()
+        self.bg.check_alive()?;
+        self.statics.map_or(Ok(()), |(s, _)| s.check_alive())
     }
 
-    fn bg_bytes(&self) -> Result<u64> {
-        self.bg.bytes()
+    /// The background that runs in `variant`'s blocks (frozen in Alone's).
+    fn active_bg(&self, variant: Variant) -> Result<&Background> {
+        match (variant, self.statics) {
+            (Variant::StaticBest, Some((s, _))) => Ok(s),
+            (Variant::StaticBest, None) => bail!("static best without its background (--static-best not given)"),
+            _ => Ok(self.bg),
+        }
+    }
+
+    fn bg_bytes(&self, variant: Variant) -> Result<u64> {
+        self.active_bg(variant)?.bytes()
     }
 
     /// One read, measured; returns the sample and the background's bytes during it.
     fn read_one(&self, file: &Path, size_mib: u64, round: usize, variant: Variant) -> Result<(Sample, f64)> {
-        let hooks = AgentHooks { agent: self.agent, wait_top: variant == Variant::DDiskQos };
-        let b0 = self.bg_bytes()?;
+        let statics = self.statics.map(|(_, s)| s);
+        let (expect, weight) = match (variant, statics) {
+            (Variant::DDiskQos, _) => (Expect::AgentTop, None),
+            (Variant::StaticBest, Some(s)) => (Expect::Static(s.reader), Some(s.reader)),
+            _ => (Expect::Read, None),
+        };
+        let hooks = AgentHooks { agent: self.agent, expect };
+        let bg = self.active_bg(variant)?;
+        let b0 = bg.bytes()?;
         let t0 = Instant::now();
-        let out = self.env.runtime.run_reader(file, &hooks)?;
+        let out = self.env.runtime.run_reader(file, weight, &hooks)?;
         let window = t0.elapsed().as_secs_f64();
-        let bg_bytes = self.bg_bytes()?.saturating_sub(b0);
+        let bg_bytes = bg.bytes()?.saturating_sub(b0);
         // What the background's weight is now, read from its file: the agent's decision in dDiskQoS blocks, the
-        // restored original in the others.
-        let bg_weight = self.agent.read_weight(&self.env.runtime.background_weight_dir(self.bg))?.weight;
+        // restored original in the others; in static-best blocks the bottom weight it was created with, or the run
+        // fails.
+        let bg_dir = self.env.runtime.background_weight_dir(bg);
+        let bg_weight = match (variant, statics) {
+            (Variant::StaticBest, Some(s)) => s.background.check(&bg_dir)?.weight,
+            _ => self.agent.read_weight(&bg_dir)?.weight,
+        };
         let want = size_mib << 20;
         if out.report.bytes != want {
             bail!("reader of {} read {} bytes, expected {want}", file.display(), out.report.bytes);
@@ -332,7 +437,7 @@ impl ModeRun<'_, '_> {
 
     fn exp1(&mut self) -> Result<Vec<CaseReport>> {
         let mut accs: BTreeMap<(u64, Variant), Acc> = BTreeMap::new();
-        for round in workload::exp1_rounds(&self.cfg.plan.exp1) {
+        for round in workload::exp1_rounds(&self.cfg.plan.exp1, &self.cfg.variants()) {
             if self.soak_over(false) {
                 break;
             }
@@ -344,7 +449,7 @@ impl ModeRun<'_, '_> {
                     variant.label()
                 ));
                 self.enter(variant)?;
-                let (b0, t0) = (self.bg_bytes()?, Instant::now());
+                let (b0, t0) = (self.bg_bytes(variant)?, Instant::now());
                 for &size in &round.sizes {
                     let file = self.env.file(&workload::exp1_file(size))?.to_path_buf();
                     let (sample, window) = self.read_one(&file, size, round.index, variant)?;
@@ -373,7 +478,7 @@ impl ModeRun<'_, '_> {
     }
 
     fn close_block(&mut self, variant: Variant, b0: u64, t0: Instant) -> Result<()> {
-        let bytes = if variant == Variant::Alone { 0 } else { self.bg_bytes()?.saturating_sub(b0) };
+        let bytes = if variant == Variant::Alone { 0 } else { self.bg_bytes(variant)?.saturating_sub(b0) };
         self.blocks.entry(variant).or_default().add(bytes, t0.elapsed().as_secs_f64());
         Ok(())
     }
@@ -385,10 +490,10 @@ impl ModeRun<'_, '_> {
             if self.soak_over(true) {
                 break;
             }
-            for variant in workload::variant_order(r) {
+            for variant in workload::variant_order(r, &self.cfg.variants()) {
                 self.progress.set_message(format!("{} exp2 round {} {}", self.mode.name(), r + 1, variant.label()));
                 self.enter(variant)?;
-                let (b0, t0) = (self.bg_bytes()?, Instant::now());
+                let (b0, t0) = (self.bg_bytes(variant)?, Instant::now());
                 let results = self.run_schedule(&schedule, r, variant)?;
                 for (i, (sample, window)) in results.into_iter().enumerate() {
                     let acc = accs.entry((i, variant)).or_default();
@@ -445,28 +550,54 @@ impl ModeRun<'_, '_> {
     }
 }
 
-/// The file of every read a mode does, in the order it reads them (so a runtime can prepare each reader ahead); a
-/// soak's first rounds only.
-fn planned_reads(env: &Env<'_>, cfg: &RunConfig) -> Result<Vec<PathBuf>> {
+/// Every read a mode does, in the order it reads them (so a runtime can prepare each reader ahead), the
+/// static-best variant's with `reader` (its readers' weight); a soak's first rounds only.
+fn planned_reads(env: &Env<'_>, cfg: &RunConfig, reader: Option<StaticWeight>) -> Result<Vec<PlannedRead>> {
     let rounds = if cfg.soak.is_some() { SOAK_PREPARED_ROUNDS } else { usize::MAX };
+    let variants = cfg.variants();
+    let weight = |v: Variant| if v == Variant::StaticBest { reader } else { None };
     let mut reads = Vec::new();
     if cfg.exp1 {
-        for round in workload::exp1_rounds(&cfg.plan.exp1).into_iter().take(rounds) {
-            for _ in round.order {
+        for round in workload::exp1_rounds(&cfg.plan.exp1, &variants).into_iter().take(rounds) {
+            for v in round.order {
                 for &size in &round.sizes {
-                    reads.push(env.file(&workload::exp1_file(size))?.to_path_buf());
+                    let file = env.file(&workload::exp1_file(size))?.to_path_buf();
+                    reads.push(PlannedRead { file, weight: weight(v) });
                 }
             }
         }
     }
     if cfg.exp2 {
-        for _ in 0..(cfg.plan.exp2_reps as usize).min(rounds) * Variant::ALL.len() {
-            for (i, r) in cfg.plan.exp2.iter().enumerate() {
-                reads.push(env.file(&workload::exp2_file(i, r))?.to_path_buf());
+        for r in 0..(cfg.plan.exp2_reps as usize).min(rounds) {
+            for v in workload::variant_order(r, &variants) {
+                for (i, reader) in cfg.plan.exp2.iter().enumerate() {
+                    let file = env.file(&workload::exp2_file(i, reader))?.to_path_buf();
+                    reads.push(PlannedRead { file, weight: weight(v) });
+                }
             }
         }
     }
     Ok(reads)
+}
+
+/// Starts the static-best background at `weight` (set at its creation, not announced to the agent), checks that
+/// the file governing the device reads it, and stops it until its first block.
+fn start_static_background(
+    env: &Env<'_>,
+    cfg: &RunConfig,
+    file: &Path,
+    weight: StaticWeight,
+    agent: &Agent,
+) -> Result<Background> {
+    let hooks = AgentHooks { agent, expect: Expect::Static(weight) };
+    let bg = env.runtime.start_background(file, cfg.background, Some(weight), &hooks)?;
+    // Where its weight governs (a pod: the pod cgroup), as after every static-best read.
+    let checked = weight.check(&env.runtime.background_weight_dir(&bg)).and_then(|_| bg.freeze());
+    if let Err(e) = checked {
+        let _ = env.runtime.stop_background(&bg);
+        return Err(e);
+    }
+    Ok(bg)
 }
 
 /// The device's `cost.vrate=P` (percent) in the v2 root's `io.stat` (the kernel prints it for the root cgroup of a

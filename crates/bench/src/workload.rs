@@ -121,7 +121,8 @@ impl BfqMode {
     }
 }
 
-/// The three ways every case runs.
+/// The ways every case runs: the three of every run, and the static-best weights when asked for
+/// (`run --static-best`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Variant {
@@ -132,11 +133,19 @@ pub enum Variant {
     /// Background running, the engine live: real counters in, real weights out.
     #[serde(rename = "ddiskqos")]
     DDiskQos,
+    /// Background running at the engine's bottom weight and every reader at its top weight, each set once by hand
+    /// when its container is created (Docker: `--blkio-weight`), the agent writing nothing (issue 25): what an
+    /// operator who knew the workload in advance would set.
+    #[serde(rename = "static-best")]
+    StaticBest,
 }
 
 impl Variant {
-    /// All three, in report order.
-    pub const ALL: [Variant; 3] = [Variant::Alone, Variant::Original, Variant::DDiskQos];
+    /// Every variant, in report order.
+    pub const ALL: [Variant; 4] = [Variant::Alone, Variant::Original, Variant::DDiskQos, Variant::StaticBest];
+
+    /// The three every run has (the static-best weights only when asked for).
+    pub const BASE: [Variant; 3] = [Variant::Alone, Variant::Original, Variant::DDiskQos];
 
     /// Label used in tables and charts.
     pub fn label(self) -> &'static str {
@@ -144,15 +153,28 @@ impl Variant {
             Variant::Alone => "Alone",
             Variant::Original => "Original",
             Variant::DDiskQos => "dDiskQoS",
+            Variant::StaticBest => "Static best",
         }
+    }
+
+    /// The variants a run measures: the three of every run, and the static-best weights with `static_best`.
+    pub fn measured(static_best: bool) -> Vec<Variant> {
+        let mut out = Variant::BASE.to_vec();
+        if static_best {
+            out.push(Variant::StaticBest);
+        }
+        out
     }
 }
 
-/// The order of the variants in round `round`: a rotation, so each variant runs first, second and third equally
-/// often and slow drift (disk warming, host noise) hits all alike.
-pub fn variant_order(round: usize) -> [Variant; 3] {
-    let mut order = Variant::ALL;
-    order.rotate_left(round % 3);
+/// The order of `variants` in round `round`: a rotation, so each variant runs in each position equally often and
+/// slow drift (disk warming, host noise) hits all alike.
+pub fn variant_order(round: usize, variants: &[Variant]) -> Vec<Variant> {
+    let mut order = variants.to_vec();
+    if !order.is_empty() {
+        let n = order.len();
+        order.rotate_left(round % n);
+    }
     order
 }
 
@@ -174,20 +196,21 @@ pub struct Round {
     /// 0-based round number.
     pub index: usize,
     /// Variant blocks, in order.
-    pub order: [Variant; 3],
+    pub order: Vec<Variant>,
     /// Sizes read in each block (those cases that still have repetitions left), smallest first.
     pub sizes: Vec<u64>,
 }
 
-/// Splits Experiment 1 into rounds: round `r` reads every size with more than `r` repetitions once per variant.
-pub fn exp1_rounds(cases: &[Exp1Case]) -> Vec<Round> {
+/// Splits Experiment 1 into rounds: round `r` reads every size with more than `r` repetitions once per variant of
+/// `variants`.
+pub fn exp1_rounds(cases: &[Exp1Case], variants: &[Variant]) -> Vec<Round> {
     let rounds = cases.iter().map(|c| c.reps as usize).max().unwrap_or(0);
     let mut sorted: Vec<Exp1Case> = cases.to_vec();
     sorted.sort_by_key(|c| c.size_mib);
     (0..rounds)
         .map(|r| Round {
             index: r,
-            order: variant_order(r),
+            order: variant_order(r, variants),
             sizes: sorted.iter().filter(|c| c.reps as usize > r).map(|c| c.size_mib).collect(),
         })
         .collect()
@@ -321,7 +344,7 @@ impl Plan {
         out
     }
 
-    /// Total foreground reads per variant and BFQ mode.
+    /// Total foreground reads per variant and BFQ mode (a mode reads this many times the number of variants).
     pub fn reads_per_variant(&self) -> u64 {
         self.exp1.iter().map(|c| u64::from(c.reps)).sum::<u64>() + u64::from(self.exp2_reps) * self.exp2.len() as u64
     }
@@ -359,17 +382,40 @@ mod tests {
 
     #[test]
     fn rotation_puts_each_variant_in_each_slot() {
-        let mut firsts: Vec<Variant> = (0..3).map(|r| variant_order(r)[0]).collect();
-        firsts.sort();
-        assert_eq!(firsts, Variant::ALL.to_vec());
-        assert_eq!(variant_order(0), variant_order(3));
+        for static_best in [false, true] {
+            let variants = Variant::measured(static_best);
+            let n = variants.len();
+            for slot in 0..n {
+                let mut in_slot: Vec<Variant> = (0..n).map(|r| variant_order(r, &variants)[slot]).collect();
+                in_slot.sort();
+                assert_eq!(in_slot, variants, "slot {slot} of {n}");
+            }
+            assert_eq!(variant_order(0, &variants), variant_order(n, &variants));
+        }
+        assert_eq!(Variant::measured(false), Variant::BASE.to_vec());
+        assert_eq!(Variant::measured(true).last(), Some(&Variant::StaticBest));
+        assert!(variant_order(5, &[]).is_empty());
+    }
+
+    #[test]
+    fn static_best_is_named_static_best() {
+        assert_eq!(serde_json::to_value(Variant::StaticBest).unwrap(), "static-best");
+        assert_eq!(serde_json::from_value::<Variant>("static-best".into()).unwrap(), Variant::StaticBest);
+        assert_eq!(serde_json::to_value(Variant::DDiskQos).unwrap(), "ddiskqos");
+        assert_eq!(Variant::StaticBest.label(), "Static best");
     }
 
     #[test]
     fn rounds_cover_every_repetition_exactly_once() {
         let plan = Plan::quick();
-        let rounds = exp1_rounds(&plan.exp1);
+        let rounds = exp1_rounds(&plan.exp1, &Variant::BASE);
         assert_eq!(rounds.len(), 10);
+        assert!(rounds.iter().all(|r| r.order.len() == 3));
+        let with_static = exp1_rounds(&plan.exp1, &Variant::measured(true));
+        assert_eq!(
+            with_static[1].order,
+            vec![Variant::Original, Variant::DDiskQos, Variant::StaticBest, Variant::Alone]
+        );
         for c in &plan.exp1 {
             let n = rounds.iter().filter(|r| r.sizes.contains(&c.size_mib)).count();
             assert_eq!(n, c.reps as usize, "size {}", c.size_mib);

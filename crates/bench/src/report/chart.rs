@@ -1,5 +1,5 @@
-//! The chart: per BFQ mode, the mean (solid) and p99 (thin) read time per size for Alone, Original and dDiskQoS
-//! on log-log axes, and the CDFs of the 1 MiB and 10 MiB reads. Written as SVG and PNG.
+//! The chart: per BFQ mode, the mean (solid) and p99 (thin) read time per size for Alone, Original, dDiskQoS and
+//! (where it ran) static best on log-log axes, and the CDFs of the 1 MiB and 10 MiB reads. Written as SVG and PNG.
 
 use std::path::Path;
 
@@ -19,6 +19,7 @@ fn color(v: Variant) -> RGBColor {
         Variant::Alone => RGBColor(0x2c, 0xa0, 0x2c),
         Variant::Original => RGBColor(0xd6, 0x27, 0x28),
         Variant::DDiskQos => RGBColor(0x1f, 0x77, 0xb4),
+        Variant::StaticBest => RGBColor(0x94, 0x67, 0xbd),
     }
 }
 
@@ -80,7 +81,7 @@ fn per_size<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, mode: &ModeReport
         .y_label_formatter(&|y| format!("{y}"))
         .draw()
         .map_err(err)?;
-    for v in Variant::ALL {
+    for v in drawn(&rows) {
         let pts = |f: fn(&crate::stats::Summary) -> f64| -> Vec<(f64, f64)> {
             rows.iter()
                 .filter_map(|r| {
@@ -106,6 +107,11 @@ fn per_size<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, mode: &ModeReport
         .draw()
         .map_err(err)?;
     Ok(())
+}
+
+/// The variants that ran in `rows`, in report order: each gets a line and a legend entry.
+fn drawn(rows: &[&CaseReport]) -> Vec<Variant> {
+    Variant::ALL.into_iter().filter(|v| rows.iter().any(|r| r.variant(*v).is_some())).collect()
 }
 
 fn cdf<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, row: &CaseReport) -> Result<()> {
@@ -172,6 +178,20 @@ pub fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn static_best_is_drawn_where_it_ran_in_its_own_colour() {
+        use crate::report::table::tests::{fake_mode, fake_mode_static};
+        use crate::workload::BfqMode;
+        let with = fake_mode_static(BfqMode::Strict, &[1.2, 1.2, 1.2], &[1.1, 1.1, 1.1]);
+        let rows: Vec<&CaseReport> = with.exp1.iter().collect();
+        assert_eq!(drawn(&rows), Variant::ALL.to_vec());
+        let without = fake_mode(BfqMode::Strict, 1.2);
+        let rows: Vec<&CaseReport> = without.exp1.iter().collect();
+        assert_eq!(drawn(&rows), Variant::BASE.to_vec());
+        let colours: Vec<RGBColor> = Variant::ALL.into_iter().map(color).collect();
+        assert!(colours.iter().enumerate().all(|(i, c)| !colours[..i].contains(c)), "{colours:?}");
+    }
 
     #[test]
     fn bounds_pad_and_default() {

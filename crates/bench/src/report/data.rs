@@ -148,7 +148,7 @@ pub struct Sample {
 /// One variant of one case.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VariantCase {
-    /// Alone, Original or dDiskQoS.
+    /// Alone, Original, dDiskQoS or static best.
     pub variant: Variant,
     /// From the histogram.
     pub summary: Summary,
@@ -177,7 +177,7 @@ pub struct CaseReport {
     pub start_ms: Option<u64>,
     /// The paper's numbers for this row.
     pub paper: Option<PaperRow>,
-    /// Alone, Original, dDiskQoS (those that ran).
+    /// Alone, Original, dDiskQoS, static best (those that ran).
     pub variants: Vec<VariantCase>,
     /// dDiskQoS / Original, from the histograms.
     pub ddiskqos_over_original: Ratios,
@@ -190,6 +190,13 @@ pub struct CaseReport {
     /// dDiskQoS / Alone per repetition.
     #[serde(default)]
     pub reps_over_alone: Option<Spread>,
+    /// dDiskQoS / static best, from the histograms; `None` where the static-best variant did not run (and in reports
+    /// from before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ddiskqos_over_static_best: Option<Ratios>,
+    /// dDiskQoS / static best per repetition (issue 25's target is judged on its median).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reps_over_static_best: Option<Spread>,
 }
 
 impl CaseReport {
@@ -222,6 +229,8 @@ impl CaseReport {
             ddiskqos_over_alone: Ratios::of(&Summary::empty(), &Summary::empty()),
             reps_over_original: None,
             reps_over_alone: None,
+            ddiskqos_over_static_best: None,
+            reps_over_static_best: None,
         };
         row.recompute_ratios();
         row
@@ -235,6 +244,9 @@ impl CaseReport {
         self.ddiskqos_over_alone = Ratios::of(&ddq, &alone);
         self.reps_over_original = self.per_rep(Variant::Original);
         self.reps_over_alone = self.per_rep(Variant::Alone);
+        let static_best = self.variant(Variant::StaticBest).map(|c| c.summary);
+        self.ddiskqos_over_static_best = static_best.map(|s| Ratios::of(&ddq, &s));
+        self.reps_over_static_best = static_best.and_then(|_| self.per_rep(Variant::StaticBest));
     }
 
     /// dDiskQoS / `base` read time per round in which both ran (a round's reads of one case, one per variant).
@@ -258,9 +270,14 @@ impl CaseReport {
 
     /// The slowest dDiskQoS read over the slowest Original read of this case.
     pub fn worst_over_worst_original(&self) -> Option<f64> {
+        self.worst_over_worst(Variant::Original)
+    }
+
+    /// The slowest dDiskQoS read over the slowest `base` read of this case.
+    pub fn worst_over_worst(&self, base: Variant) -> Option<f64> {
         let worst =
             |v| self.variant(v).and_then(|c: &VariantCase| c.samples.iter().map(|s| s.read_ms).reduce(f64::max));
-        match (worst(Variant::DDiskQos), worst(Variant::Original)) {
+        match (worst(Variant::DDiskQos), worst(base)) {
             (Some(d), Some(o)) if o > 0.0 => Some(d / o),
             _ => None,
         }

@@ -49,13 +49,16 @@ fn summaries_match(a: &Summary, b: &Summary) -> bool {
             .all(|(x, y)| close(x, y))
 }
 
-/// Checks that a report is complete and self-consistent: every case has all three variants with the planned
-/// number of samples, each summary equals its histogram's, the histogram holds exactly the samples, and the
-/// ratios are the ratios of the histograms' statistics.
+/// Checks that a report is complete and self-consistent: every case has the three variants of every run (and the
+/// static-best variant in every case of a mode where any case has it) with the planned number of samples, each
+/// summary equals its histogram's, the histogram holds exactly the samples, and the ratios are the ratios of the
+/// histograms' statistics.
 pub fn check_consistency(run: &RunReport) -> Result<()> {
     let plan = &run.meta.plan;
     for mode in &run.modes {
         let m = mode.mode.name();
+        let static_best = mode.exp1.iter().chain(&mode.exp2).any(|row| row.variant(Variant::StaticBest).is_some());
+        let variants = Variant::measured(static_best);
         let mut sizes: Vec<u64> = plan.exp1.iter().map(|c| c.size_mib).collect();
         sizes.sort_unstable();
         sizes.dedup();
@@ -71,7 +74,7 @@ pub fn check_consistency(run: &RunReport) -> Result<()> {
                 None => plan.exp1.iter().find(|c| c.size_mib == row.size_mib).map(|c| u64::from(c.reps)).unwrap_or(0),
                 Some(_) => u64::from(plan.exp2_reps),
             };
-            for v in Variant::ALL {
+            for &v in &variants {
                 let c = row.variant(v).with_context(|| format!("{m} {}: {} missing", row.label, v.label()))?;
                 let hist = Latency::from_base64(&c.histogram_v2_base64)?;
                 if !summaries_match(&c.summary, &hist.summary()) {
@@ -97,7 +100,86 @@ pub fn check_consistency(run: &RunReport) -> Result<()> {
             {
                 bail!("{m} {}: ratios are not those of the histograms", row.label);
             }
+            let want = static_best.then(|| Ratios::of(&s(Variant::DDiskQos), &s(Variant::StaticBest)));
+            let same = match (&row.ddiskqos_over_static_best, &want) {
+                (Some(a), Some(b)) => ratios_match(a, b),
+                (None, None) => true,
+                _ => false,
+            };
+            if !same {
+                bail!("{m} {}: the ratios to static best are not those of the histograms", row.label);
+            }
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::table::tests::{fake_mode, fake_mode_static, fake_run};
+    use crate::workload::{BfqMode, Exp1Case, Plan};
+
+    /// A run of the fake modes (three repetitions of 1, 10 and 100 MiB, no Experiment 2) with its plan.
+    fn run_of(modes: Vec<crate::report::data::ModeReport>) -> RunReport {
+        let mut run = fake_run(modes);
+        let exp1 = [1, 10, 100].into_iter().map(|size_mib| Exp1Case { size_mib, reps: 3 }).collect();
+        run.meta.plan = Plan { exp1, exp2: Vec::new(), exp2_reps: 0 };
+        for row in run.modes.iter_mut().flat_map(|m| &mut m.exp1) {
+            let bytes = row.size_mib << 20;
+            row.variants.iter_mut().flat_map(|c| &mut c.samples).for_each(|s| s.bytes = bytes);
+        }
+        run
+    }
+
+    fn round_trip(run: &RunReport) -> (String, RunReport) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("results.json");
+        write(run, &path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        (text, read(&path).unwrap())
+    }
+
+    #[test]
+    fn a_run_with_static_best_round_trips_and_checks() {
+        let run = run_of(vec![fake_mode_static(BfqMode::Strict, &[1.2, 1.3, 1.2], &[1.1, 1.0, 1.1])]);
+        check_consistency(&run).unwrap();
+        let (text, back) = round_trip(&run);
+        assert!(text.contains("\"variant\": \"static-best\"") && text.contains("\"static-best\": {"), "{text}");
+        check_consistency(&back).unwrap();
+        let (a, b) = (&run.modes[0].exp1[0], &back.modes[0].exp1[0]);
+        assert_eq!(b.variant(Variant::StaticBest).unwrap().samples.len(), 3);
+        let (sa, sb) = (a.reps_over_static_best.unwrap(), b.reps_over_static_best.unwrap());
+        assert!(sa.n == sb.n && close(sa.median, sb.median) && close(sa.max, sb.max), "{sa:?} {sb:?}");
+        assert!(ratios_match(&a.ddiskqos_over_static_best.unwrap(), &b.ddiskqos_over_static_best.unwrap()));
+        assert!(back.modes[0].background_blocks.contains_key(&Variant::StaticBest));
+        // A case of the mode without it, or ratios that are not its histograms', fails the check.
+        let mut missing = back.clone();
+        missing.modes[0].exp1[1].variants.retain(|c| c.variant != Variant::StaticBest);
+        let err = check_consistency(&missing).unwrap_err().to_string();
+        assert!(err.contains("10MiB: Static best missing"), "{err}");
+        let mut wrong = back;
+        wrong.modes[0].exp1[2].ddiskqos_over_static_best = None;
+        let err = check_consistency(&wrong).unwrap_err().to_string();
+        assert!(err.contains("100MiB: the ratios to static best"), "{err}");
+    }
+
+    #[test]
+    fn a_run_without_static_best_and_an_old_file_still_load() {
+        let run = run_of(vec![fake_mode(BfqMode::Default, 20.0)]);
+        let (text, back) = round_trip(&run);
+        assert!(!text.contains("static"), "nothing of the variant in a run without it");
+        check_consistency(&back).unwrap();
+        assert!(back.modes[0].exp1.iter().all(|r| r.ddiskqos_over_static_best.is_none()));
+        // A file from before the variant existed: none of its fields; it loads and checks as before.
+        let mut old: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for row in old["modes"][0]["exp1"].as_array_mut().unwrap() {
+            let row = row.as_object_mut().unwrap();
+            assert!(row.remove("ddiskqos_over_static_best").is_none() && row.remove("reps_over_static_best").is_none());
+            row.remove("reps_over_original");
+        }
+        let old: RunReport = serde_json::from_value(old).unwrap();
+        check_consistency(&old).unwrap();
+        assert!(old.modes[0].exp1[0].variant(Variant::StaticBest).is_none());
+    }
 }

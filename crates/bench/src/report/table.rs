@@ -141,12 +141,78 @@ pub fn spread_table(rows: &[CaseReport]) -> String {
     out
 }
 
+/// How much slower than the static-best weights dDiskQoS may be (issue 25: "the agent within 1.2x of the static best
+/// weights").
+pub const STATIC_BEST_LIMIT: f64 = 1.2;
+
+/// Whether any row has the static-best variant.
+pub fn has_static_best(rows: &[CaseReport]) -> bool {
+    rows.iter().any(|r| r.variant(Variant::StaticBest).is_some())
+}
+
+/// dDiskQoS beside the static-best weights (issue 25): both variants' mean, p50 and p99, and the three judgements of
+/// dDiskQoS against static best (median of per-repetition ratios, ratio of means, worst read over worst read);
+/// background throughput in both. Empty without the static-best variant.
+pub fn static_best_table(title: &str, rows: &[CaseReport]) -> String {
+    let mut out = String::new();
+    if !has_static_best(rows) {
+        return out;
+    }
+    let _ = writeln!(out, "{title}");
+    let line = |out: &mut String, cells: [&str; 12]| {
+        let [a, b, c, d, e, f, g, h, i, j, k, l] = cells;
+        let _ = writeln!(
+            out,
+            "{a:<10} | {b:>10} {c:>10} {d:>10} | {e:>10} {f:>10} {g:>10} | {h:>9} {i:>7} {j:>7} | {k:>9} {l:>7}"
+        );
+    };
+    line(
+        &mut out,
+        [
+            "Size", "SB mean", "SB p50", "SB p99", "dDQ mean", "dDQ p50", "dDQ p99", "dDQ/SB", "means", "worst",
+            "bg SB", "bg dDQ",
+        ],
+    );
+    let _ = writeln!(out, "{}", "-".repeat(128));
+    let stat = |row: &CaseReport, v: Variant, f: fn(&Summary) -> f64| {
+        summary(row, v).map(|s| fmt_ms(f(&s))).unwrap_or_else(|| "-".into())
+    };
+    for row in rows {
+        let bg = |v| fmt_tp(row.variant(v).map(|c| &c.background_during));
+        line(
+            &mut out,
+            [
+                &row.label,
+                &stat(row, Variant::StaticBest, |s| s.mean_ms),
+                &stat(row, Variant::StaticBest, |s| s.p50_ms),
+                &stat(row, Variant::StaticBest, |s| s.p99_ms),
+                &stat(row, Variant::DDiskQos, |s| s.mean_ms),
+                &stat(row, Variant::DDiskQos, |s| s.p50_ms),
+                &stat(row, Variant::DDiskQos, |s| s.p99_ms),
+                &fmt_ratio(row.reps_over_static_best.map(|s| s.median)),
+                &fmt_ratio(row.ddiskqos_over_static_best.and_then(|r| r.mean)),
+                &fmt_ratio(row.worst_over_worst(Variant::StaticBest)),
+                &bg(Variant::StaticBest),
+                &bg(Variant::DDiskQos),
+            ],
+        );
+    }
+    let _ = writeln!(
+        out,
+        "(SB: static best, the background at the engine's bottom weight and readers at its top, set at creation;\n \
+         dDQ/SB: median over repetitions of dDiskQoS / the same round's static-best read; means: mean dDiskQoS / mean\n \
+         static best; worst: slowest dDiskQoS / slowest static-best read; target: dDiskQoS <= {STATIC_BEST_LIMIT} x \
+         static best)"
+    );
+    out
+}
+
 /// Every statistic of every case and variant.
 pub fn detail_table(rows: &[CaseReport]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<10} {:<9} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}",
+        "{:<10} {:<11} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}",
         "Size", "Variant", "n", "mean", "p50", "p90", "p99", "max", "p99 ratio", "bg MiB/s"
     );
     for row in rows {
@@ -155,11 +221,19 @@ pub fn detail_table(rows: &[CaseReport]) -> String {
             let s = c.summary;
             let p99_ratio = match v {
                 Variant::DDiskQos => format!("{}/O", fmt_ratio(row.ddiskqos_over_original.p99)),
+                Variant::StaticBest => {
+                    let r = row.ddiskqos_over_static_best.and_then(|r| r.p99);
+                    if r.is_some() {
+                        format!("D/{}", fmt_ratio(r))
+                    } else {
+                        String::new()
+                    }
+                }
                 _ => String::new(),
             };
             let _ = writeln!(
                 out,
-                "{:<10} {:<9} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}",
+                "{:<10} {:<11} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}",
                 row.label,
                 v.label(),
                 s.n,
@@ -195,7 +269,9 @@ pub const REACTION_P99_GOAL_MS: f64 = 20.0;
 /// 1 MiB within 1.5x of Alone and at most 0.5x Original; every Experiment 1 size at most 1.0x Original; background
 /// at least 90 % of Original's over the whole blocks. BFQ default mode: every size at most 1.0x Original, background
 /// 90 %. Every BFQ mode with Docker readers (which read at once): the agent's reaction p99 under 20 ms. io.cost modes (issue 9): 1 and
-/// 10 MiB within 1.5x of Alone and at most 0.5x Original, background at least 80 %.
+/// 10 MiB within 1.5x of Alone and at most 0.5x Original, background at least 80 %. Every mode that ran the
+/// static-best variant (issue 25): every Experiment 1 size within [`STATIC_BEST_LIMIT`] x static best, by the median
+/// of per-repetition ratios and by the ratio of means.
 pub fn target_checks(run: &RunReport, mode: &ModeReport) -> Vec<Check> {
     let mut checks = Vec::new();
     let ratio = |what: String, value: Option<f64>, limit: f64| Check {
@@ -233,6 +309,14 @@ pub fn target_checks(run: &RunReport, mode: &ModeReport) -> Vec<Check> {
                 });
             }
         }
+    }
+    for row in mode.exp1.iter().filter(|r| r.variant(Variant::StaticBest).is_some()) {
+        let median = row.reps_over_static_best.map(|s| s.median);
+        let what = format!("{} median/rep: dDiskQoS <= {STATIC_BEST_LIMIT} x static best", row.label);
+        checks.push(ratio(what, median, STATIC_BEST_LIMIT));
+        let means = row.ddiskqos_over_static_best.and_then(|r| r.mean);
+        let what = format!("{} ratio of means: dDiskQoS <= {STATIC_BEST_LIMIT} x static best", row.label);
+        checks.push(ratio(what, means, STATIC_BEST_LIMIT));
     }
     if let Some((found, rows)) = against_as_found(run, mode) {
         for (label, median, mean) in rows {
@@ -514,6 +598,10 @@ pub fn mode_section(run: &RunReport, mode: &ModeReport) -> String {
         out.push('\n');
         out.push_str(&spread_table(&mode.exp1));
         out.push('\n');
+        if has_static_best(&mode.exp1) {
+            out.push_str(&static_best_table("Experiment 1: dDiskQoS beside the static best weights", &mode.exp1));
+            out.push('\n');
+        }
         out.push_str(&detail_table(&mode.exp1));
         out.push('\n');
     }
@@ -525,10 +613,14 @@ pub fn mode_section(run: &RunReport, mode: &ModeReport) -> String {
         out.push('\n');
         out.push_str(&spread_table(&mode.exp2));
         out.push('\n');
+        if has_static_best(&mode.exp2) {
+            out.push_str(&static_best_table("Experiment 2: dDiskQoS beside the static best weights", &mode.exp2));
+            out.push('\n');
+        }
         out.push_str(&detail_table(&mode.exp2));
         out.push('\n');
     }
-    let blocks: Vec<String> = [Variant::Original, Variant::DDiskQos]
+    let blocks: Vec<String> = [Variant::Original, Variant::DDiskQos, Variant::StaticBest]
         .iter()
         .filter_map(|v| mode.background_blocks.get(v).map(|t| format!("{} {:.0} MiB/s", v.label(), t.mib_per_s)))
         .collect();
@@ -666,10 +758,91 @@ pub(crate) mod tests {
         }
     }
 
-    fn fake_run(modes: Vec<ModeReport>) -> RunReport {
+    /// [`fake_mode_reps`] with the static-best variant's reads taking `sb` in each round (background 980 MiB/s).
+    pub(crate) fn fake_mode_static(mode: BfqMode, ddq: &[f64], sb: &[f64]) -> ModeReport {
+        let mut m = fake_mode_reps(mode, ddq);
+        let tp = Throughput { bytes: 980 << 20, secs: 1.0, mib_per_s: 980.0 };
+        for row in &mut m.exp1 {
+            let mut s = samples(sb);
+            s.iter_mut().for_each(|s| s.bytes = row.size_mib << 20);
+            row.variants.push(crate::report::data::VariantCase {
+                variant: Variant::StaticBest,
+                summary: lat(sb).summary(),
+                histogram_v2_base64: lat(sb).to_base64(),
+                histogram_us: lat(sb).value_counts(),
+                background_during: tp,
+                samples: s,
+            });
+            row.recompute_ratios();
+        }
+        m.background_blocks.insert(Variant::StaticBest, tp);
+        m
+    }
+
+    pub(crate) fn fake_run(modes: Vec<ModeReport>) -> RunReport {
         let json = include_str!("../../tests/data/minimal-meta.json");
         let meta: crate::report::data::Meta = serde_json::from_str(json).expect("test meta");
         RunReport { meta, modes }
+    }
+
+    #[test]
+    fn static_best_sits_beside_the_others_with_its_ratios_and_its_target() {
+        let run = fake_run(vec![]);
+        // dDiskQoS 1.2 ms against static best's 1.1 ms: 1.09 x, within 1.2.
+        let good = fake_mode_static(BfqMode::Strict, &[1.2, 1.2, 1.2], &[1.1, 1.1, 1.1]);
+        let row = &good.exp1[0];
+        assert!((row.reps_over_static_best.unwrap().median - 1.2 / 1.1).abs() < 1e-3, "{row:?}");
+        assert!((row.ddiskqos_over_static_best.unwrap().mean.unwrap() - 1.2 / 1.1).abs() < 1e-2);
+        let t = static_best_table("SB", &good.exp1);
+        assert!(t.contains("SB mean") && t.contains("SB p99") && t.contains("dDQ/SB"), "{t}");
+        assert!(t.contains("1.10 ms") && t.contains("1.20 ms") && t.contains("1.09") && t.contains("980"), "{t}");
+        assert!(t.lines().all(|l| l.len() <= 128), "{t}");
+        assert_eq!(
+            t.lines().filter(|l| l.split_whitespace().next().is_some_and(|w| w.ends_with("MiB"))).count(),
+            3,
+            "{t}"
+        );
+        let checks = target_checks(&run, &good);
+        let sb: Vec<_> = checks.iter().filter(|c| c.what.contains("x static best")).collect();
+        // Per Experiment 1 size: the median of per-repetition ratios and the ratio of means.
+        assert_eq!(sb.len(), 3 * 2, "{checks:?}");
+        assert!(sb.iter().all(|c| c.ok), "{sb:?}");
+        assert!(sb.iter().any(|c| c.what == "1MiB median/rep: dDiskQoS <= 1.2 x static best"), "{sb:?}");
+        assert_eq!(checks.len(), 2 + 3 + 3 + 1 + 1 + 6, "{checks:?}");
+        // 1.3 ms against 1.0 ms: over 1.2 on both counts.
+        let slow = fake_mode_static(BfqMode::Default, &[1.3, 1.3, 1.3], &[1.0, 1.0, 1.0]);
+        let missed: Vec<_> =
+            target_checks(&run, &slow).into_iter().filter(|c| c.what.contains("static best")).collect();
+        assert!(missed.iter().all(|c| !c.ok) && missed.len() == 6, "{missed:?}");
+        assert_eq!(missed[0].value, "1.30");
+        // One slow repetition in three: the median holds, the means and the worst read do not.
+        let one = fake_mode_static(BfqMode::Strict, &[1.2, 5.0, 1.2], &[1.1, 1.1, 1.1]);
+        let checks = target_checks(&run, &one);
+        assert!(checks.iter().filter(|c| c.what.contains("median/rep: dDiskQoS <= 1.2")).all(|c| c.ok), "{checks:?}");
+        assert!(checks.iter().any(|c| !c.ok && c.what.contains("ratio of means: dDiskQoS <= 1.2")), "{checks:?}");
+        assert!((one.exp1[0].worst_over_worst(Variant::StaticBest).unwrap() - 5.0 / 1.1).abs() < 1e-9);
+        assert!(static_best_table("SB", &one.exp1).contains("4.55"));
+        // The whole section: the table, the detail rows, the background blocks and the targets.
+        let section = mode_section(&fake_run(vec![one.clone()]), &one);
+        assert!(section.contains("Experiment 1: dDiskQoS beside the static best weights"), "{section}");
+        assert!(section.contains("Static best 980 MiB/s"), "{section}");
+        assert!(section.contains("[MISS] 1MiB ratio of means: dDiskQoS <= 1.2 x static best"), "{section}");
+        let d = detail_table(&one.exp1);
+        assert_eq!(d.lines().count(), 1 + 3 * 4, "{d}");
+        assert!(d.lines().any(|l| l.starts_with("1MiB       Static best") && l.contains("D/")), "{d}");
+        assert!(weights_line(&one).is_empty(), "no weights in the fake samples");
+    }
+
+    #[test]
+    fn without_static_best_nothing_changes() {
+        let mode = fake_mode(BfqMode::Strict, 1.2);
+        assert!(!has_static_best(&mode.exp1));
+        assert!(static_best_table("SB", &mode.exp1).is_empty());
+        assert!(mode.exp1.iter().all(|r| r.ddiskqos_over_static_best.is_none() && r.reps_over_static_best.is_none()));
+        let run = fake_run(vec![mode.clone()]);
+        assert!(!target_checks(&run, &mode).iter().any(|c| c.what.contains("static best")));
+        let section = mode_section(&run, &mode);
+        assert!(!section.contains("static best") && !section.contains("Static best"), "{section}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The cgroup runtime: every reader is a process of this binary (`read-file`) in a fresh blkio cgroup under
 //! the blkio root, which the process joins before its first I/O: `ddiskqos-bench-<pid>-fg-<n>` directly under the
-//! root (flat layout) or `ddiskqos-bench-<pid>/fg-<n>` (nested).
+//! root (flat layout) or `ddiskqos-bench-<pid>/fg-<n>` (nested). A static weight (the static-best variant) is
+//! written into the new cgroup's weight file before its process starts, as an operator sets a cgroup they made.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -16,6 +17,7 @@ use super::procs;
 use super::{fio_args, parse_report, Background, BackgroundKind, ReadOutcome, ReaderHooks, Runtime, INTERNAL_THREADS};
 use crate::agent::container_info;
 use crate::cleanup::Cleanup;
+use crate::static_best::StaticWeight;
 
 /// Where the bench's cgroups go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
@@ -54,8 +56,8 @@ pub struct CgroupRuntime {
     root: Arc<CgroupRoot>,
     cleanup: &'static Cleanup,
     log_dir: PathBuf,
-    /// Background processes, reaped when stopped.
-    children: std::sync::Mutex<Vec<std::process::Child>>,
+    /// Background processes by their background's id, each reaped when its background stops.
+    children: std::sync::Mutex<Vec<(String, std::process::Child)>>,
 }
 
 impl CgroupRuntime {
@@ -141,8 +143,17 @@ impl Runtime for CgroupRuntime {
         "cgroup"
     }
 
-    fn start_background(&self, file: &Path, kind: BackgroundKind, hooks: &dyn ReaderHooks) -> Result<Background> {
-        let (id, dir, _token) = self.new_cgroup("bg")?;
+    fn start_background(
+        &self,
+        file: &Path,
+        kind: BackgroundKind,
+        weight: Option<StaticWeight>,
+        hooks: &dyn ReaderHooks,
+    ) -> Result<Background> {
+        let (id, dir, _token) = self.new_cgroup(if weight.is_some() { "bg-static" } else { "bg" })?;
+        if let Some(w) = weight {
+            w.write(&dir)?;
+        }
         hooks.created(&container_info(id.as_str(), dir.clone()), Instant::now())?;
         let dir_s = dir.path().to_string_lossy().into_owned();
         let file_s = file.to_string_lossy().into_owned();
@@ -157,7 +168,7 @@ impl Runtime for CgroupRuntime {
                 argv.extend([exe, "stream".into(), "--threads".into(), INTERNAL_THREADS.to_string(), file_s]);
             }
         }
-        let log = self.log_dir.join("background.log");
+        let log = self.log_dir.join(format!("{id}.log"));
         let log_file = std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
         let child = Command::new(&self.exe)
             .args(&argv)
@@ -166,7 +177,7 @@ impl Runtime for CgroupRuntime {
             .stderr(log_file)
             .spawn()
             .with_context(|| format!("cannot start the background: {}", argv.join(" ")))?;
-        self.children.lock().unwrap_or_else(|p| p.into_inner()).push(child);
+        self.children.lock().unwrap_or_else(|p| p.into_inner()).push((id.to_string(), child));
         let bg = Background { id: id.to_string(), cgroup: dir, command: argv[4..].join(" ") };
         bg.wait_reading(|| std::fs::read_to_string(&log).unwrap_or_default())?;
         Ok(bg)
@@ -174,17 +185,24 @@ impl Runtime for CgroupRuntime {
 
     fn stop_background(&self, bg: &Background) -> Result<()> {
         let removed = procs::kill_and_remove(bg.cgroup.path());
-        for mut child in self.children.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        let (mine, others): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut *children).into_iter().partition(|(id, _)| *id == bg.id);
+        *children = others;
+        for (_, mut child) in mine {
             let _ = child.kill();
             let _ = child.wait();
         }
         removed
     }
 
-    fn run_reader(&self, file: &Path, hooks: &dyn ReaderHooks) -> Result<ReadOutcome> {
+    fn run_reader(&self, file: &Path, weight: Option<StaticWeight>, hooks: &dyn ReaderHooks) -> Result<ReadOutcome> {
         let (id, dir, token) = self.new_cgroup("fg")?;
         let t0 = Instant::now();
         let result = (|| {
+            if let Some(w) = weight {
+                w.write(&dir)?;
+            }
             let weight = hooks.created(&container_info(id.as_str(), dir.clone()), t0)?;
             let out = Command::new(&self.exe)
                 .arg("read-file")

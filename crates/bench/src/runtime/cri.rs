@@ -27,7 +27,10 @@
 //! file's path into the FIFO; the reader reports its own read time in `/ctl/result-<n>`. Reader pods are removed at
 //! the end of each mode, the background's when it stops.
 //!
-//! The bench writes no weight: the agent's daemon runs on `qos_agent::runtime::cri::backends` (see `crate::agent`).
+//! The bench writes no weight for the agent: the agent's daemon runs on `qos_agent::runtime::cri::backends` (see
+//! `crate::agent`). The static-best variant's weights are written by hand into the pod cgroups
+//! (`crate::static_best`): a reader's before it is told what to read, the static background's right after its pod
+//! started.
 //! Every recorded weight is a read of the pod cgroup's weight file, and every reader's pod cgroup is checked to
 //! have been charged for the bytes read.
 //!
@@ -50,9 +53,10 @@ use qos_agent::cgroup::{CgroupDir, CgroupRoot, CounterReader};
 use qos_core::ContainerId;
 use tonic::transport::Channel;
 
-use super::{parse_report, procs, Background, BackgroundKind, ReadOutcome, ReaderHooks, Runtime};
+use super::{parse_report, procs, Background, BackgroundKind, PlannedRead, ReadOutcome, ReaderHooks, Runtime};
 use crate::agent::container_info;
 use crate::cleanup::Cleanup;
+use crate::static_best::StaticWeight;
 
 /// containerd's CRI socket (the default of `--cri-socket` and of the agent's `[cri] socket`).
 pub const DEFAULT_SOCKET: &str = "/run/containerd/containerd.sock";
@@ -417,8 +421,8 @@ pub struct CriRuntime {
     /// Makes pod uids unique across runs.
     epoch: u64,
     pool: Mutex<VecDeque<Pooled>>,
-    /// The background pod.
-    bg: Mutex<Option<Pooled>>,
+    /// The background pods (the static-best variant's beside the first).
+    bg: Mutex<Vec<Pooled>>,
 }
 
 /// A started pod: its reader (or the background) blocked or running.
@@ -492,7 +496,7 @@ impl CriRuntime {
             next: AtomicU64::new(0),
             epoch,
             pool: Mutex::new(VecDeque::new()),
-            bg: Mutex::new(None),
+            bg: Mutex::new(Vec::new()),
         })
     }
 
@@ -640,11 +644,23 @@ impl Runtime for CriRuntime {
         Some(self.pods.driver.describe())
     }
 
-    fn start_background(&self, file: &Path, kind: BackgroundKind, hooks: &dyn ReaderHooks) -> Result<Background> {
+    fn start_background(
+        &self,
+        file: &Path,
+        kind: BackgroundKind,
+        weight: Option<StaticWeight>,
+        hooks: &dyn ReaderHooks,
+    ) -> Result<Background> {
         let file_c = self.in_container(file)?;
         let command = kind.container_command(&file_c);
-        let p = self.run_pod(self.next.fetch_add(1, Ordering::Relaxed), "bg", command.clone())?;
-        *self.bg.lock().unwrap_or_else(|e| e.into_inner()) = Some(p.clone());
+        let role = if weight.is_some() { "bg-static" } else { "bg" };
+        let p = self.run_pod(self.next.fetch_add(1, Ordering::Relaxed), role, command.clone())?;
+        self.bg.lock().unwrap_or_else(|e| e.into_inner()).push(p.clone());
+        if let Some(w) = weight {
+            // The pod cgroup's weight, as the kubelet's level is set by hand: right after the pod started (its
+            // container may have read for a few milliseconds at the default; the bench freezes it before measuring).
+            w.write(&p.pod_dir)?;
+        }
         hooks.created(&container_info(&p.pod.uid, p.pod_dir.clone()), Instant::now())?;
         // Its processes and bytes are its container's cgroup's; its weight is its pod's (`background_weight_dir`).
         let bg = Background { id: p.pod.uid.clone(), cgroup: p.ctr_dir.clone(), command: command.join(" ") };
@@ -653,22 +669,26 @@ impl Runtime for CriRuntime {
     }
 
     fn background_weight_dir(&self, bg: &Background) -> CgroupDir {
-        match &*self.bg.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(p) if p.pod.uid == bg.id => p.pod_dir.clone(),
-            _ => bg.cgroup.clone(),
+        match self.bg.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|p| p.pod.uid == bg.id) {
+            Some(p) => p.pod_dir.clone(),
+            None => bg.cgroup.clone(),
         }
     }
 
     fn stop_background(&self, bg: &Background) -> Result<()> {
         bg.thaw();
-        let p = self.bg.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let p = {
+            let mut bgs = self.bg.lock().unwrap_or_else(|e| e.into_inner());
+            bgs.iter().position(|p| p.pod.uid == bg.id).map(|i| bgs.remove(i))
+        };
         match p {
             Some(p) => self.pods.remove(&p.pod),
             None => Ok(()),
         }
     }
 
-    fn prepare(&self, reads: &[std::path::PathBuf]) -> Result<()> {
+    fn prepare(&self, reads: &[PlannedRead]) -> Result<()> {
+        // Reader pods are alike: a static weight is written into the pod cgroup when the read is due.
         let readers = reads.len();
         // Every reader pod of the mode now, before the background runs (see the module doc).
         let started = super::start_all(readers, "pod", || self.start_pooled())?;
@@ -679,20 +699,21 @@ impl Runtime for CriRuntime {
     fn end_mode(&self) -> Result<()> {
         // Finished readers' pods were kept so that no pod removal (root-disk I/O) overlapped a measurement.
         self.pool.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        let bg = self.bg.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|p| p.pod.clone());
+        let bgs: Vec<PodRef> =
+            self.bg.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|p| p.pod.clone()).collect();
         let readers: Vec<PodRef> = self
             .pods
             .live
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .filter(|p| Some(*p) != bg.as_ref())
+            .filter(|p| !bgs.contains(p))
             .cloned()
             .collect();
         self.pods.remove_many(readers)
     }
 
-    fn run_reader(&self, file: &Path, hooks: &dyn ReaderHooks) -> Result<ReadOutcome> {
+    fn run_reader(&self, file: &Path, weight: Option<StaticWeight>, hooks: &dyn ReaderHooks) -> Result<ReadOutcome> {
         let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
         let p = match pooled {
             Some(p) => p,
@@ -701,6 +722,10 @@ impl Runtime for CriRuntime {
         let t0 = Instant::now();
         let cid = ContainerId::new(&p.pod.uid);
         let result = (|| -> Result<ReadOutcome> {
+            if let Some(w) = weight {
+                // The pod cgroup's weight by hand, before the reader is told what to read.
+                w.write(&p.pod_dir)?;
+            }
             let weight = hooks.created(&container_info(&p.pod.uid, p.pod_dir.clone()), t0)?;
             // Opening the FIFO for writing completes once the reader has it open for reading (it does at start).
             let mut go = std::fs::OpenOptions::new()

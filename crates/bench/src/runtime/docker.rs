@@ -14,7 +14,8 @@
 //! is the reader's own (first read to last). Exited readers are removed at the end of the mode (no container
 //! removal overlaps a measurement).
 //!
-//! The bench writes no weight: the agent's daemon (with the agent binary's Docker backends, see `crate::agent`)
+//! The static-best variant's containers are created with `--blkio-weight` (`crate::static_best`), as an operator
+//! sets a static weight. Otherwise the bench writes no weight: the agent's daemon (with the agent binary's Docker backends, see `crate::agent`)
 //! discovers the containers itself and applies weights; the bench finds each container's cgroup with the agent's
 //! own naming (`qos_agent::runtime::docker::container_cgroup`) and reads its weight file.
 
@@ -32,9 +33,10 @@ use qos_agent::runtime::docker::CgroupDriver;
 use qos_core::ContainerId;
 
 use super::cgroup::CgroupLayout;
-use super::{parse_report, Background, BackgroundKind, ReadOutcome, ReaderHooks, Runtime};
+use super::{parse_report, Background, BackgroundKind, PlannedRead, ReadOutcome, ReaderHooks, Runtime};
 use crate::agent::{container_info, WeightRead};
 use crate::cleanup::Cleanup;
+use crate::static_best::StaticWeight;
 use crate::sys;
 
 const SOCKET: &str = "/var/run/docker.sock";
@@ -62,22 +64,35 @@ pub fn daemon_answers() -> bool {
 #[derive(Debug)]
 pub struct DockerRuntime {
     image: String,
-    files_dir: PathBuf,
-    ctl_dir: PathBuf,
-    lib_mounts: Vec<String>,
-    layout: CgroupLayout,
+    /// What every container's `docker run`/`create` line has.
+    shared: SharedArgs,
     /// The cgroup hierarchy (the agent's detection) and dockerd's cgroup driver: where containers' cgroups are.
     root: Arc<CgroupRoot>,
     driver: CgroupDriver,
     next: AtomicU64,
     cleanup: &'static Cleanup,
+    /// Reader containers created ahead of time, by the file they read and their `--blkio-weight` (see
+    /// [`Runtime::prepare`]).
+    pool: Mutex<HashMap<PoolKey, VecDeque<Pooled>>>,
+    /// The background containers (the static-best variant's beside the first), kept when exited readers are removed.
+    bg_ids: Mutex<Vec<String>>,
+}
+
+/// What every container of the bench has on its `docker run`/`create` line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SharedArgs {
+    /// `ddiskqos-bench=<pid>`: the bench's containers, for their removal.
     label: String,
-    /// Reader containers created ahead of time, by the file they read (see [`Runtime::prepare`]).
-    pool: Mutex<HashMap<PathBuf, VecDeque<Pooled>>>,
-    /// The background container, kept when exited readers are removed.
-    bg_id: Mutex<Option<String>>,
+    /// The test files, mounted at `/data`.
+    files_dir: PathBuf,
+    /// The control directory, mounted at `/ctl`.
+    ctl_dir: PathBuf,
+    /// The host's library directories, read-only.
+    lib_mounts: Vec<String>,
     /// `--pin-weights`: readers' and background's `ddiskqos.weight` labels.
     pin: Option<(u32, u32)>,
+    /// Where the containers' cgroups go.
+    layout: CgroupLayout,
 }
 
 impl DockerRuntime {
@@ -129,23 +144,30 @@ impl DockerRuntime {
         }
         Ok(Self {
             image,
-            files_dir: files_dir.to_path_buf(),
-            ctl_dir,
-            lib_mounts,
-            layout,
+            shared: SharedArgs { label, files_dir: files_dir.to_path_buf(), ctl_dir, lib_mounts, pin, layout },
             root,
             driver,
             next: AtomicU64::new(0),
             cleanup,
-            label,
             pool: Mutex::new(HashMap::new()),
-            bg_id: Mutex::new(None),
-            pin,
+            bg_ids: Mutex::new(Vec::new()),
         })
     }
 
-    /// `docker run`/`create` arguments shared by the background (`background`) and the readers.
-    fn base_args(&self, name: &str, background: bool) -> Vec<String> {
+    /// The path of a file on the test file system as containers see it.
+    fn in_container(&self, file: &Path) -> Result<String> {
+        let rel = file
+            .strip_prefix(&self.shared.files_dir)
+            .with_context(|| format!("{} is not under {}", file.display(), self.shared.files_dir.display()))?;
+        Ok(format!("/data/{}", rel.display()))
+    }
+}
+
+impl SharedArgs {
+    /// `docker run`/`create` arguments of the background (`background`) or a reader named `name`; with `weight`
+    /// (the static-best variant) the container is created at that weight (`--blkio-weight`), or not at all where
+    /// Docker would refuse or clamp it.
+    fn args(&self, name: &str, background: bool, weight: Option<StaticWeight>) -> Result<Vec<String>> {
         let mut args: Vec<String> = vec![
             "--name".into(),
             name.into(),
@@ -167,19 +189,24 @@ impl DockerRuntime {
             args.push("--label".into());
             args.push(format!("ddiskqos.weight={}", if background { bg } else { reader }));
         }
-        if let Some(parent) = self.parent() {
+        if let Some(parent) = parent(self.layout) {
             // /sys/fs/cgroup/blkio/<id> instead of docker/<id>.
             args.push(format!("--cgroup-parent={parent}"));
         }
-        args
+        if let Some(w) = weight {
+            // Static weights as an operator sets them: once, at the container's creation.
+            let role = if background { "background" } else { "reader" };
+            args.extend(crate::static_best::docker_args(role, w.weight)?);
+        }
+        Ok(args)
     }
+}
 
-    /// The path of a file on the test file system as containers see it.
-    fn in_container(&self, file: &Path) -> Result<String> {
-        let rel = file
-            .strip_prefix(&self.files_dir)
-            .with_context(|| format!("{} is not under {}", file.display(), self.files_dir.display()))?;
-        Ok(format!("/data/{}", rel.display()))
+/// The `--cgroup-parent` of `layout` (`None`: Docker's default).
+fn parent(layout: CgroupLayout) -> Option<&'static str> {
+    match layout {
+        CgroupLayout::Flat => Some("/"),
+        CgroupLayout::Nested => None,
     }
 }
 
@@ -226,10 +253,7 @@ impl DockerRuntime {
 
     /// The `--cgroup-parent` of the layout (`None`: Docker's default).
     fn parent(&self) -> Option<&'static str> {
-        match self.layout {
-            CgroupLayout::Flat => Some("/"),
-            CgroupLayout::Nested => None,
-        }
+        parent(self.shared.layout)
     }
 }
 
@@ -238,11 +262,18 @@ impl Runtime for DockerRuntime {
         "docker"
     }
 
-    fn start_background(&self, file: &Path, kind: BackgroundKind, hooks: &dyn ReaderHooks) -> Result<Background> {
-        let name = format!("ddqb-{}-bg", std::process::id());
+    fn start_background(
+        &self,
+        file: &Path,
+        kind: BackgroundKind,
+        weight: Option<StaticWeight>,
+        hooks: &dyn ReaderHooks,
+    ) -> Result<Background> {
+        let suffix = if weight.is_some() { "-static" } else { "" };
+        let name = format!("ddqb-{}-bg{suffix}", std::process::id());
         let file_c = self.in_container(file)?;
         let mut args: Vec<String> = vec!["run".into(), "-d".into()];
-        args.extend(self.base_args(&name, true));
+        args.extend(self.shared.args(&name, true, weight)?);
         args.push(self.image.clone());
         let command = kind.container_command(&file_c);
         args.extend(command.iter().cloned());
@@ -260,7 +291,7 @@ impl Runtime for DockerRuntime {
             }
         };
         hooks.created(&container_info(&id, cgroup.clone()), Instant::now())?;
-        *self.bg_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(id.clone());
+        self.bg_ids.lock().unwrap_or_else(|e| e.into_inner()).push(id.clone());
         let bg = Background { id: id.clone(), cgroup, command: command.join(" ") };
         bg.wait_reading(logs)?;
         Ok(bg)
@@ -268,29 +299,30 @@ impl Runtime for DockerRuntime {
 
     fn stop_background(&self, bg: &Background) -> Result<()> {
         bg.thaw();
+        self.bg_ids.lock().unwrap_or_else(|e| e.into_inner()).retain(|id| *id != bg.id);
         sys::run("docker", &["rm", "-f", &bg.id]).map(|_| ())
     }
 
-    fn prepare(&self, reads: &[PathBuf]) -> Result<()> {
+    fn prepare(&self, reads: &[PlannedRead]) -> Result<()> {
         // Create every reader container of the mode now, before the background runs: `docker create` writes to
         // the root disk, which the background loads heavily in BFQ's default mode (seconds per container).
         let next = std::sync::atomic::AtomicUsize::new(0);
         let created = super::start_all(reads.len(), "container", || {
-            let file = &reads[next.fetch_add(1, Ordering::Relaxed)];
-            Ok((file.clone(), self.create_reader(file)?))
+            let read = &reads[next.fetch_add(1, Ordering::Relaxed)];
+            Ok((pool_key(&read.file, read.weight), self.create_reader(&read.file, read.weight)?))
         })?;
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-        for (file, p) in created {
-            pool.entry(file).or_default().push_back(p);
+        for (key, p) in created {
+            pool.entry(key).or_default().push_back(p);
         }
         Ok(())
     }
 
     fn end_mode(&self) -> Result<()> {
         // Exited readers were kept so that no container removal (root-disk I/O) overlapped a measurement.
-        let ids = sys::run("docker", &["ps", "-aq", "--filter", &format!("label={}", self.label)])?;
-        let bg = self.bg_id.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let ids: Vec<&str> = ids.split_whitespace().filter(|id| !matches!(&bg, Some(b) if b.starts_with(id))).collect();
+        let ids = sys::run("docker", &["ps", "-aq", "--filter", &format!("label={}", self.shared.label)])?;
+        let bgs = self.bg_ids.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let ids: Vec<&str> = ids.split_whitespace().filter(|id| !bgs.iter().any(|b| b.starts_with(id))).collect();
         for chunk in ids.chunks(50) {
             let mut args = vec!["rm", "-f"];
             args.extend(chunk);
@@ -300,11 +332,12 @@ impl Runtime for DockerRuntime {
         Ok(())
     }
 
-    fn run_reader(&self, file: &Path, hooks: &dyn ReaderHooks) -> Result<ReadOutcome> {
-        let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).get_mut(file).and_then(VecDeque::pop_front);
+    fn run_reader(&self, file: &Path, weight: Option<StaticWeight>, hooks: &dyn ReaderHooks) -> Result<ReadOutcome> {
+        let key = pool_key(file, weight);
+        let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&key).and_then(VecDeque::pop_front);
         let p = match pooled {
             Some(p) => p,
-            None => self.create_reader(file)?,
+            None => self.create_reader(file, weight)?,
         };
         let cid = ContainerId::new(&p.id);
         let t0 = Instant::now();
@@ -362,14 +395,14 @@ impl DockerRuntime {
     }
 
     /// Creates (does not start) a reader container whose command reads `file` at once and leaves its report in
-    /// `/ctl/result-<n>`.
-    fn create_reader(&self, file: &Path) -> Result<Pooled> {
+    /// `/ctl/result-<n>`; with `weight`, at that weight (the static-best variant).
+    fn create_reader(&self, file: &Path, weight: Option<StaticWeight>) -> Result<Pooled> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let name = format!("ddqb-{}-fg-{n}", std::process::id());
-        let result = self.ctl_dir.join(format!("result-{n}"));
+        let result = self.shared.ctl_dir.join(format!("result-{n}"));
         let _ = std::fs::remove_file(&result);
         let mut args: Vec<String> = vec!["create".into()];
-        args.extend(self.base_args(&name, false));
+        args.extend(self.shared.args(&name, false, weight)?);
         args.push(self.image.clone());
         let result_in = format!("/ctl/result-{n}");
         let file_in = self.in_container(file)?;
@@ -380,9 +413,73 @@ impl DockerRuntime {
     }
 }
 
+/// Which reader containers can serve a read: the file they read and the `--blkio-weight` they were created with.
+type PoolKey = (PathBuf, Option<u32>);
+
+/// The pool a reader of `file` created with `weight` is kept in: readers of the static-best variant are created at
+/// their weight and serve only that variant.
+fn pool_key(file: &Path, weight: Option<StaticWeight>) -> PoolKey {
+    (file.to_path_buf(), weight.map(|w| w.weight.to_bfq()))
+}
+
 /// A reader container created ahead of time, not started.
 #[derive(Debug)]
 struct Pooled {
     id: String,
     result: PathBuf,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::WeightProbe;
+    use qos_core::Weight;
+
+    fn shared(layout: CgroupLayout, pin: Option<(u32, u32)>) -> SharedArgs {
+        SharedArgs {
+            label: "ddiskqos-bench=42".into(),
+            files_dir: "/mnt/files".into(),
+            ctl_dir: "/work/ctl".into(),
+            lib_mounts: vec!["/usr:/usr:ro".into()],
+            pin,
+            layout,
+        }
+    }
+
+    fn weight(w: u64) -> StaticWeight {
+        StaticWeight { weight: Weight::new(w).unwrap(), probe: WeightProbe::V1 }
+    }
+
+    /// The value following `flag` in `args`, if the flag is there.
+    fn value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+        args.iter().position(|a| a == flag).map(|i| args[i + 1].as_str())
+    }
+
+    #[test]
+    fn static_weights_are_set_at_creation_with_blkio_weight() {
+        let nested = shared(CgroupLayout::Nested, None);
+        let plain = nested.args("ddqb-42-fg-0", false, None).unwrap();
+        assert_eq!(value(&plain, "--name"), Some("ddqb-42-fg-0"));
+        assert_eq!(value(&plain, "--label"), Some("ddiskqos-bench=42"));
+        assert!(value(&plain, "--blkio-weight").is_none(), "{plain:?}");
+        assert!(!plain.iter().any(|a| a.starts_with("--cgroup-parent")), "nested: Docker's default: {plain:?}");
+        let reader = nested.args("ddqb-42-fg-1", false, Some(weight(1000))).unwrap();
+        assert_eq!(value(&reader, "--blkio-weight"), Some("1000"));
+        let bg = shared(CgroupLayout::Flat, None).args("ddqb-42-bg-static", true, Some(weight(10))).unwrap();
+        assert_eq!(value(&bg, "--blkio-weight"), Some("10"));
+        assert!(bg.iter().any(|a| a == "--cgroup-parent=/"), "{bg:?}");
+        // Docker would refuse a weight under 10: no container is made.
+        let err = nested.args("ddqb-42-bg-static", true, Some(weight(5))).unwrap_err().to_string();
+        assert!(err.contains("background's weight 5") && err.contains("--blkio-weight"), "{err}");
+    }
+
+    #[test]
+    fn pinned_labels_stay_beside_static_weights_and_pools_are_kept_apart() {
+        let pinned = shared(CgroupLayout::Nested, Some((1000, 10))).args("bg", true, Some(weight(10))).unwrap();
+        assert!(pinned.iter().any(|a| a == "ddiskqos.weight=10"), "{pinned:?}");
+        assert_eq!(value(&pinned, "--blkio-weight"), Some("10"));
+        let file = Path::new("/mnt/files/exp1-1MiB.dat");
+        assert_ne!(pool_key(file, None), pool_key(file, Some(weight(1000))));
+        assert_eq!(pool_key(file, Some(weight(1000))), (file.to_path_buf(), Some(1000)));
+    }
 }

@@ -7,6 +7,10 @@
 //! its weight file, in dDiskQoS blocks until the agent's top weight is there), and [`ReaderHooks::finished`] after
 //! it exited. Docker readers read at once, while the hooks time the agent's reaction; cgroup and CRI readers wait
 //! for the hooks before their first I/O (their reaction time is the bench's announcement, not the agent's).
+//!
+//! A reader or background made with a [`StaticWeight`] (the static-best variant) gets that weight the way an
+//! operator sets it through the runtime: Docker's `--blkio-weight` at creation, the weight file of a cgroup the bench
+//! makes (cgroup-dir) or of a pod's cgroup (CRI) before the first read.
 
 pub mod cgroup;
 pub mod cri;
@@ -25,6 +29,7 @@ use serde::Serialize;
 
 use crate::agent::WeightRead;
 use crate::reader::ReadReport;
+use crate::static_best::StaticWeight;
 
 /// Which runtime to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -196,8 +201,15 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
         None
     }
     /// Starts the background reader on `file` (a path on the test file system); it runs until stopped. `hooks`
-    /// hear of its cgroup before it starts reading.
-    fn start_background(&self, file: &Path, kind: BackgroundKind, hooks: &dyn ReaderHooks) -> Result<Background>;
+    /// hear of its cgroup before it starts reading. With `weight`, the background set at that weight when created
+    /// (the static-best variant's, a second background beside the first).
+    fn start_background(
+        &self,
+        file: &Path,
+        kind: BackgroundKind,
+        weight: Option<StaticWeight>,
+        hooks: &dyn ReaderHooks,
+    ) -> Result<Background>;
     /// The cgroup whose weight governs the background (the bench reads it after every read): its own cgroup, or
     /// for a pod its pod cgroup (where the agent writes) while `Background::cgroup` is its container's.
     fn background_weight_dir(&self, bg: &Background) -> CgroupDir {
@@ -205,16 +217,26 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     }
     /// Stops and removes the background.
     fn stop_background(&self, bg: &Background) -> Result<()>;
-    /// Runs one foreground reader of `file` as a new cgroup/container and waits for it.
-    fn run_reader(&self, file: &Path, hooks: &dyn ReaderHooks) -> Result<ReadOutcome>;
-    /// Called before a mode (before its background starts) with the files of every read it will do, in order.
-    fn prepare(&self, _reads: &[std::path::PathBuf]) -> Result<()> {
+    /// Runs one foreground reader of `file` as a new cgroup/container (with `weight`: set at that weight when
+    /// created, the static-best variant) and waits for it.
+    fn run_reader(&self, file: &Path, weight: Option<StaticWeight>, hooks: &dyn ReaderHooks) -> Result<ReadOutcome>;
+    /// Called before a mode (before its background starts) with every read it will do, in order.
+    fn prepare(&self, _reads: &[PlannedRead]) -> Result<()> {
         Ok(())
     }
     /// Called after a mode (after its background stopped).
     fn end_mode(&self) -> Result<()> {
         Ok(())
     }
+}
+
+/// One read a mode will do: its file and the weight its reader is created with, if static.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedRead {
+    /// The file (a path on the test file system).
+    pub file: std::path::PathBuf,
+    /// The static-best variant's reader weight; `None` for the other variants.
+    pub weight: Option<StaticWeight>,
 }
 
 /// Parses the reader's JSON line out of its output.
