@@ -38,14 +38,17 @@ GUEST_BUILD_PID=$!
 # A failing host pass ends this script early: the build goes with it (its own trap removes its scratch files).
 IMAGE_PID=""
 trap 'kill "$GUEST_BUILD_PID" $IMAGE_PID $HELM_PID 2>/dev/null || true' EXIT
-wait_guest_image() {
-  if ! wait "$GUEST_BUILD_PID"; then
-    cat "$GUEST_BUILD_LOG" >&2
-    echo "scripts/test.sh: building the guest image failed" >&2
+# Waits for the background job PID whose output is in LOG: if it failed, prints LOG and fails naming WHAT; else
+# prints LOG's lines matching PATTERN (its last lines if none does) and removes LOG.
+await_job() {
+  local pid=$1 log=$2 what=$3 pattern=$4
+  if ! wait "$pid"; then
+    cat "$log" >&2
+    echo "scripts/test.sh: $what failed" >&2
     exit 1
   fi
-  cat "$GUEST_BUILD_LOG" >&2
-  rm -f "$GUEST_BUILD_LOG"
+  grep -E "$pattern" "$log" >&2 || tail -n 5 "$log" >&2
+  rm -f "$log"
 }
 export DDISKQOS_REQUIRE_REAL=1
 export PATH="/usr/bin:$PATH"   # Debian's docker CLI, matching the daemon
@@ -71,25 +74,13 @@ phase "the host pass: run (the DaemonSet's image builds beside it)"
 cargo test "${HOST_TARGETS[@]}" --no-fail-fast -- --include-ignored --skip v2_real:: --skip systemd_real:: \
   --skip deploy_real:: --skip helm_chart::
 phase "waiting for cargo-deb and helm"
-if ! wait "$HELM_PID"; then
-  cat "$HELM_LOG" >&2
-  echo "scripts/test.sh: installing cargo-deb or helm failed" >&2
-  exit 1
-fi
+await_job "$HELM_PID" "$HELM_LOG" "installing cargo-deb or helm" '^install-'
 HELM_PID=""
-grep -E '^install-' "$HELM_LOG" >&2 || tail -n 2 "$HELM_LOG" >&2
-rm -f "$HELM_LOG"
 phase "the host pass: the Helm chart (helm renders, lints; kubernetes-validate)"
 cargo test "${HOST_TARGETS[@]}" -- --include-ignored helm_chart::
 phase "waiting for the DaemonSet's image and the Debian packages"
-if ! wait "$IMAGE_PID"; then
-  cat "$IMAGE_LOG" >&2
-  echo "scripts/test.sh: building the DaemonSet's image or the Debian packages failed" >&2
-  exit 1
-fi
+await_job "$IMAGE_PID" "$IMAGE_LOG" "building the DaemonSet's image or the Debian packages" '^(built |build-deb:|[EWI]: )'
 IMAGE_PID=""
-grep -E '^(built |build-deb:|[EWI]: )' "$IMAGE_LOG" >&2 || tail -n 5 "$IMAGE_LOG" >&2
-rm -f "$IMAGE_LOG"
 phase "the host pass: deploy_real (the DaemonSet's image as a pod)"
 cargo test "${HOST_TARGETS[@]}" -- --include-ignored deploy_real::
 phase "the criterion benches in test mode, the doc tests"
@@ -112,7 +103,7 @@ V2_TEST=$(grep '"name":"all"' <<<"$BUILT" | grep '/crates/qos-agent#' | grep -o 
 BENCH_V2_TEST=$(grep -o '"executable":"[^"]*/real_run-[^"]*"' <<<"$BUILT" | cut -d'"' -f4 | tail -1)
 [ -x "$BENCH_V2_TEST" ] || { echo "scripts/test.sh: cannot find the bench's real_run test binary" >&2; exit 1; }
 phase "waiting for the guest image"
-wait_guest_image
+await_job "$GUEST_BUILD_PID" "$GUEST_BUILD_LOG" "building the guest image" ''
 # The packages for systemd_real's package test, by path (the checkout is at the same path in the guest).
 DDISKQOS_DEB=$(ls "$PWD"/target/packages/ddiskqos-agent_*-1_amd64.deb)
 DDISKQOS_DEB_UPGRADE=$(ls "$PWD"/target/packages/ddiskqos-agent_*-2_amd64.deb)
