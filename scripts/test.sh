@@ -108,6 +108,9 @@ await_job "$GUEST_BUILD_PID" "$GUEST_BUILD_LOG" "building the guest image" ''
 DDISKQOS_DEB=$(ls "$PWD"/target/packages/ddiskqos-agent_*-1_amd64.deb)
 DDISKQOS_DEB_UPGRADE=$(ls "$PWD"/target/packages/ddiskqos-agent_*-2_amd64.deb)
 export DDISKQOS_DEB DDISKQOS_DEB_UPGRADE
+# Each line of the guest's output gets the seconds since its boot began, so that a test's time is the difference
+# between its line and the one before (one test at a time there).
+stamp() { local t0=$SECONDS l; while IFS= read -r l || [ -n "$l" ]; do printf '[%4d s] %s\n' $((SECONDS - t0)) "$l"; done; }
 # Both binaries run (one boot per suite), and either failing in either suite fails the pass (every suite runs).
 failed=""
 for suite in $SUITES; do
@@ -115,7 +118,7 @@ for suite in $SUITES; do
   DDISKQOS_GUEST_SUITE=$suite bash scripts/guest.sh run --dockerd --image ddiskqos-agent:0.1.0 -- sh -c \
     '"$1" --include-ignored --test-threads=1 --show-output v2_real:: systemd_real::; a=$?
      "$2" --include-ignored --test-threads=1 --show-output v2_real::; b=$?; [ "$a" = 0 ] && [ "$b" = 0 ]' \
-    sh "$V2_TEST" "$BENCH_V2_TEST" || failed="$failed $suite"
+    sh "$V2_TEST" "$BENCH_V2_TEST" 2>&1 | stamp || failed="$failed $suite"
 done
 [ -z "$failed" ] || { echo "scripts/test.sh: the v2 pass failed in:$failed" >&2; exit 1; }
 phase "done"
