@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Polls every child cgroup of a cgroup-v1 blkio parent (default: Docker's /sys/fs/cgroup/blkio/docker) every PERIOD
 seconds and writes one line per child: time, short id, BFQ weight as read back from blkio.bfq.weight, bytes read on
-device MAJ:MIN (blkio.bfq.io_service_bytes_recursive). Stops when killed.
+device MAJ:MIN (blkio.bfq.io_service_bytes_recursive; `any`: every device's). Stops when killed.
 
     weight-timeline.py MAJ:MIN OUT [PERIOD] [PARENT]
 """
@@ -29,8 +29,8 @@ def main():
                     read = 0
                     for line in open(os.path.join(path, "blkio.bfq.io_service_bytes_recursive")):
                         f = line.split()
-                        if len(f) == 3 and f[0] == dev and f[1] == "Read":
-                            read = int(f[2])
+                        if len(f) == 3 and dev in (f[0], "any") and f[1] == "Read":
+                            read += int(f[2])
                 except (OSError, IndexError):
                     continue
                 out.write(f"{now:.3f} {child[:12]} w={weight} rb={read}\n")
