@@ -15,7 +15,10 @@
 //! removal overlaps a measurement).
 //!
 //! The static-best variant's containers are created with `--blkio-weight` (`crate::static_best`), as an operator
-//! sets a static weight. Otherwise the bench writes no weight: the agent's daemon (with the agent binary's Docker backends, see `crate::agent`)
+//! sets a static weight; where Docker does not put it into the file that governs the test device (Docker 20.10 on a
+//! cgroup-v1 BFQ host discards it), the bench's hooks write that file as soon as the cgroup appears (the
+//! background's once `docker run -d` returned, a reader's from the watcher, while `docker start` runs). Otherwise
+//! the bench writes no weight: the agent's daemon (with the agent binary's Docker backends, see `crate::agent`)
 //! discovers the containers itself and applies weights; the bench finds each container's cgroup with the agent's
 //! own naming (`qos_agent::runtime::docker::container_cgroup`) and reads its weight file.
 
