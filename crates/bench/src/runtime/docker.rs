@@ -197,9 +197,13 @@ impl SharedArgs {
             args.push(format!("--cgroup-parent={parent}"));
         }
         if let Some(w) = weight {
-            // Static weights as an operator sets them: once, at the container's creation.
+            // Static weights as an operator sets them: once, at the container's creation; and kept from the agent,
+            // which finds Docker's containers by itself (in dDiskQoS blocks it would weight them, and restore their
+            // weights when put back in its dry run), as an operator keeps it from containers weighted by hand.
             let role = if background { "background" } else { "reader" };
             args.extend(crate::static_best::docker_args(role, w.weight)?);
+            args.push("--label".into());
+            args.push(format!("{}=true", qos_agent::labels::EXCLUDE_LABEL));
         }
         Ok(args)
     }
@@ -466,8 +470,10 @@ mod tests {
         assert_eq!(value(&plain, "--label"), Some("ddiskqos-bench=42"));
         assert!(value(&plain, "--blkio-weight").is_none(), "{plain:?}");
         assert!(!plain.iter().any(|a| a.starts_with("--cgroup-parent")), "nested: Docker's default: {plain:?}");
+        assert!(!plain.iter().any(|a| a == "ddiskqos.exclude=true"), "the agent's to weight: {plain:?}");
         let reader = nested.args("ddqb-42-fg-1", false, Some(weight(1000))).unwrap();
         assert_eq!(value(&reader, "--blkio-weight"), Some("1000"));
+        assert!(reader.iter().any(|a| a == "ddiskqos.exclude=true"), "kept from the agent: {reader:?}");
         let bg = shared(CgroupLayout::Flat, None).args("ddqb-42-bg-static", true, Some(weight(10))).unwrap();
         assert_eq!(value(&bg, "--blkio-weight"), Some("10"));
         assert!(bg.iter().any(|a| a == "--cgroup-parent=/"), "{bg:?}");
