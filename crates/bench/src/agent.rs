@@ -196,6 +196,32 @@ pub struct WeightRead {
     /// Awaited: whether the top weight arrived before the reader finished (`None`: read once, not awaited).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reached: Option<bool>,
+    /// The static-best variant: who put the weight into the file (`None` elsewhere, and in reports from before it
+    /// was recorded). `waited_ms` is then from the cgroup's appearance to the file reading the weight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set_by: Option<SetBy>,
+}
+
+/// Who put a static-best weight into the file that governs the test device (`crate::static_best`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SetBy {
+    /// The runtime's own way of setting it at creation: Docker's `--blkio-weight`; for the cgroup-dir and CRI
+    /// runtimes, whose way that is, the weight file written when the cgroup (pod) was made.
+    Runtime,
+    /// The bench: the runtime's own way left another value in the file (Docker on a cgroup-v1 BFQ host discards
+    /// `--blkio-weight`), so the bench wrote the file as soon as it saw that.
+    Bench,
+}
+
+impl SetBy {
+    /// For the report.
+    pub fn describe(self) -> &'static str {
+        match self {
+            SetBy::Runtime => "set by the runtime",
+            SetBy::Bench => "written by the bench",
+        }
+    }
 }
 
 /// One switch of the daemon's dry run (a `Command::Reload`).
@@ -485,6 +511,7 @@ impl Agent {
                         waited_ms: waited.as_secs_f64() * 1e3,
                         bytes_before,
                         reached: Some(true),
+                        set_by: None,
                     });
                 }
                 last = Some(*have);
@@ -496,6 +523,7 @@ impl Agent {
                     waited_ms,
                     bytes_before: None,
                     reached: Some(false),
+                    set_by: None,
                 });
             }
             let timeout = crate::sys::patience(WEIGHT_TIMEOUT);
@@ -552,7 +580,7 @@ impl Drop for Agent {
 
 /// Reads the weight of `dir` from the file `probe` names, once.
 pub fn read_weight(probe: &WeightProbe, dir: &CgroupDir) -> Result<WeightRead> {
-    Ok(WeightRead { weight: probe.read(dir)?.0, waited_ms: 0.0, bytes_before: None, reached: None })
+    Ok(WeightRead { weight: probe.read(dir)?.0, waited_ms: 0.0, bytes_before: None, reached: None, set_by: None })
 }
 
 /// The agent's configuration for the bench: the defaults, the bench's engine and sampling interval, the state file

@@ -7,9 +7,10 @@
 //! daemon is in dry run: it has restored every original weight and keeps sampling and deciding, writing nothing.
 //! With `--static-best` a second background runs, created at the engine's bottom weight, and the static-best blocks
 //! stop the first and let the second run (the others keep the second stopped); their readers are created at the
-//! top weight; the daemon is in dry run and is not told of them (`crate::static_best`). Every static weight is read
-//! back from the file that governs the device, the background's after every read: one that does not read as set
-//! fails the run.
+//! top weight; the daemon is in dry run and is not told of them (`crate::static_best`). Where the runtime's way does
+//! not put a static weight into the file that governs the device (the static background shows whether it does),
+//! the bench writes that file as soon as the cgroup exists. Every static weight is read back from that file, the
+//! background's after every read: one that does not read as set fails the run.
 //! Each read is a new cgroup/container. A Docker reader reads as soon as its container starts, while the bench
 //! times the agent's reaction (its cgroup's appearance to the top weight in its file); cgroup and CRI readers wait,
 //! in dDiskQoS blocks, until their weight file reads the top weight.
@@ -30,7 +31,7 @@ use crate::cleanup::Cleanup;
 use crate::disk::Disk;
 use crate::report::data::{CaseReport, ModeReport, Sample, Throughput};
 use crate::runtime::{Background, BackgroundKind, PlannedRead, ReaderHooks, Runtime};
-use crate::static_best::{StaticWeight, StaticWeights};
+use crate::static_best::{Delivery, StaticWeight, StaticWeights};
 use crate::stats::Latency;
 use crate::workload::{self, BfqMode, Exp2Reader, Plan, Variant};
 
@@ -113,14 +114,25 @@ impl Env<'_> {
 
 /// What the bench expects of a new cgroup's weight file.
 #[derive(Debug, Clone, Copy)]
-enum Expect {
+enum Expect<'a> {
     /// Whatever it holds, read once (Alone, Original: the original).
     Read,
     /// The agent's top weight, awaited (dDiskQoS).
     AgentTop,
-    /// The static weight it was created with, awaited a moment (Docker writes it as the container starts); another
-    /// value fails the run. The agent is not told of the cgroup (static best).
-    Static(StaticWeight),
+    /// Static best, the background (its runtime's set-up complete when its cgroup is looked at): the static weight
+    /// it was created with, written by the bench where the runtime's way did not put it in the governing file;
+    /// `Delivery` learns which. The agent is not told of the cgroup.
+    StaticSetUp(StaticWeight, &'a Delivery),
+    /// Static best, a reader (its runtime may still be setting it up): the static weight it was created with,
+    /// written at once where the background showed that the runtime's way does not take, else awaited a moment
+    /// (Docker writes it as the container starts); another value fails the run. The agent is not told of it.
+    StaticStarting(StaticWeight, &'a Delivery),
+}
+
+impl Expect<'_> {
+    fn is_static(&self) -> bool {
+        matches!(self, Expect::StaticSetUp(..) | Expect::StaticStarting(..))
+    }
 }
 
 /// What the bench does around a reader: announce it to the agent (cgroup runtime; not the static-best variant's),
@@ -128,14 +140,15 @@ enum Expect {
 /// weight it was created with), announce its end.
 struct AgentHooks<'a> {
     agent: &'a Agent,
-    expect: Expect,
+    expect: Expect<'a>,
 }
 
 impl ReaderHooks for AgentHooks<'_> {
     fn created(&self, info: &ContainerInfo, since: Instant) -> Result<WeightRead> {
         let dir = info.cgroup.as_ref().with_context(|| format!("container {} has no cgroup", info.id))?;
         match self.expect {
-            Expect::Static(weight) => weight.wait(dir, since),
+            Expect::StaticSetUp(weight, delivery) => weight.settle_set_up(dir, since, delivery),
+            Expect::StaticStarting(weight, delivery) => weight.settle_starting(dir, since, delivery),
             Expect::AgentTop => {
                 self.agent.announce_started(info)?;
                 self.agent.wait_for_weight(dir, self.agent.top(), since)
@@ -148,17 +161,18 @@ impl ReaderHooks for AgentHooks<'_> {
     }
 
     fn finished(&self, id: &ContainerId) {
-        if !matches!(self.expect, Expect::Static(_)) {
+        if !self.expect.is_static() {
             self.agent.announce_stopped(id);
         }
     }
 }
 
-/// The static-best variant's weights on the mode's governing file.
+/// The static-best variant's weights on the mode's governing file, and whether the runtime puts them there.
 #[derive(Debug, Clone, Copy)]
-struct Statics {
+struct Statics<'a> {
     reader: StaticWeight,
     background: StaticWeight,
+    delivery: &'a Delivery,
 }
 
 /// Per (case, variant) accumulator.
@@ -175,7 +189,7 @@ struct ModeRun<'a, 'e> {
     cfg: &'a RunConfig,
     bg: &'a Background,
     /// The static-best variant's background and weights (`--static-best`).
-    statics: Option<(&'a Background, Statics)>,
+    statics: Option<(&'a Background, Statics<'a>)>,
     agent: &'a Agent,
     blocks: BTreeMap<Variant, Throughput>,
     progress: &'a ProgressBar,
@@ -211,12 +225,14 @@ fn run_mode_on_device(
     let dev: qos_agent::blockdev::DevNum =
         env.disk.info.maj_min.parse().with_context(|| format!("device number {}", env.disk.info.maj_min))?;
     let probe = WeightProbe::for_device(&env.root, dev);
+    let delivery = Delivery::default();
     let statics = match cfg.static_best {
         true => {
             let w = StaticWeights::of(&cfg.engine)?;
             Some(Statics {
                 reader: StaticWeight { weight: w.reader, probe },
                 background: StaticWeight { weight: w.background, probe },
+                delivery: &delivery,
             })
         }
         false => None,
@@ -272,7 +288,7 @@ fn run_mode_on_device(
         let bg = env.runtime.start_background(bg_file, cfg.background, None, &hooks)?;
         let Some(s) = statics else { return Ok((bg, None)) };
         progress.set_message(format!("{}: starting the static-best background", mode.name()));
-        match start_static_background(env, cfg, bg_file, s.background, &agent) {
+        match start_static_background(env, cfg, bg_file, s.background, s.delivery, &agent) {
             Ok(static_bg) => Ok((bg, Some(static_bg))),
             Err(e) => {
                 let _ = env.runtime.stop_background(&bg);
@@ -326,6 +342,7 @@ fn run_mode_on_device(
         agent: Some(agent),
         iocost,
         weight_file: Some(probe.describe()),
+        static_background: delivery.first(),
     })
 }
 
@@ -383,7 +400,7 @@ impl ModeRun<'_, '_> {
         let statics = self.statics.map(|(_, s)| s);
         let (expect, weight) = match (variant, statics) {
             (Variant::DDiskQos, _) => (Expect::AgentTop, None),
-            (Variant::StaticBest, Some(s)) => (Expect::Static(s.reader), Some(s.reader)),
+            (Variant::StaticBest, Some(s)) => (Expect::StaticStarting(s.reader, s.delivery), Some(s.reader)),
             _ => (Expect::Read, None),
         };
         let hooks = AgentHooks { agent: self.agent, expect };
@@ -580,16 +597,18 @@ fn planned_reads(env: &Env<'_>, cfg: &RunConfig, reader: Option<StaticWeight>) -
     Ok(reads)
 }
 
-/// Starts the static-best background at `weight` (set at its creation, not announced to the agent), checks that
-/// the file governing the device reads it, and stops it until its first block.
+/// Starts the static-best background at `weight` (set at its creation, not announced to the agent; written by the
+/// bench where the runtime's way did not take, which `delivery` learns for the readers), checks that the file
+/// governing the device reads it, and stops it until its first block.
 fn start_static_background(
     env: &Env<'_>,
     cfg: &RunConfig,
     file: &Path,
     weight: StaticWeight,
+    delivery: &Delivery,
     agent: &Agent,
 ) -> Result<Background> {
-    let hooks = AgentHooks { agent, expect: Expect::Static(weight) };
+    let hooks = AgentHooks { agent, expect: Expect::StaticSetUp(weight, delivery) };
     let bg = env.runtime.start_background(file, cfg.background, Some(weight), &hooks)?;
     // Where its weight governs (a pod: the pod cgroup), as after every static-best read.
     let checked = weight.check(&env.runtime.background_weight_dir(&bg)).and_then(|_| bg.freeze());

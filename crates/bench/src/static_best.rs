@@ -12,15 +12,30 @@
 //! Every weight is then read back from the file that governs the test device ([`crate::agent::WeightProbe`]): a
 //! weight that does not read as set fails the run ([`StaticError`], naming the cgroup, the file and the value), so
 //! no figure is reported for weights that were not in force.
+//!
+//! **Where the runtime's own way does not reach the governing file, the bench writes it**, as an operator would
+//! ([`StaticWeight::settle_set_up`], [`StaticWeight::settle_starting`]). Docker 20.10 on a cgroup-v1 host whose test
+//! device runs BFQ accepts `--blkio-weight` and discards it (it looks for `blkio.weight`, which BFQ does not have;
+//! the governing file is `blkio.bfq.weight`). `--blkio-weight` stays on the command line; the mode's static
+//! background, whose runtime set-up is complete when its cgroup is first looked at, shows whether it took
+//! ([`Delivery`]). Where it did not, each reader's governing file is read as soon as its cgroup appears and, unless
+//! it already holds the weight, written then (through the agent's [`qos_agent::cgroup::WeightFile`], inside the
+//! [`CgroupDir`] resolved under the cgroup root the agent found) and read back. Every weight records who set it
+//! ([`SetBy`]) and how long after its cgroup appeared its file read it (`samples[].weight.{set_by,waited_ms}`,
+//! `modes[].static_background` in the JSON; one line of the report). This is for cgroup v1, where it was found:
+//! on cgroup v2 Docker delivers `--blkio-weight` (into `io.bfq.weight`), so normally nothing is written there; where
+//! a runtime left another value (a mapping to another scale), the bench would write the probe's v2 form
+//! (`default N`), which no run has tried yet.
 
 use std::ops::RangeInclusive;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use qos_agent::cgroup::CgroupDir;
 use qos_core::Weight;
 
-use crate::agent::{WeightProbe, WeightRead};
+use crate::agent::{SetBy, WeightProbe, WeightRead};
 
 /// The weights Docker's `--blkio-weight` accepts (0 means "unset").
 pub const DOCKER_BLKIO_WEIGHT: RangeInclusive<u32> = 10..=1000;
@@ -52,6 +67,17 @@ pub enum StaticError {
         /// What it read.
         read: u32,
     },
+    /// The bench could not write the value into the governing file (the runtime's own way had not put it there).
+    Write {
+        /// The container's (or pod's) cgroup.
+        cgroup: PathBuf,
+        /// The file written.
+        file: PathBuf,
+        /// The value written.
+        value: u32,
+        /// Why the write failed (the cgroup layer's error chain).
+        reason: String,
+    },
     /// The cgroup was gone before its file read the value set.
     Vanished {
         /// The cgroup.
@@ -80,6 +106,12 @@ impl std::fmt::Display for StaticError {
                 f,
                 "static best: cgroup {}: {} reads {read}, not the {want} set at the container's creation; the static \
                  weights are not in force, no figure is reported",
+                cgroup.display(),
+                file.display()
+            ),
+            StaticError::Write { cgroup, file, value, reason } => write!(
+                f,
+                "static best: cgroup {}: cannot write {value} into {} (the runtime had not put it there): {reason}",
                 cgroup.display(),
                 file.display()
             ),
@@ -148,12 +180,12 @@ impl StaticWeight {
         if read != want {
             return Err(StaticError::Mismatch { cgroup: dir.path().to_path_buf(), file, want, read }.into());
         }
-        Ok(WeightRead { weight: read, waited_ms: 0.0, bytes_before: None, reached: None })
+        Ok(WeightRead { weight: read, waited_ms: 0.0, bytes_before: None, reached: None, set_by: None })
     }
 
     /// Waits until the governing file of `dir` reads the value set (Docker: runc, or systemd, writes it after the
     /// cgroup appears), at most a few seconds: then [`StaticError::Mismatch`]; a cgroup gone first is
-    /// [`StaticError::Vanished`]. `waited_ms` counts from `since`.
+    /// [`StaticError::Vanished`]. `waited_ms` counts from `since`; set by [`SetBy::Runtime`].
     pub fn wait(&self, dir: &CgroupDir, since: Instant) -> anyhow::Result<WeightRead> {
         let want = self.file_value();
         let timeout = crate::sys::patience(APPEAR_TIMEOUT);
@@ -162,7 +194,8 @@ impl StaticWeight {
             match self.probe.read(dir) {
                 Ok((read, _)) if read == want => {
                     let waited_ms = since.elapsed().as_secs_f64() * 1e3;
-                    return Ok(WeightRead { weight: read, waited_ms, bytes_before: None, reached: None });
+                    let set_by = Some(SetBy::Runtime);
+                    return Ok(WeightRead { weight: read, waited_ms, bytes_before: None, reached: None, set_by });
                 }
                 Ok((read, file)) => {
                     last = Some(read);
@@ -178,6 +211,95 @@ impl StaticWeight {
             }
             std::thread::sleep(Duration::from_micros(100));
         }
+    }
+
+    /// A container whose runtime set-up is complete (the mode's static background: `docker run -d` has returned,
+    /// the cgroup-dir and CRI runtimes wrote its file before): its governing file read once; where it does not hold
+    /// the value, the runtime's way did not take and the bench writes it ([`Self::put`]). `delivery` learns the
+    /// outcome for the mode's readers. `waited_ms` counts from `since`, when the cgroup was found.
+    pub fn settle_set_up(&self, dir: &CgroupDir, since: Instant, delivery: &Delivery) -> anyhow::Result<WeightRead> {
+        let read = self.put(dir, since)?;
+        delivery.learn(read);
+        Ok(read)
+    }
+
+    /// A reader whose cgroup just appeared (`since`) and whose runtime may still be setting it up. Where the mode's
+    /// background showed that the runtime's way does not take ([`Delivery::runtime_delivers`] `Some(false)`), the
+    /// governing file is read at once and written unless it holds the value ([`Self::put`]): the reader may be
+    /// reading already. Otherwise the runtime's write is awaited ([`Self::wait`]).
+    pub fn settle_starting(&self, dir: &CgroupDir, since: Instant, delivery: &Delivery) -> anyhow::Result<WeightRead> {
+        match delivery.runtime_delivers() {
+            Some(false) => self.put(dir, since),
+            Some(true) | None => self.wait(dir, since),
+        }
+    }
+
+    /// Reads the governing file of `dir` once: the value set → [`SetBy::Runtime`], nothing written; another value →
+    /// the bench writes the value ([`WeightProbe::write`]: the agent's `WeightFile`, confined to the cgroup root) and
+    /// reads it back → [`SetBy::Bench`]. Fails with [`StaticError::Write`] where the write fails,
+    /// [`StaticError::Mismatch`] where the file still reads another value after it, and [`StaticError::Vanished`]
+    /// where the cgroup is gone. `waited_ms` is from `since` to the read that found the value.
+    fn put(&self, dir: &CgroupDir, since: Instant) -> anyhow::Result<WeightRead> {
+        let want = self.file_value();
+        let vanished = |last| StaticError::Vanished { cgroup: dir.path().to_path_buf(), want, last };
+        let (found, file) = match self.probe.read(dir) {
+            Ok(read) => read,
+            Err(_) if !dir.path().exists() => return Err(vanished(None).into()),
+            Err(e) => return Err(e),
+        };
+        let set_by = if found == want {
+            SetBy::Runtime
+        } else {
+            if let Err(e) = self.probe.write(dir, self.weight) {
+                if !dir.path().exists() {
+                    return Err(vanished(Some(found)).into());
+                }
+                return Err(self.write_error(dir, &file, e).into());
+            }
+            SetBy::Bench
+        };
+        let mut read = match self.check(dir) {
+            Err(_) if !dir.path().exists() => return Err(vanished(Some(found)).into()),
+            other => other?,
+        };
+        read.waited_ms = since.elapsed().as_secs_f64() * 1e3;
+        read.set_by = Some(set_by);
+        Ok(read)
+    }
+
+    fn write_error(&self, dir: &CgroupDir, file: &Path, e: anyhow::Error) -> StaticError {
+        StaticError::Write {
+            cgroup: dir.path().to_path_buf(),
+            file: file.to_path_buf(),
+            value: self.file_value(),
+            reason: format!("{e:#}"),
+        }
+    }
+}
+
+/// Whether the runtime's own way of setting a static weight reaches the governing file in this mode, learnt from
+/// the first container whose set-up was complete when its file was read ([`StaticWeight::settle_set_up`]: the static
+/// background, started before any static reader); that container's weight as settled is kept for the report.
+#[derive(Debug, Default)]
+pub struct Delivery {
+    first: OnceLock<WeightRead>,
+}
+
+impl Delivery {
+    /// `Some(true)` where the runtime set the first container's weight, `Some(false)` where the bench had to,
+    /// `None` before any was learnt.
+    pub fn runtime_delivers(&self) -> Option<bool> {
+        self.first.get().and_then(|r| r.set_by).map(|s| s == SetBy::Runtime)
+    }
+
+    /// The weight of the container it was learnt from (the static background), as settled.
+    pub fn first(&self) -> Option<WeightRead> {
+        self.first.get().copied()
+    }
+
+    fn learn(&self, read: WeightRead) {
+        // The first container decides; a later one (none in a mode) changes nothing.
+        let _ = self.first.set(read);
     }
 }
 
@@ -264,6 +386,151 @@ mod tests {
         // An override of the test device wins over the default: what acts on the device is what is checked.
         std::fs::write(dir.path().join(V2_BFQ_WEIGHT), "default 10\n7:0 100\n").unwrap();
         assert!(bottom.check(&dir).unwrap_err().to_string().contains("reads 100, not the 10"));
+    }
+
+    /// A v1 kernel on fixture files (`testbed`'s) that counts weight writes and, with `keeps`, puts that content
+    /// back after each (a kernel or runtime that does not let the value stand); with `refuses`, rejects them.
+    #[derive(Debug, Default)]
+    struct Kernel {
+        writes: std::sync::atomic::AtomicUsize,
+        keeps: Option<&'static str>,
+        refuses: bool,
+    }
+
+    impl qos_agent::cgroup::CgroupFs for Kernel {
+        fn write(&self, path: &Path, data: &[u8]) -> std::io::Result<usize> {
+            self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if self.refuses {
+                return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            let n = testbed::fixture::FixtureKernel.write(path, data)?;
+            if let Some(content) = self.keeps {
+                std::fs::write(path, content)?;
+            }
+            Ok(n)
+        }
+    }
+
+    impl Kernel {
+        fn writes(&self) -> usize {
+            self.writes.load(std::sync::atomic::Ordering::Relaxed)
+        }
+    }
+
+    /// A v1 root written through `kernel`, with a cgroup per `(name, blkio.bfq.weight content)`.
+    fn v1_root(kernel: &std::sync::Arc<Kernel>, cgroups: &[(&str, &str)]) -> (tempfile::TempDir, CgroupRoot) {
+        let tmp = tempfile::tempdir().unwrap();
+        for (name, content) in cgroups {
+            std::fs::create_dir_all(tmp.path().join(name)).unwrap();
+            std::fs::write(tmp.path().join(name).join(V1_BFQ_WEIGHT), content).unwrap();
+        }
+        let root = CgroupRoot::from_dir(CgroupVersion::V1, tmp.path()).unwrap().with_fs(kernel.clone());
+        (tmp, root)
+    }
+
+    fn statics() -> (StaticWeight, StaticWeight) {
+        let w = StaticWeights::of(&qos_core::Config::default()).unwrap();
+        (
+            StaticWeight { weight: w.reader, probe: WeightProbe::V1 },
+            StaticWeight { weight: w.background, probe: WeightProbe::V1 },
+        )
+    }
+
+    fn content(dir: &CgroupDir) -> String {
+        std::fs::read_to_string(dir.path().join(V1_BFQ_WEIGHT)).unwrap()
+    }
+
+    #[test]
+    fn a_weight_the_runtime_discarded_is_written_by_the_bench_and_readers_follow_at_once() {
+        // Docker on a v1 BFQ host: `--blkio-weight` accepted, the governing file left at BFQ's default.
+        let kernel = std::sync::Arc::new(Kernel::default());
+        let (_tmp, root) = v1_root(&kernel, &[("bg", "100\n"), ("fg", "100\n"), ("fg2", "1000\n")]);
+        let (reader, background) = statics();
+        let delivery = Delivery::default();
+        assert_eq!((delivery.runtime_delivers(), delivery.first()), (None, None));
+        let bg = root.resolve_relative("bg").unwrap();
+        let since = Instant::now();
+        let read = background.settle_set_up(&bg, since, &delivery).unwrap();
+        assert_eq!((read.weight, read.set_by, kernel.writes()), (10, Some(SetBy::Bench), 1));
+        assert_eq!(content(&bg), "10\n");
+        assert!(read.waited_ms >= 0.0 && read.waited_ms <= since.elapsed().as_secs_f64() * 1e3, "{read:?}");
+        assert_eq!((delivery.runtime_delivers(), delivery.first()), (Some(false), Some(read)));
+        // A reader is written as soon as its cgroup is seen, without waiting for a runtime known not to deliver.
+        let fg = root.resolve_relative("fg").unwrap();
+        let read = reader.settle_starting(&fg, Instant::now(), &delivery).unwrap();
+        assert_eq!((read.weight, read.set_by, kernel.writes()), (1000, Some(SetBy::Bench), 2));
+        assert_eq!(content(&fg), "1000\n");
+        // One whose file already holds the weight is left alone: nothing written, the runtime's.
+        let fg2 = root.resolve_relative("fg2").unwrap();
+        let read = reader.settle_starting(&fg2, Instant::now(), &delivery).unwrap();
+        assert_eq!((read.weight, read.set_by, kernel.writes()), (1000, Some(SetBy::Runtime), 2));
+        // The JSON says who set it; reads from before this was recorded (no `set_by`) still load.
+        let json = serde_json::to_value(read).unwrap();
+        assert_eq!(json["set_by"], "runtime");
+        let mut old = serde_json::to_value(WeightRead { set_by: Some(SetBy::Bench), ..read }).unwrap();
+        assert_eq!(old["set_by"], "bench");
+        old.as_object_mut().unwrap().remove("set_by");
+        assert_eq!(serde_json::from_value::<WeightRead>(old).unwrap().set_by, None);
+    }
+
+    #[test]
+    fn where_the_runtime_delivers_nothing_is_written_and_readers_wait_for_it() {
+        let kernel = std::sync::Arc::new(Kernel::default());
+        let (_tmp, root) = v1_root(&kernel, &[("bg", "10\n"), ("fg", "100\n")]);
+        let (reader, background) = statics();
+        let delivery = Delivery::default();
+        let read = background.settle_set_up(&root.resolve_relative("bg").unwrap(), Instant::now(), &delivery).unwrap();
+        assert_eq!((read.weight, read.set_by, kernel.writes()), (10, Some(SetBy::Runtime), 0));
+        assert_eq!(delivery.runtime_delivers(), Some(true));
+        // A reader whose runtime never delivers then fails as before, and the bench has not written it.
+        let fg = root.resolve_relative("fg").unwrap();
+        let long_ago = Instant::now() - 2 * crate::sys::patience(APPEAR_TIMEOUT);
+        let err = reader.settle_starting(&fg, long_ago, &delivery).unwrap_err().to_string();
+        assert!(err.contains("reads 100, not the 1000"), "{err}");
+        assert_eq!((kernel.writes(), content(&fg)), (0, "100\n".to_string()));
+        std::fs::write(fg.path().join(V1_BFQ_WEIGHT), "1000\n").unwrap();
+        let read = reader.settle_starting(&fg, Instant::now(), &delivery).unwrap();
+        assert_eq!((read.weight, read.set_by, kernel.writes()), (1000, Some(SetBy::Runtime), 0));
+    }
+
+    #[test]
+    fn a_value_that_does_not_hold_after_the_bench_wrote_it_fails_naming_cgroup_file_and_value() {
+        let kernel = std::sync::Arc::new(Kernel { keeps: Some("100\n"), ..Kernel::default() });
+        let (_tmp, root) = v1_root(&kernel, &[("bg", "100\n")]);
+        let bg = root.resolve_relative("bg").unwrap();
+        let delivery = Delivery::default();
+        let err = statics().1.settle_set_up(&bg, Instant::now(), &delivery).unwrap_err();
+        assert_eq!(kernel.writes(), 1);
+        let msg = err.to_string();
+        assert!(msg.contains(&bg.path().join(V1_BFQ_WEIGHT).display().to_string()), "{msg}");
+        assert!(msg.contains("reads 100, not the 10"), "{msg}");
+        assert!(matches!(err.downcast_ref::<StaticError>(), Some(StaticError::Mismatch { want: 10, read: 100, .. })));
+        assert_eq!(delivery.runtime_delivers(), None, "nothing learnt from a failure");
+    }
+
+    #[test]
+    fn a_refused_write_and_a_vanished_cgroup_fail_with_their_errors() {
+        let kernel = std::sync::Arc::new(Kernel { refuses: true, ..Kernel::default() });
+        let (tmp, root) = v1_root(&kernel, &[("bg", "100\n"), ("fg", "100\n")]);
+        let bg = root.resolve_relative("bg").unwrap();
+        let (reader, background) = statics();
+        let err = background.settle_set_up(&bg, Instant::now(), &Delivery::default()).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains(&format!("cannot write 10 into {}", bg.path().join(V1_BFQ_WEIGHT).display())), "{msg}");
+        assert!(matches!(err.downcast_ref::<StaticError>(), Some(StaticError::Write { value: 10, .. })), "{msg}");
+        // A reader gone before the bench saw its file (it finished at once) is `Vanished`, not a write error.
+        let delivery = Delivery::default();
+        delivery.learn(WeightRead {
+            weight: 10,
+            waited_ms: 0.0,
+            bytes_before: None,
+            reached: None,
+            set_by: Some(SetBy::Bench),
+        });
+        let fg = root.resolve_relative("fg").unwrap();
+        std::fs::remove_dir_all(tmp.path().join("fg")).unwrap();
+        let err = reader.settle_starting(&fg, Instant::now(), &delivery).unwrap_err();
+        assert!(matches!(err.downcast_ref::<StaticError>(), Some(StaticError::Vanished { want: 1000, .. })), "{err}");
     }
 
     #[test]

@@ -93,6 +93,17 @@ pub struct ModeReport {
     /// Which file every recorded weight was read from (on cgroup v2 the one that governs the test device).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_file: Option<String>,
+    /// `--static-best`: the static background's weight when it was created, who set it (`set_by`) and how long
+    /// after its cgroup was found its file read it (`waited_ms`); the readers' are in their samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub static_background: Option<WeightRead>,
+}
+
+impl ModeReport {
+    /// Every sample of `variant`, Experiment 1's then Experiment 2's.
+    pub fn samples(&self, variant: Variant) -> impl Iterator<Item = &Sample> {
+        self.exp1.iter().chain(&self.exp2).filter_map(move |r| r.variant(variant)).flat_map(|c| &c.samples)
+    }
 }
 
 /// Bytes over time.

@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use crate::agent::SetBy;
 use crate::report::data::{CaseReport, ModeReport, RunReport, Throughput, STARVED_FACTOR};
 use crate::stats::{Spread, Summary};
 use crate::workload::{BfqMode, Variant};
@@ -395,15 +396,8 @@ pub struct Reaction {
 
 /// The reaction over every dDiskQoS reader of the mode; `None` when no reader was awaited.
 pub fn reaction(mode: &ModeReport) -> Option<Reaction> {
-    let reads: Vec<_> = mode
-        .exp1
-        .iter()
-        .chain(&mode.exp2)
-        .filter_map(|r| r.variant(Variant::DDiskQos))
-        .flat_map(|c| &c.samples)
-        .filter_map(|s| s.weight)
-        .filter(|w| w.reached.is_some())
-        .collect();
+    let reads: Vec<_> =
+        mode.samples(Variant::DDiskQos).filter_map(|s| s.weight).filter(|w| w.reached.is_some()).collect();
     if reads.is_empty() {
         return None;
     }
@@ -519,7 +513,7 @@ fn agent_line(mode: &ModeReport) -> String {
 fn weights_line(mode: &ModeReport) -> String {
     let mut parts = Vec::new();
     for v in Variant::ALL {
-        let samples = mode.exp1.iter().chain(&mode.exp2).filter_map(|r| r.variant(v)).flat_map(|c| &c.samples);
+        let samples = mode.samples(v);
         let (mut readers, mut bg) = (std::collections::BTreeMap::new(), std::collections::BTreeMap::new());
         let mut waited: f64 = 0.0;
         for s in samples {
@@ -551,18 +545,47 @@ fn weights_line(mode: &ModeReport) -> String {
     format!("weights read back: {}", parts.join("; "))
 }
 
+/// The static-best weights: who put them into the governing file (the runtime's own way, or the bench where that
+/// did not take) and how long after each cgroup appeared the file read them; empty without them (or in reports from
+/// before this was recorded).
+fn static_weights_line(mode: &ModeReport) -> String {
+    let reads: Vec<_> =
+        mode.samples(Variant::StaticBest).filter_map(|s| s.weight.filter(|w| w.set_by.is_some())).collect();
+    let mut parts = Vec::new();
+    if !reads.is_empty() {
+        let mut by = std::collections::BTreeMap::new();
+        for r in &reads {
+            *by.entry(r.set_by.map(SetBy::describe).unwrap_or_default()).or_insert(0usize) += 1;
+        }
+        let by: Vec<String> = by.iter().map(|(who, n)| format!("{n} {who}")).collect();
+        let mut waited: Vec<f64> = reads.iter().map(|r| r.waited_ms).collect();
+        waited.sort_by(f64::total_cmp);
+        parts.push(format!(
+            "readers {}, in force {} median, {} max after their cgroups appeared",
+            by.join(", "),
+            fmt_ms(waited[waited.len() / 2]),
+            fmt_ms(waited[waited.len() - 1])
+        ));
+    }
+    if let Some(bg) = mode.static_background.filter(|w| w.set_by.is_some()) {
+        let who = bg.set_by.map(SetBy::describe).unwrap_or_default();
+        parts.push(format!(
+            "background {} {who}, in force {} after its cgroup was found",
+            bg.weight,
+            fmt_ms(bg.waited_ms)
+        ));
+    }
+    if parts.is_empty() {
+        return String::new();
+    }
+    format!("static-best weights set: {}", parts.join("; "))
+}
+
 /// io.cost modes: the device's `cost.vrate` after each read, by variant (min / median / max, percent).
 fn vrate_line(mode: &ModeReport) -> String {
     let mut parts = Vec::new();
     for v in Variant::ALL {
-        let mut rates: Vec<f64> = mode
-            .exp1
-            .iter()
-            .chain(&mode.exp2)
-            .filter_map(|r| r.variant(v))
-            .flat_map(|c| &c.samples)
-            .filter_map(|s| s.vrate)
-            .collect();
+        let mut rates: Vec<f64> = mode.samples(v).filter_map(|s| s.vrate).collect();
         if rates.is_empty() {
             continue;
         }
@@ -627,9 +650,10 @@ pub fn mode_section(run: &RunReport, mode: &ModeReport) -> String {
     let ratio = background_ratio(mode).map(|r| format!(" (dDiskQoS/Original {:.0} %)", r * 100.0)).unwrap_or_default();
     let _ = writeln!(out, "background over whole blocks: {}{ratio}", blocks.join(", "));
     let _ = writeln!(out, "{}", agent_line(mode));
-    let weights = weights_line(mode);
-    if !weights.is_empty() {
-        let _ = writeln!(out, "{weights}");
+    for line in [weights_line(mode), static_weights_line(mode)] {
+        if !line.is_empty() {
+            let _ = writeln!(out, "{line}");
+        }
     }
     let vrate = vrate_line(mode);
     if !vrate.is_empty() {
@@ -755,6 +779,7 @@ pub(crate) mod tests {
             agent: None,
             iocost: None,
             weight_file: None,
+            static_background: None,
         }
     }
 
@@ -843,6 +868,36 @@ pub(crate) mod tests {
         assert!(!target_checks(&run, &mode).iter().any(|c| c.what.contains("static best")));
         let section = mode_section(&run, &mode);
         assert!(!section.contains("static best") && !section.contains("Static best"), "{section}");
+    }
+
+    #[test]
+    fn the_static_best_weights_line_says_who_set_them_and_how_soon() {
+        let mut mode = fake_mode_static(BfqMode::Strict, &[1.2, 1.2, 1.2], &[1.1, 1.1, 1.1]);
+        assert!(static_weights_line(&mode).is_empty(), "nothing recorded (an older report): no line");
+        let w = |weight: u32, waited_ms: f64, set_by: SetBy| crate::agent::WeightRead {
+            weight,
+            waited_ms,
+            bytes_before: None,
+            reached: None,
+            set_by: Some(set_by),
+        };
+        let mut ms = [0.1, 0.3, 0.2, 2.5, 0.1, 0.2, 0.4, 0.2, 0.3].into_iter();
+        for row in &mut mode.exp1 {
+            let c = row.variants.iter_mut().find(|c| c.variant == Variant::StaticBest).unwrap();
+            c.samples.iter_mut().for_each(|s| s.weight = Some(w(1000, ms.next().unwrap(), SetBy::Bench)));
+        }
+        mode.static_background = Some(w(10, 0.05, SetBy::Bench));
+        let line = static_weights_line(&mode);
+        assert_eq!(
+            line,
+            "static-best weights set: readers 9 written by the bench, in force 0.20 ms median, 2.50 ms max after \
+             their cgroups appeared; background 10 written by the bench, in force 0.05 ms after its cgroup was found"
+        );
+        let run = fake_run(vec![mode.clone()]);
+        assert!(mode_section(&run, &mode).contains(&line));
+        let c = mode.exp1[0].variants.iter_mut().find(|c| c.variant == Variant::StaticBest).unwrap();
+        c.samples[0].weight = Some(w(1000, 0.1, SetBy::Runtime));
+        assert!(static_weights_line(&mode).contains("readers 1 set by the runtime, 8 written by the bench"));
     }
 
     #[test]
@@ -955,6 +1010,7 @@ pub(crate) mod tests {
             waited_ms: ms,
             bytes_before: reached.then_some(4096),
             reached: Some(reached),
+            set_by: None,
         };
         let c = mode.exp1[0].variants.iter_mut().find(|c| c.variant == Variant::DDiskQos).unwrap();
         c.samples[0].weight = Some(w(2.0, true));

@@ -15,7 +15,10 @@
 //! removal overlaps a measurement).
 //!
 //! The static-best variant's containers are created with `--blkio-weight` (`crate::static_best`), as an operator
-//! sets a static weight. Otherwise the bench writes no weight: the agent's daemon (with the agent binary's Docker backends, see `crate::agent`)
+//! sets a static weight; where Docker does not put it into the file that governs the test device (Docker 20.10 on a
+//! cgroup-v1 BFQ host discards it), the bench's hooks write that file as soon as the cgroup appears (the
+//! background's once `docker run -d` returned, a reader's from the watcher, while `docker start` runs). Otherwise
+//! the bench writes no weight: the agent's daemon (with the agent binary's Docker backends, see `crate::agent`)
 //! discovers the containers itself and applies weights; the bench finds each container's cgroup with the agent's
 //! own naming (`qos_agent::runtime::docker::container_cgroup`) and reads its weight file.
 
@@ -194,9 +197,13 @@ impl SharedArgs {
             args.push(format!("--cgroup-parent={parent}"));
         }
         if let Some(w) = weight {
-            // Static weights as an operator sets them: once, at the container's creation.
+            // Static weights as an operator sets them: once, at the container's creation; and kept from the agent,
+            // which finds Docker's containers by itself (in dDiskQoS blocks it would weight them, and restore their
+            // weights when put back in its dry run), as an operator keeps it from containers weighted by hand.
             let role = if background { "background" } else { "reader" };
             args.extend(crate::static_best::docker_args(role, w.weight)?);
+            args.push("--label".into());
+            args.push(format!("{}=true", qos_agent::labels::EXCLUDE_LABEL));
         }
         Ok(args)
     }
@@ -463,8 +470,10 @@ mod tests {
         assert_eq!(value(&plain, "--label"), Some("ddiskqos-bench=42"));
         assert!(value(&plain, "--blkio-weight").is_none(), "{plain:?}");
         assert!(!plain.iter().any(|a| a.starts_with("--cgroup-parent")), "nested: Docker's default: {plain:?}");
+        assert!(!plain.iter().any(|a| a == "ddiskqos.exclude=true"), "the agent's to weight: {plain:?}");
         let reader = nested.args("ddqb-42-fg-1", false, Some(weight(1000))).unwrap();
         assert_eq!(value(&reader, "--blkio-weight"), Some("1000"));
+        assert!(reader.iter().any(|a| a == "ddiskqos.exclude=true"), "kept from the agent: {reader:?}");
         let bg = shared(CgroupLayout::Flat, None).args("ddqb-42-bg-static", true, Some(weight(10))).unwrap();
         assert_eq!(value(&bg, "--blkio-weight"), Some("10"));
         assert!(bg.iter().any(|a| a == "--cgroup-parent=/"), "{bg:?}");

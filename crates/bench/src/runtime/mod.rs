@@ -10,7 +10,8 @@
 //!
 //! A reader or background made with a [`StaticWeight`] (the static-best variant) gets that weight the way an
 //! operator sets it through the runtime: Docker's `--blkio-weight` at creation, the weight file of a cgroup the bench
-//! makes (cgroup-dir) or of a pod's cgroup (CRI) before the first read.
+//! makes (cgroup-dir) or of a pod's cgroup (CRI) before the first read. Where the runtime's way does not reach the
+//! file that governs the device, the hooks write it (`crate::static_best`).
 
 pub mod cgroup;
 pub mod cri;
@@ -201,8 +202,10 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
         None
     }
     /// Starts the background reader on `file` (a path on the test file system); it runs until stopped. `hooks`
-    /// hear of its cgroup before it starts reading. With `weight`, the background set at that weight when created
-    /// (the static-best variant's, a second background beside the first).
+    /// hear of its cgroup before it starts reading, once the runtime has set the container up (a static weight the
+    /// runtime puts in place is there by then: the bench reads it once and writes it where it is not). With
+    /// `weight`, the background set at that weight when created (the static-best variant's, a second background
+    /// beside the first).
     fn start_background(
         &self,
         file: &Path,
