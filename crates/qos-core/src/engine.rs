@@ -130,6 +130,10 @@ struct Container {
     last: Option<IoCounters>,
     /// Bytes counted since the current share window began (the fair-share floor).
     window_bytes: u64,
+    /// Of `window_bytes`, those counted at its current weight (since its last weight change in the window): what
+    /// it got as a peer of the containers at that weight or above (the fair-share floor). Bytes a container did
+    /// while boosted to the top do not make the readers it outweighed then look starved once it is back down.
+    window_at_weight: u64,
     /// Whether its last sample counted I/O: it is still asking for I/O.
     active: bool,
 }
@@ -146,6 +150,7 @@ impl Container {
             total_bytes: 0,
             last,
             window_bytes: 0,
+            window_at_weight: 0,
             active: false,
         }
     }
@@ -274,6 +279,7 @@ impl Engine {
             return;
         }
         c.window_bytes = c.window_bytes.saturating_add(delta);
+        c.window_at_weight = c.window_at_weight.saturating_add(delta);
         c.total_bytes = c.total_bytes.saturating_add(delta);
         c.bytes_at_level = c.bytes_at_level.saturating_add(delta);
         c.last_io = now;
@@ -340,6 +346,9 @@ impl Engine {
         used: u64,
     ) {
         let (old_level, new_level) = levels;
+        if let Some(c) = self.containers.get_mut(id) {
+            c.window_at_weight = 0;
+        }
         self.changes.push_back(WeightChange {
             id: id.clone(),
             weight,
@@ -388,6 +397,7 @@ impl Engine {
             let deadline = match reason {
                 Some(reason) => {
                     c.level = if reason == Reason::IdlePromoted { old - 1 } else { 0 };
+                    c.window_at_weight = 0;
                     c.entered_level = now;
                     c.bytes_at_level = 0;
                     if c.level == 0 {
@@ -407,54 +417,57 @@ impl Engine {
     }
 
     /// The fair-share floor: every managed container below the top that did I/O in the window and still does, but
-    /// got less than `share_floor_percent` % of the bytes of another container whose weight is the same or lower,
-    /// goes back to the top. Every window then starts afresh.
+    /// got less than `share_floor_percent` % of the bytes another container whose weight is the same or lower did at
+    /// that weight (since its last weight change in the window), goes back to the top. Counting a peer's bytes of
+    /// the whole window made a container that was boosted to the top for part of it (its starvation boost) look
+    /// like an equal of the readers it outweighed then, and share-boosted them. Every window then starts afresh.
     fn share_boosts(&mut self, now: Instant) {
         let floor = u128::from(self.config.share_floor_percent);
-        // Containers the engine weights, by weight: the most bytes among those of weight <= w, and who did them.
         let mut starving: Vec<ContainerId> = Vec::new();
         {
-            let mut by_weight: Vec<(Weight, u64, &ContainerId)> = self
+            // Every container the engine weights that did I/O at its weight in the window, by that weight.
+            let mut peers: Vec<(Weight, u64, &ContainerId)> = self
                 .containers
                 .iter()
-                .filter(|(_, c)| c.window_bytes > 0)
-                .filter_map(|(id, c)| self.weight_for(c).map(|w| (w, c.window_bytes, id)))
+                .filter(|(_, c)| c.window_at_weight > 0)
+                .filter_map(|(id, c)| self.weight_for(c).map(|w| (w, c.window_at_weight, id)))
                 .collect();
-            by_weight.sort_by_key(|(w, _, _)| *w);
-            // The two largest window byte counts so far (with the first's owner), over all weights <= the current one.
+            peers.sort_by_key(|(w, _, _)| *w);
+            // best[i]: the two largest byte counts among peers[..=i] (the first with its owner).
+            let mut best: Vec<(u64, Option<&ContainerId>, u64)> = Vec::with_capacity(peers.len());
             let mut top: (u64, Option<&ContainerId>, u64) = (0, None, 0);
-            let mut i = 0;
-            while i < by_weight.len() {
-                let w = by_weight[i].0;
-                let group_end = by_weight[i..].iter().position(|e| e.0 != w).map_or(by_weight.len(), |n| i + n);
-                for &(_, bytes, id) in &by_weight[i..group_end] {
-                    if bytes > top.0 {
-                        top = (bytes, Some(id), top.0);
-                    } else if bytes > top.2 {
-                        top.2 = bytes;
-                    }
+            for &(_, bytes, id) in &peers {
+                if bytes > top.0 {
+                    top = (bytes, Some(id), top.0);
+                } else if bytes > top.2 {
+                    top.2 = bytes;
                 }
-                for &(_, bytes, id) in &by_weight[i..group_end] {
-                    let c = &self.containers[id];
-                    if c.policy != Policy::Managed || c.level == 0 || !c.active {
-                        continue;
-                    }
-                    let most_other = if top.1 == Some(id) { top.2 } else { top.0 };
-                    if u128::from(bytes) * 100 < floor * u128::from(most_other) {
-                        starving.push(id.clone());
-                    }
+                best.push(top);
+            }
+            for (id, c) in &self.containers {
+                if c.policy != Policy::Managed || c.level == 0 || !c.active || c.window_bytes == 0 {
+                    continue;
                 }
-                i = group_end;
+                let w = self.config.levels[c.level].weight;
+                // The peers weighted at most `w`.
+                let n = peers.partition_point(|(pw, _, _)| *pw <= w);
+                let Some(&(most, owner, second)) = n.checked_sub(1).map(|i| &best[i]) else { continue };
+                let most_other = if owner == Some(id) { second } else { most };
+                if u128::from(c.window_bytes) * 100 < floor * u128::from(most_other) {
+                    starving.push(id.clone());
+                }
             }
         }
-        starving.sort();
         for id in starving {
             let c = self.containers.get_mut(&id).expect("listed above");
             let (old, used) = (c.level, c.bytes_at_level);
             c.back_to_top(now);
             self.push_level_change(&id, old, 0, Reason::ShareBoosted, used);
         }
-        self.containers.values_mut().for_each(|c| c.window_bytes = 0);
+        self.containers.values_mut().for_each(|c| {
+            c.window_bytes = 0;
+            c.window_at_weight = 0;
+        });
     }
 
     /// Replaces the config. On error the old config stays in force. Containers keep their level (clamped to the
@@ -470,7 +483,10 @@ impl Engine {
         if old.share_window != self.config.share_window {
             // A new window length starts a new window.
             self.share_check = self.config.share_window.and_then(|w| now.checked_add(w));
-            self.containers.values_mut().for_each(|c| c.window_bytes = 0);
+            self.containers.values_mut().for_each(|c| {
+                c.window_bytes = 0;
+                c.window_at_weight = 0;
+            });
         }
         let bottom = self.config.bottom();
         let mut moves = Vec::new();
@@ -533,6 +549,9 @@ impl Engine {
     }
 
     fn push_level_change(&mut self, id: &ContainerId, old: usize, new: usize, reason: Reason, used: u64) {
+        if let Some(c) = self.containers.get_mut(id) {
+            c.window_at_weight = 0;
+        }
         self.changes.push_back(level_change(&self.config, id, old, new, reason, used));
     }
 

@@ -20,6 +20,8 @@ struct Entry {
     baseline: Option<IoCounters>,
     /// Bytes counted in the current share window.
     window: u64,
+    /// Of `window`, those counted since its last weight change.
+    at_weight: u64,
     /// Whether the last sample counted I/O.
     active: bool,
 }
@@ -37,6 +39,7 @@ impl Entry {
             total: 0,
             baseline,
             window: 0,
+            at_weight: 0,
             active: false,
         }
     }
@@ -74,6 +77,10 @@ impl Model {
         reason: Reason,
         used: u64,
     ) {
+        // Its bytes at its weight start again with every weight change.
+        if let Some(e) = self.entries.iter_mut().find(|e| &e.id == id) {
+            e.at_weight = 0;
+        }
         self.out.push(WeightChange {
             id: id.clone(),
             weight,
@@ -123,6 +130,7 @@ impl Model {
             return;
         }
         e.window = e.window.saturating_add(delta);
+        e.at_weight = e.at_weight.saturating_add(delta);
         e.total = e.total.saturating_add(delta);
         e.bytes = e.bytes.saturating_add(delta);
         e.last_io = now;
@@ -193,7 +201,8 @@ impl Model {
     }
 
     /// The fair-share floor as the docs state it: a managed entry below the top, active, that got less than the
-    /// floor's percentage of the window bytes of any other entry weighted the same or lower, goes to the top.
+    /// floor's percentage of the bytes any other entry weighted the same or lower did at that weight in the window
+    /// (since its last weight change), goes to the top.
     fn share_floor(&mut self, now: Instant) {
         self.sort();
         let floor = u64::from(self.config.share_floor_percent);
@@ -206,7 +215,7 @@ impl Model {
             let starved = self.entries.iter().any(|d| {
                 d.id != e.id
                     && self.weight_of(d).is_some_and(|dw| dw <= w)
-                    && u128::from(e.window) * 100 < u128::from(floor) * u128::from(d.window)
+                    && u128::from(e.window) * 100 < u128::from(floor) * u128::from(d.at_weight)
             });
             if starved {
                 boosted.push(e.id.clone());
@@ -223,7 +232,10 @@ impl Model {
             let top = self.config.levels[0].weight;
             self.emit(&id, Some(top), (Some(from), Some(0)), Reason::ShareBoosted, used);
         }
-        self.entries.iter_mut().for_each(|e| e.window = 0);
+        self.entries.iter_mut().for_each(|e| {
+            e.window = 0;
+            e.at_weight = 0;
+        });
     }
 
     pub fn timeout(&mut self, now: Instant) {
@@ -279,7 +291,10 @@ impl Model {
         }
         if old.share_window != self.config.share_window {
             self.share_check = self.config.share_window.map(|w| now + w);
-            self.entries.iter_mut().for_each(|e| e.window = 0);
+            self.entries.iter_mut().for_each(|e| {
+                e.window = 0;
+                e.at_weight = 0;
+            });
         }
         let bottom = self.config.levels.len() - 1;
         self.sort();

@@ -745,6 +745,38 @@ fn a_fair_or_an_idle_or_a_lower_weighted_container_stays_where_it_is() {
 }
 
 #[test]
+fn bytes_a_container_did_while_boosted_above_a_reader_do_not_share_boost_the_reader() {
+    // Issue 26's trace (crates/bench/results/2026-11-27/exp2-trace-*): the background's starvation boost put it at
+    // the top for one sample, where it read 100 MiB; back at the bottom by the window's end, its window's bytes
+    // made a reader at 40 (which it had outweighed) look starved, and the reader went to the top beside the new
+    // small readers. The floor now counts a peer's bytes at its current weight only.
+    let t = t0();
+    let mut e = Engine::new(floor(), t).unwrap();
+    e.handle_started(&id("bg"), t);
+    e.handle_sample(&id("bg"), read(mib(200)), t + ms(100)); // to the bottom (10)
+    e.handle_timeout(t + s(1));
+    e.handle_started(&id("r"), t + s(5));
+    e.handle_sample(&id("r"), read(mib(11)), t + ms(5100)); // to level 2 (40)
+    e.handle_timeout(t + s(6));
+    drain(&mut e);
+    e.handle_timeout(t + ms(10_100));
+    let c = one(&mut e);
+    assert_eq!((c.id.as_str(), c.reason), ("bg", Reason::Boosted), "10 s below the top");
+    // At the top it reads 100 MiB and goes back down; the reader reads 2 MiB at 40.
+    e.handle_sample(&id("bg"), read(mib(300)), t + ms(10_500));
+    e.handle_sample(&id("r"), read(mib(13)), t + ms(10_500));
+    assert_eq!(one(&mut e).new_level, Some(3));
+    e.handle_timeout(t + ms(11_100));
+    assert!(drain(&mut e).is_empty(), "its bytes were done at 1000, above the reader's 40");
+    // The next window: the background reads 100 MiB at 10, the reader 2 MiB at 40: under the floor.
+    e.handle_sample(&id("bg"), read(mib(400)), t + ms(12_000));
+    e.handle_sample(&id("r"), read(mib(15)), t + ms(12_000));
+    e.handle_timeout(t + ms(12_100));
+    let c = one(&mut e);
+    assert_eq!((c.id.as_str(), c.reason), ("r", Reason::ShareBoosted));
+}
+
+#[test]
 fn a_pinned_container_counts_as_the_other_side_but_is_never_moved() {
     let t = t0();
     let mut e = Engine::new(floor(), t).unwrap();
