@@ -76,8 +76,9 @@ pub struct Config {
     #[serde(with = "crate::units::opt_duration")]
     pub boost_all_every: Option<Duration>,
     /// Fair-share floor, the second starvation rule: at the end of every such window, a managed container below the
-    /// top that is still doing I/O but got less than `share_floor_percent` % of the bytes of some container whose
-    /// weight is the same or lower is put back at the top with a fresh allotment. A disk scheduler does not
+    /// top that is still doing I/O but got less than `share_floor_percent` % of the bytes some container whose
+    /// weight is the same or lower did at that weight (since its last weight change in the window) is put back at
+    /// the top with a fresh allotment. A disk scheduler does not
     /// always turn equal weights into equal service (BFQ's default mode serves a queue-depth-1 reader about one
     /// request per slot of a deep reader in another group), and the time rule alone left such a reader starved
     /// for `boost_after`. `"off"` disables it.

@@ -46,8 +46,8 @@ pub enum Reason {
     Boosted,
     /// Periodic boost of every container (`boost_all_every`).
     PeriodicBoost,
-    /// Got less than `share_floor_percent` of what a container of the same or lower weight got over the last
-    /// `share_window`: back to the top (fair-share floor).
+    /// Got less than `share_floor_percent` of what a container of the same or lower weight got at that weight over
+    /// the last `share_window`: back to the top (fair-share floor).
     ShareBoosted,
     /// No I/O for `idle_promote_after`: one level up.
     IdlePromoted,
