@@ -22,10 +22,10 @@
 //! it already holds the weight, written then (through the agent's [`qos_agent::cgroup::WeightFile`], inside the
 //! [`CgroupDir`] resolved under the cgroup root the agent found) and read back. Every weight records who set it
 //! ([`SetBy`]) and how long after its cgroup appeared its file read it (`samples[].weight.{set_by,waited_ms}`,
-//! `modes[].static_background` in the JSON; one line of the report). This is for cgroup v1, where it was found:
-//! on cgroup v2 Docker delivers `--blkio-weight` (into `io.bfq.weight`), so normally nothing is written there; where
-//! a runtime left another value (a mapping to another scale), the bench would write the probe's v2 form
-//! (`default N`), which no run has tried yet.
+//! `modes[].static_background` in the JSON; one line of the report). This is for cgroup v1, where it was found
+//! (2026-11-27); whether Docker on cgroup v2 puts `--blkio-weight` into the governing file (runc maps it to
+//! `io.weight`'s scale, systemd to `IOWeight`) has not been checked: where it leaves another value, the bench
+//! would write the probe's v2 form (`default N`), which no run has tried yet.
 
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
