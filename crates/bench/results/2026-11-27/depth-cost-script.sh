@@ -2,6 +2,8 @@
 # Cost of protection's device settings for other workloads on the bench's throttled disk (150 MiB/s, 1500 IOPS;
 # ddiskqos-bench hold-disk --disk throttled), read-only: BFQ as found (nr_requests 256, max_sectors_kb 1280),
 # nr_requests=4 (protection until 2026-11-27), nr_requests=4 + max_sectors_kb=128 (protection since). 12 s a line.
+# MODES picks others (session 20, protect-strict-cost.txt): strict+slots, nr4+ms128+strict+slots. Its first run
+# (depth-nested-and-cost-output.txt) printed only nr_requests and max_sectors_kb in each mode's header line.
 set -u
 OUT=${OUT:?}; mkdir -p $OUT
 BENCH=${BENCH:-/work/main/target/release/ddiskqos-bench}
@@ -20,11 +22,17 @@ mkdir -p $CG/ddq-cost-a $CG/ddq-cost-b
 COMMON="--filename=$DEV --readonly --direct=1 --ioengine=libaio --time_based --runtime=12 --size=1900m"
 incg() { local cg=$1; shift; sh -c "echo \$\$ > $CG/$cg/cgroup.procs; exec \"\$@\"" sh "$@"; }
 res() { awk -F';' '{printf "%s KiB/s %s IOPS %s", $3, $7, $8}'; }
-for m in as-found nr4 nr4+ms128; do
+for m in ${MODES:-as-found nr4 nr4+ms128}; do
   echo none > $Q/scheduler; echo bfq > $Q/scheduler; echo $NR0 > $Q/nr_requests; echo $MS0 > $Q/max_sectors_kb
-  case $m in nr4) echo 4 > $Q/nr_requests ;; nr4+ms128) echo 4 > $Q/nr_requests; echo 128 > $Q/max_sectors_kb ;; esac
+  case $m in
+    nr4) echo 4 > $Q/nr_requests ;;
+    nr4+ms128) echo 4 > $Q/nr_requests; echo 128 > $Q/max_sectors_kb ;;
+    strict+slots) echo 1 > $Q/iosched/strict_guarantees; echo 256 > $Q/iosched/max_budget; echo 8 > $Q/iosched/timeout_sync ;;
+    nr4+ms128+strict+slots) echo 4 > $Q/nr_requests; echo 128 > $Q/max_sectors_kb
+      echo 1 > $Q/iosched/strict_guarantees; echo 256 > $Q/iosched/max_budget; echo 8 > $Q/iosched/timeout_sync ;;
+  esac
   echo 100 > $CG/ddq-cost-a/blkio.bfq.weight; echo 100 > $CG/ddq-cost-b/blkio.bfq.weight
-  echo "# mode $m: nr_requests=$(cat $Q/nr_requests) max_sectors_kb=$(cat $Q/max_sectors_kb)"
+  echo "# mode $m: nr_requests=$(cat $Q/nr_requests) max_sectors_kb=$(cat $Q/max_sectors_kb) strict_guarantees=$(cat $Q/iosched/strict_guarantees) max_budget=$(cat $Q/iosched/max_budget) timeout_sync=$(cat $Q/iosched/timeout_sync)"
   echo "seq-read alone 1M QD32: $(incg ddq-cost-a fio --name=s $COMMON --rw=read --bs=1M --iodepth=32 --minimal | res)"
   echo "rand-read alone 4K QD32: $(incg ddq-cost-a fio --name=r $COMMON --rw=randread --bs=4k --iodepth=32 --minimal | res)"
   echo "rand-read alone 64K QD8: $(incg ddq-cost-a fio --name=r64 $COMMON --rw=randread --bs=64k --iodepth=8 --minimal | res)"
