@@ -247,6 +247,10 @@ pub struct Common {
     /// 2026-11-26 was measured at 100ms).
     #[arg(long, value_parser = duration, default_value = "500ms")]
     pub sample_interval: Duration,
+    /// Live engine: the agent's `entry_sample_interval` (rounds this often for 2 s after a container enters the top
+    /// level; default: as shipped), or "off".
+    #[arg(long, value_parser = opt_duration, default_value = "50ms")]
+    pub entry_sample_interval: ::std::option::Option<Duration>, // qualified, as idle_promote_after
     /// Engine: weight of each level, top first (paper: new containers at 1000).
     #[arg(long, value_delimiter = ',', default_value = "1000,200,40,10")]
     pub weights: Vec<u64>,
@@ -441,6 +445,8 @@ mod tests {
         assert_eq!(run.common.engine_config().unwrap(), Config::default());
         // As shipped: the agent's own sampling interval.
         assert_eq!(run.common.sample_interval, qos_agent::config::AgentConfig::default().sample_interval);
+        let shipped = qos_agent::config::AgentConfig::default().entry_sample_interval;
+        assert_eq!(run.common.entry_sample_interval, shipped);
         assert_eq!(run.common.out, PathBuf::from("bench-out"));
         assert_eq!(run.common.runtime, RuntimeChoice::Auto);
         assert!(run.notes.is_empty());

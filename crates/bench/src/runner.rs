@@ -44,6 +44,8 @@ pub struct RunConfig {
     pub engine: qos_core::Config,
     /// The agent's `sample_interval`.
     pub sample_interval: Duration,
+    /// The agent's `entry_sample_interval` (`None`: off).
+    pub entry_sample_interval: Option<Duration>,
     /// Pause after each foreground read.
     pub gap: Duration,
     /// Pause after switching variant (background resumes, weights set).
@@ -243,6 +245,7 @@ fn run_mode_on_device(
     let v2 = env.root.version() == qos_agent::cgroup::CgroupVersion::V2;
     let test_disk = v2.then_some(env.disk.info.disk_name.as_str());
     let mut agent_cfg = crate::agent::config(cfg.engine.clone(), cfg.sample_interval, &env.run_dir, test_disk);
+    agent_cfg.entry_sample_interval = cfg.entry_sample_interval;
     agent_cfg.nice = cfg.agent_nice;
     agent_cfg.actuator = cfg.agent_actuator;
     // The device set-up is the mode's: the agent's protection runs (its own code, at its start, on the test disk as

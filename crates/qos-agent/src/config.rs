@@ -3,6 +3,8 @@
 //! ```toml
 //! runtime = "docker"            # docker | cgroup-dir | cri
 //! sample_interval = "500ms"
+//! entry_sample_interval = "50ms" # rounds this often for entry_sample_for after a container enters the top ("off")
+//! entry_sample_for = "2s"
 //! cpu_budget = "0.8%"           # of one core, for sampling rounds; "off" never stretches the interval
 //! actuator = "auto"             # auto | docker | files | systemd ("cgroupfs": the old name of files)
 //! dry_run = false
@@ -186,6 +188,17 @@ pub struct AgentConfig {
     /// with one of them busy, 1.5 % if every one of them does I/O in every round (docs/testing.md, "Scale").
     #[serde(with = "qos_core::units::duration")]
     pub sample_interval: Duration,
+    /// Rounds come this often (instead of every `sample_interval`) for `entry_sample_for` after a managed container
+    /// enters the top level: it started, or a boost put it back. All entrants share the device as peers until a
+    /// round shows who read past the top allotment; at 500 ms a big reader starting beside small ones (or a
+    /// boosted background) read 10-50 MiB at the top weight first, at 50 ms it reads a few. `"off"`: never. Fast
+    /// rounds are skipped while the CPU budget stretches rounds, and their cost counts against it.
+    #[serde(with = "qos_core::units::opt_duration")]
+    pub entry_sample_interval: Option<Duration>,
+    /// See `entry_sample_interval`: how long after an entry the fast rounds last. 2 s: a Docker container's
+    /// cgroup appears (and enters) up to a second before its first read.
+    #[serde(with = "qos_core::units::duration")]
+    pub entry_sample_for: Duration,
     /// Share of one core the sampling rounds may use: when rounds cost more (many containers all doing I/O), they
     /// are spread out, up to 8 x `sample_interval`. `"off"`: always `sample_interval`.
     #[serde(with = "crate::daemon::pacing::budget_text")]
@@ -223,6 +236,8 @@ impl Default for AgentConfig {
         Self {
             runtime: RuntimeKind::Docker,
             sample_interval: Duration::from_millis(500),
+            entry_sample_interval: Some(Duration::from_millis(50)),
+            entry_sample_for: Duration::from_secs(2),
             cpu_budget: Some(CpuBudget::from_ppm(8_000)),
             actuator: ActuatorMode::Auto,
             dry_run: false,
@@ -305,13 +320,15 @@ impl AgentConfig {
 
     /// The settings that differ in `new` and that a running agent does not apply (a reload warns about them; they
     /// need a restart), named as in the file: `runtime`, `actuator`, `state_file`, `control_socket`, `nice`, `[docker]`,
-    /// `[cri]`, `[cgroup]`, `[devices]`, `[metrics]`, `[policy]`. A reload applies the rest: `sample_interval`, `cpu_budget`,
-    /// `dry_run`, `[mlfq]`.
+    /// `[cri]`, `[cgroup]`, `[devices]`, `[metrics]`, `[policy]`. A reload applies the rest: `sample_interval`, `entry_sample_interval`,
+    /// `entry_sample_for`, `cpu_budget`, `dry_run`, `[mlfq]`.
     pub fn needs_restart(&self, new: &AgentConfig) -> Vec<&'static str> {
         // Taken apart field by field, so a new setting does not compile until it is sorted into one group.
         let AgentConfig {
             runtime,
             sample_interval: _,
+            entry_sample_interval: _,
+            entry_sample_for: _,
             cpu_budget: _,
             actuator,
             dry_run: _,
@@ -357,6 +374,16 @@ impl AgentConfig {
         let si = self.sample_interval;
         if si < Duration::from_millis(10) || si > Duration::from_secs(3600) {
             return Err(invalid("sample_interval", qos_core::units::format_duration(si), "must be 10ms..=1h"));
+        }
+        // At or above sample_interval it changes nothing (a round never comes later than sample_interval).
+        if let Some(fast) =
+            self.entry_sample_interval.filter(|f| *f < Duration::from_millis(10) || *f > Duration::from_secs(3600))
+        {
+            return Err(invalid("entry_sample_interval", qos_core::units::format_duration(fast), "must be 10ms..=1h"));
+        }
+        let fast_for = self.entry_sample_for;
+        if fast_for < Duration::from_millis(10) || fast_for > Duration::from_secs(60) {
+            return Err(invalid("entry_sample_for", qos_core::units::format_duration(fast_for), "must be 10ms..=1m"));
         }
         if self.runtime == RuntimeKind::CgroupDir && self.cgroup.parent.trim_matches('/').is_empty() {
             return Err(invalid(
@@ -437,6 +464,32 @@ mod tests {
     }
 
     #[test]
+    fn entry_sampling_defaults_and_bad_values_name_field_and_value() {
+        let cfg = AgentConfig::default();
+        assert_eq!(
+            (cfg.entry_sample_interval, cfg.entry_sample_for),
+            (Some(Duration::from_millis(50)), Duration::from_secs(2))
+        );
+        assert_eq!(parse("entry_sample_interval = \"off\"").unwrap().entry_sample_interval, None);
+        // At or above sample_interval it is allowed and changes nothing, so a shorter sample_interval alone works.
+        assert_eq!(parse("sample_interval = \"10ms\"").unwrap().entry_sample_interval, Some(Duration::from_millis(50)));
+        assert_eq!(
+            parse("entry_sample_interval = \"100ms\"\nentry_sample_for = \"1s\"")
+                .map(|c| (c.entry_sample_interval, c.entry_sample_for)),
+            Ok((Some(Duration::from_millis(100)), Duration::from_secs(1)))
+        );
+        for (text, want) in [
+            ("entry_sample_interval = \"5ms\"", "entry_sample_interval = 5ms: must be 10ms..=1h"),
+            ("entry_sample_interval = \"2h\"", "entry_sample_interval = 7200s: must be 10ms..=1h"),
+            ("entry_sample_for = \"2m\"", "entry_sample_for = 120s: must be 10ms..=1m"),
+            ("entry_sample_for = \"off\"", "entry_sample_for"),
+        ] {
+            let err = parse(text).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
     fn nice_defaults_to_minus_ten_and_bad_values_name_field_and_value() {
         assert_eq!(AgentConfig::default().nice, -10);
         assert_eq!(parse("nice = 0").unwrap().nice, 0);
@@ -480,6 +533,8 @@ mod tests {
         // What a reload applies.
         assert!(one(|c| c.sample_interval = Duration::from_secs(1)).is_empty());
         assert!(one(|c| c.cpu_budget = None).is_empty());
+        assert!(one(|c| c.entry_sample_interval = None).is_empty());
+        assert!(one(|c| c.entry_sample_for = Duration::from_secs(1)).is_empty());
         assert!(one(|c| c.dry_run = true).is_empty());
         assert!(one(|c| c.mlfq.boost_after = Duration::from_secs(3)).is_empty());
         // Several at once, in the order the file documents them.

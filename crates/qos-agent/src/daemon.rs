@@ -103,6 +103,8 @@ pub struct Daemon<D, C, W> {
     unattached: std::collections::HashSet<ContainerId>,
     /// Rounds run.
     rounds: u64,
+    /// Until when rounds come every `entry_sample_interval`: `entry_sample_for` after the last entry at the top.
+    entry_until: Option<std::time::Instant>,
 }
 
 impl<D: Discovery, C: CounterSource, W: WeightWriter, M: DeviceMonitor + 'static> RuntimeBackends<D, C, W, M> {
@@ -158,6 +160,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             restores: None,
             unattached: Default::default(),
             rounds: 0,
+            entry_until: None,
         })
     }
 
@@ -208,9 +211,11 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         let mut events = std::pin::pin!(events);
 
         let mut next_round = tokio::time::Instant::now();
+        let mut last_round = next_round;
         self.metrics.round_interval_seconds.set(self.pacer.period().as_secs_f64());
         loop {
             let deadline = self.engine.poll_timeout().map(tokio::time::Instant::from_std);
+            let round_at = self.entry_round(last_round).map_or(next_round, |fast| fast.min(next_round));
             tokio::select! {
                 biased;
                 cmd = commands.recv() => match cmd {
@@ -222,8 +227,9 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                     Some(Command::Status(reply)) => { let _ = reply.send(self.status()); }
                 },
                 Some(ev) = futures_util::StreamExt::next(&mut events) => self.on_event(ev?).await,
-                _ = tokio::time::sleep_until(next_round) => {
+                _ = tokio::time::sleep_until(round_at) => {
                     let started = tokio::time::Instant::now();
+                    last_round = started;
                     self.paced_round().await;
                     // A round that overran its period is followed by a full period, not by another round at once.
                     let (due, now) = (started + self.pacer.period(), tokio::time::Instant::now());
@@ -401,6 +407,15 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
 
     // ----- sampling and deciding -----
 
+    /// When the next entry round is due (`entry_sample_interval` after the last round's start), while a recent
+    /// entry at the top asks for them and the CPU budget leaves room for rounds that often.
+    fn entry_round(&self, last_round: tokio::time::Instant) -> Option<tokio::time::Instant> {
+        let fast = self.cfg.entry_sample_interval?;
+        let until = tokio::time::Instant::from_std(self.entry_until?);
+        let at = last_round + fast;
+        (at < until && self.pacer.allows(fast)).then_some(at)
+    }
+
     /// A round, charged to the pacer: rounds costlier than the CPU budget allows are spread out.
     async fn paced_round(&mut self) {
         let cpu_before = self.cpu_clock.now();
@@ -488,6 +503,11 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         if batch.is_empty() {
             return;
         }
+        if self.cfg.entry_sample_interval.is_some() && batch.iter().any(|c| c.new_level == Some(0)) {
+            // Entrants at the top share the device as peers until a round tells the big readers among them.
+            let until = now() + self.cfg.entry_sample_for;
+            self.entry_until = Some(self.entry_until.map_or(until, |u| u.max(until)));
+        }
         for change in &batch {
             self.metrics.decisions.get_or_create(&ReasonLabels { reason: change.reason.as_str().into() }).inc();
             if let (Some(level), Some(t)) = (change.new_level, self.tracked.get(&change.id)) {
@@ -552,7 +572,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             // Named in the message itself: the one line an operator reads after `systemctl reload`.
             warn!(
                 "reload: {} changed and need a restart to take effect (not applied); a reload applies only [mlfq], \
-                 sample_interval, cpu_budget and dry_run",
+                 sample_interval, entry_sample_interval, entry_sample_for, cpu_budget and dry_run",
                 restart.join(", ")
             );
         }
@@ -564,10 +584,13 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         self.reconciler.handle_reload(cfg.dry_run);
         self.cfg.mlfq = cfg.mlfq;
         self.cfg.sample_interval = cfg.sample_interval;
+        self.cfg.entry_sample_interval = cfg.entry_sample_interval;
+        self.cfg.entry_sample_for = cfg.entry_sample_for;
         self.cfg.cpu_budget = cfg.cpu_budget;
         self.pacer.reconfigure(cfg.sample_interval, cfg.cpu_budget);
         self.cfg.dry_run = cfg.dry_run;
-        info!(sample_interval = ?self.cfg.sample_interval, cpu_budget = ?self.cfg.cpu_budget, dry_run = self.cfg.dry_run,
+        info!(sample_interval = ?self.cfg.sample_interval, entry_sample_interval = ?self.cfg.entry_sample_interval,
+              entry_sample_for = ?self.cfg.entry_sample_for, cpu_budget = ?self.cfg.cpu_budget, dry_run = self.cfg.dry_run,
               "configuration reloaded");
         self.apply_changes().await;
     }

@@ -53,6 +53,9 @@ pub struct Meta {
     pub engine: qos_core::Config,
     /// The agent's `sample_interval`, ms.
     pub sample_interval_ms: f64,
+    /// The agent's `entry_sample_interval`, ms (`None`: off, or a run before it existed).
+    #[serde(default)]
+    pub entry_sample_interval_ms: Option<f64>,
     /// Repetitions and schedule.
     pub plan: Plan,
     /// Quick (default) or full (`--full`).

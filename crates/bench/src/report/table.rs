@@ -685,13 +685,14 @@ pub fn mode_section(run: &RunReport, mode: &ModeReport) -> String {
 pub fn render(run: &RunReport) -> String {
     let m = &run.meta;
     let mut out = format!(
-        "ddiskqos-bench: {} | kernel {} | {} CPUs | {} | device {} | agent sampling every {:.0} ms | {}\n",
+        "ddiskqos-bench: {} | kernel {} | {} CPUs | {} | device {} | agent sampling every {:.0} ms{} | {}\n",
         m.date_utc,
         m.kernel,
         m.cpus,
         if m.quick { "quick mode" } else { "full mode" },
         m.disk.dev.display(),
         m.sample_interval_ms,
+        m.entry_sample_interval_ms.map(|e| format!(" ({e:.0} ms after an entry at the top)")).unwrap_or_default(),
         m.runtime_reason,
     );
     if m.disk.model.is_some() {

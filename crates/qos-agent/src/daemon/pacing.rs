@@ -105,6 +105,12 @@ impl Pacer {
         self.avg.unwrap_or_default()
     }
 
+    /// Whether rounds every `interval` (shorter than the period, e.g. the agent's entry rounds) stay within the
+    /// budget at the CPU a round costs now. Always, without a budget.
+    pub fn allows(&self, interval: Duration) -> bool {
+        self.budget.is_none_or(|b| b.period_for(self.cpu_per_round()) <= interval)
+    }
+
     /// Records a round's CPU time; afterwards [`Pacer::period`] is the time from that round's start to the next.
     pub fn after_round(&mut self, cpu: Duration) -> Transition {
         self.avg = Some(match self.avg {
@@ -139,6 +145,19 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn shorter_rounds_are_allowed_only_within_the_budget() {
+        let mut p = Pacer::new(MS * 500, Some(CpuBudget::from_ppm(8_000)));
+        assert!(p.allows(MS * 50), "no history yet");
+        p.after_round(Duration::from_micros(80)); // 10 ms of period at 0.8 %
+        assert!(p.allows(MS * 50) && p.allows(MS * 10));
+        assert!(!p.allows(MS * 9));
+        p.after_round(MS * 4); // the smoothed round now costs ~1 ms: 125 ms of period
+        assert!(!p.allows(MS * 50), "{:?}", p.cpu_per_round());
+        assert!(p.allows(MS * 500));
+        assert!(Pacer::new(MS * 500, None).allows(MS * 10), "no budget, no limit");
+    }
 
     #[test]
     fn budget_parses_and_prints() {

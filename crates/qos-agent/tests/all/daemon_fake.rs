@@ -321,9 +321,12 @@ fn w(v: u64) -> Weight {
 }
 
 /// The paper's levels and boost, without idle promotion, so a level only changes when a test makes it.
+/// The shipped config without idle promotion and without entry rounds (rounds every 500 ms only, as the timing
+/// note above says); the entry-round tests turn them back on.
 fn cfg() -> AgentConfig {
     let mut cfg = AgentConfig::default();
     cfg.mlfq.idle_promote_after = None;
+    cfg.entry_sample_interval = None;
     cfg
 }
 
@@ -1575,4 +1578,85 @@ async fn cheap_rounds_keep_the_sampling_interval() {
         .unwrap_or_else(|| panic!("no round CPU counter:\n{text}"));
     let rounds = world.samples_of("a") as f64;
     assert!((cpu - rounds * 1e-3).abs() < 2.5e-3, "{cpu} s of CPU charged for {rounds} rounds of 1 ms");
+}
+
+// ----- entry rounds -----
+
+/// The shipped entry rounds (every 50 ms for 2 s after an entry at the top), idle promotion off.
+fn entry_cfg() -> AgentConfig {
+    let mut cfg = cfg();
+    cfg.entry_sample_interval = AgentConfig::default().entry_sample_interval;
+    assert_eq!(cfg.entry_sample_interval, Some(MS * 50));
+    cfg
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_big_reader_that_just_started_is_demoted_at_the_next_entry_round_not_the_next_round() {
+    let world = World::with_containers(&["small", "big"], KERNEL_DEFAULT);
+    let h = Harness::start(entry_cfg(), &world, vec![]);
+    h.settle().await; // 1 ms past the round at 0
+    h.send(DiscoveryEvent::Started(info("small", &[]))).await;
+    h.send(DiscoveryEvent::Started(info("big", &[]))).await;
+    world.set_read("big", 3 * MIB);
+    world.set_read("small", MIB);
+    tokio::time::sleep(MS * 50).await; // past the entry round at 50 ms, long before the round at 500 ms
+    assert_eq!(world.weight("big"), 200, "demoted at the first entry round");
+    assert_eq!(world.weight("small"), 1000);
+    assert_eq!(h.decisions("demoted"), 1);
+
+    // Entry rounds go on for entry_sample_for (2 s) after the last entry, then rounds are 500 ms apart again.
+    let before = world.samples_of("small");
+    tokio::time::sleep(MS * 500).await;
+    let fast = world.samples_of("small") - before;
+    assert!((9..=11).contains(&fast), "{fast} rounds in 500 ms of entry rounds");
+    tokio::time::sleep(MS * 1_500).await; // 2.05 s after the entries
+    let before = world.samples_of("small");
+    h.rounds(4).await;
+    let slow = world.samples_of("small") - before;
+    assert!((3..=5).contains(&slow), "{slow} rounds in 2 s after the entry rounds");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_boost_to_the_top_is_an_entry_too() {
+    let world = World::with_containers(&["heavy"], KERNEL_DEFAULT);
+    let mut c = entry_cfg();
+    c.mlfq.boost_after = Duration::from_secs(3);
+    c.mlfq.share_window = None;
+    let h = Harness::start(c, &world, vec![]);
+    h.settle().await;
+    h.send(DiscoveryEvent::Started(info("heavy", &[]))).await;
+    world.set_read("heavy", 200 * MIB);
+    tokio::time::sleep(MS * 50).await;
+    assert_eq!(world.weight("heavy"), 10, "to the bottom at the first entry round");
+    // Boosted 3 s after it left the top (at 50 ms), long after the entry rounds ended; it reads on, and the
+    // next entry round (not the next 500 ms round) puts it back down.
+    tokio::time::sleep_until(tokio::time::Instant::now() + Duration::from_millis(3_000)).await;
+    assert_eq!(world.weight("heavy"), 1000, "boosted");
+    world.read_more("heavy", 200 * MIB);
+    tokio::time::sleep(MS * 60).await;
+    assert_eq!(world.weight("heavy"), 10, "demoted by an entry round after its boost");
+    assert_eq!(h.decisions("boosted"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn entry_rounds_off_or_over_the_cpu_budget_leave_rounds_at_the_interval() {
+    for (mut c, clock, why) in [
+        (entry_cfg(), costly_clock(MS * 8), "8 ms of CPU a round: 50 ms rounds would break the 0.8 % budget"),
+        (cfg(), costly_clock(Duration::from_micros(1)), "entry_sample_interval = off"),
+    ] {
+        c.cpu_budget = Some(qos_agent::daemon::pacing::CpuBudget::from_ppm(8_000));
+        let world = World::with_containers(&["a"], KERNEL_DEFAULT);
+        let originals = OriginalWeights::load(None).unwrap();
+        let h = Harness::start_clocked(c, &world, vec![], originals, clock);
+        h.settle().await;
+        h.rounds(4).await; // the pacer learns what a round costs
+        h.send(DiscoveryEvent::Started(info("a", &[]))).await;
+        world.set_read("a", 3 * MIB);
+        tokio::time::sleep(MS * 100).await;
+        assert_eq!(world.weight("a"), 1000, "{why}: demoted before a regular round");
+        let before = world.samples_of("a");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let taken = world.samples_of("a") - before;
+        assert!(taken <= 5, "{why}: {taken} rounds in 2 s");
+    }
 }

@@ -414,6 +414,9 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
                 AgentConfig {
                     runtime: if docker { RuntimeKind::Docker } else { RuntimeKind::CgroupDir },
                     sample_interval,
+                    // Drawn from other generated values: on or off, and a duration in range.
+                    entry_sample_interval: m.0.then_some(sample_interval),
+                    entry_sample_for: Duration::from_millis(10 + (sample_interval.as_millis() as u64 % 59_990)),
                     cpu_budget: m.2.map(qos_agent::daemon::pacing::CpuBudget::from_ppm),
                     actuator: match (actuator, docker) {
                         (0, true) => ActuatorMode::Docker,
