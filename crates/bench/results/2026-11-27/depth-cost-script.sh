@@ -2,7 +2,8 @@
 # Cost of protection's device settings for other workloads on the bench's throttled disk (150 MiB/s, 1500 IOPS;
 # ddiskqos-bench hold-disk --disk throttled), read-only: BFQ as found (nr_requests 256, max_sectors_kb 1280),
 # nr_requests=4 (protection until 2026-11-27), nr_requests=4 + max_sectors_kb=128 (protection since). 12 s a line.
-# MODES picks others (session 20, protect-strict-cost.txt): strict+slots, nr4+ms128+strict+slots. Its first run
+# MODES picks others (session 20, protect-strict-cost.txt): strict+slots, nr4+ms128+strict+slots; session 21:
+# nr4+ms128+tsN (protection with BFQ's timeout_sync at N ms). Its first run
 # (depth-nested-and-cost-output.txt) printed only nr_requests and max_sectors_kb in each mode's header line.
 set -u
 OUT=${OUT:?}; mkdir -p $OUT
@@ -28,6 +29,7 @@ for m in ${MODES:-as-found nr4 nr4+ms128}; do
     nr4) echo 4 > $Q/nr_requests ;;
     nr4+ms128) echo 4 > $Q/nr_requests; echo 128 > $Q/max_sectors_kb ;;
     strict+slots) echo 1 > $Q/iosched/strict_guarantees; echo 256 > $Q/iosched/max_budget; echo 8 > $Q/iosched/timeout_sync ;;
+    nr4+ms128+ts*) echo 4 > $Q/nr_requests; echo 128 > $Q/max_sectors_kb; echo ${m#nr4+ms128+ts} > $Q/iosched/timeout_sync ;;
     nr4+ms128+strict+slots) echo 4 > $Q/nr_requests; echo 128 > $Q/max_sectors_kb
       echo 1 > $Q/iosched/strict_guarantees; echo 256 > $Q/iosched/max_budget; echo 8 > $Q/iosched/timeout_sync ;;
   esac
