@@ -15,8 +15,7 @@
 # io.cost with the kernel's model, io.cost with the agent's calibrated model), Alone / Original / dDiskQoS
 # interleaved per repetition (with `--static-best` among the extra arguments, a fourth variant: the background at
 # the engine's bottom weight and readers at its top, set at creation with Docker's --blkio-weight, which Docker 26
-# puts into io.bfq.weight as given but 1-3 s after the scope appears under emulation, so the bench writes each
-# reader's file as its scope appears; crates/bench/src/static_best.rs). JSON, report and chart land in DIR/<mode> on the
+# puts into io.bfq.weight as given, 1-3 s after the scope appears under emulation; crates/bench/src/static_best.rs). JSON, report and chart land in DIR/<mode> on the
 # host (default ./bench-out-v2; the checkout is shared with the guest over 9p, so DIR must be inside it). Every report says that it ran under emulation on a
 # throttled disk: figures are only comparable within one run. Prints how long everything took. Nothing is left
 # behind (scripts/guest.sh kills qemu and removes its run directory and disk images whatever happens).

@@ -125,10 +125,10 @@ enum Expect<'a> {
     /// it was created with, written by the bench where the runtime's way did not put it in the governing file;
     /// `Delivery` learns which. The agent is not told of the cgroup.
     StaticSetUp(StaticWeight, &'a Delivery),
-    /// Static best, a reader (its runtime may still be setting it up): the static weight it was created with, in
-    /// its governing file from the cgroup's appearance (written by the bench unless already there: a runtime that
-    /// delivers may do so after the read); another value fails the run. The agent is not told of it.
-    StaticStarting(StaticWeight),
+    /// Static best, a reader (its runtime may still be setting it up): the static weight it was created with,
+    /// written at once where the background showed that the runtime's way does not take, else awaited a moment
+    /// (Docker writes it as the container starts); another value fails the run. The agent is not told of it.
+    StaticStarting(StaticWeight, &'a Delivery),
 }
 
 impl Expect<'_> {
@@ -150,7 +150,7 @@ impl ReaderHooks for AgentHooks<'_> {
         let dir = info.cgroup.as_ref().with_context(|| format!("container {} has no cgroup", info.id))?;
         match self.expect {
             Expect::StaticSetUp(weight, delivery) => weight.settle_set_up(dir, since, delivery),
-            Expect::StaticStarting(weight) => weight.settle_starting(dir, since),
+            Expect::StaticStarting(weight, delivery) => weight.settle_starting(dir, since, delivery),
             Expect::AgentTop => {
                 self.agent.announce_started(info)?;
                 self.agent.wait_for_weight(dir, self.agent.top(), since)
@@ -403,7 +403,7 @@ impl ModeRun<'_, '_> {
         let statics = self.statics.map(|(_, s)| s);
         let (expect, weight) = match (variant, statics) {
             (Variant::DDiskQos, _) => (Expect::AgentTop, None),
-            (Variant::StaticBest, Some(s)) => (Expect::StaticStarting(s.reader), Some(s.reader)),
+            (Variant::StaticBest, Some(s)) => (Expect::StaticStarting(s.reader, s.delivery), Some(s.reader)),
             _ => (Expect::Read, None),
         };
         let hooks = AgentHooks { agent: self.agent, expect };

@@ -18,21 +18,21 @@
 //! device runs BFQ accepts `--blkio-weight` and discards it (it looks for `blkio.weight`, which BFQ does not have;
 //! the governing file is `blkio.bfq.weight`). `--blkio-weight` stays on the command line; the mode's static
 //! background, whose runtime set-up is complete when its cgroup is first looked at, shows whether it took
-//! ([`Delivery`], for the report). **Every reader's** governing file is read as soon as its cgroup appears and,
-//! unless it already holds the weight, written then (through the agent's [`qos_agent::cgroup::WeightFile`], inside
-//! the [`CgroupDir`] resolved under the cgroup root the agent found) and read back: even a runtime whose way reaches
-//! the file may get there after the reader's first I/O (Docker 26 on cgroup v2 with the systemd driver, below).
-//! Every weight records who set it ([`SetBy`]) and how long after its cgroup appeared its file read it
-//! (`samples[].weight.{set_by,waited_ms}`, `modes[].static_background` in the JSON; one line of the report).
-//! Docker 26.1 on cgroup v2 with the systemd driver (Debian 13 guest, 2026-11-27) does put `--blkio-weight` into
-//! `io.bfq.weight` as given (10 and 1000 read back), but 1.3-2.5 s after the reader's scope appeared under
-//! emulation; whether before or after the read began that run cannot tell (`docker start` to the result took
-//! 6.7-12.3 s), so readers are no longer left to the runtime: a static weight is one in force from the start.
+//! ([`Delivery`]). Where it did not, each reader's governing file is read as soon as its cgroup appears and, unless
+//! it already holds the weight, written then (through the agent's [`qos_agent::cgroup::WeightFile`], inside the
+//! [`CgroupDir`] resolved under the cgroup root the agent found) and read back. Every weight records who set it
+//! ([`SetBy`]) and how long after its cgroup appeared its file read it (`samples[].weight.{set_by,waited_ms}`,
+//! `modes[].static_background` in the JSON; one line of the report). **Cgroup v2, Docker 26.1 with the systemd
+//! driver** (Debian 13 guest under emulation, 2026-11-27): `--blkio-weight` reaches `io.bfq.weight` as given (10 and
+//! 1000 read back), set by the runtime, but 1.3-2.5 s after the reader's scope appeared (`waited_ms`); whether before
+//! or after the read began is not recorded. Writing the file as the scope appears does not hold there: systemd put
+//! 100 back before the bench's read-back (the run failed with [`StaticError::Mismatch`]), as it does to the agent's
+//! early write, which the agent writes again after runc's put-back; the bench does not repeat that dance.
 
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use qos_agent::cgroup::CgroupDir;
 use qos_core::Weight;
@@ -41,6 +41,10 @@ use crate::agent::{SetBy, WeightProbe, WeightRead};
 
 /// The weights Docker's `--blkio-weight` accepts (0 means "unset").
 pub const DOCKER_BLKIO_WEIGHT: RangeInclusive<u32> = 10..=1000;
+
+/// How long a weight set at a container's creation may take to show in its file (runc and systemd write it after
+/// the cgroup appears); stretched by [`crate::sys::patience`].
+const APPEAR_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A static weight that cannot be set or did not read back as set.
 #[derive(Debug)]
@@ -181,6 +185,36 @@ impl StaticWeight {
         Ok(WeightRead { weight: read, waited_ms: 0.0, bytes_before: None, reached: None, set_by: None })
     }
 
+    /// Waits until the governing file of `dir` reads the value set (Docker: runc, or systemd, writes it after the
+    /// cgroup appears), at most a few seconds: then [`StaticError::Mismatch`]; a cgroup gone first is
+    /// [`StaticError::Vanished`]. `waited_ms` counts from `since`; set by [`SetBy::Runtime`].
+    pub fn wait(&self, dir: &CgroupDir, since: Instant) -> anyhow::Result<WeightRead> {
+        let want = self.file_value();
+        let timeout = crate::sys::patience(APPEAR_TIMEOUT);
+        let mut last = None;
+        loop {
+            match self.probe.read(dir) {
+                Ok((read, _)) if read == want => {
+                    let waited_ms = since.elapsed().as_secs_f64() * 1e3;
+                    let set_by = Some(SetBy::Runtime);
+                    return Ok(WeightRead { weight: read, waited_ms, bytes_before: None, reached: None, set_by });
+                }
+                Ok((read, file)) => {
+                    last = Some(read);
+                    if since.elapsed() > timeout {
+                        return Err(StaticError::Mismatch { cgroup: dir.path().to_path_buf(), file, want, read }.into());
+                    }
+                }
+                Err(_) if !dir.path().exists() => {
+                    return Err(StaticError::Vanished { cgroup: dir.path().to_path_buf(), want, last }.into());
+                }
+                Err(e) if since.elapsed() > timeout => return Err(e),
+                Err(_) => {}
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
     /// A container whose runtime set-up is complete (the mode's static background: `docker run -d` has returned,
     /// the cgroup-dir and CRI runtimes wrote its file before): its governing file read once; where it does not hold
     /// the value, the runtime's way did not take and the bench writes it ([`Self::put`]). `delivery` learns the
@@ -191,13 +225,15 @@ impl StaticWeight {
         Ok(read)
     }
 
-    /// A reader whose cgroup just appeared (`since`) and whose runtime may still be setting it up: the governing
-    /// file is read at once and written unless it already holds the value ([`Self::put`]), because the reader may
-    /// be reading already. Even a runtime whose way reaches the file may do so late: Docker 26 on cgroup v2 with the
-    /// systemd driver put `--blkio-weight` into `io.bfq.weight` 1.3-2.5 s after the scope appeared (Debian 13 guest
-    /// under emulation, 2026-11-27).
-    pub fn settle_starting(&self, dir: &CgroupDir, since: Instant) -> anyhow::Result<WeightRead> {
-        self.put(dir, since)
+    /// A reader whose cgroup just appeared (`since`) and whose runtime may still be setting it up. Where the mode's
+    /// background showed that the runtime's way does not take ([`Delivery::runtime_delivers`] `Some(false)`), the
+    /// governing file is read at once and written unless it holds the value ([`Self::put`]): the reader may be
+    /// reading already. Otherwise the runtime's write is awaited ([`Self::wait`]).
+    pub fn settle_starting(&self, dir: &CgroupDir, since: Instant, delivery: &Delivery) -> anyhow::Result<WeightRead> {
+        match delivery.runtime_delivers() {
+            Some(false) => self.put(dir, since),
+            Some(true) | None => self.wait(dir, since),
+        }
     }
 
     /// Reads the governing file of `dir` once: the value set → [`SetBy::Runtime`], nothing written; another value →
@@ -252,6 +288,12 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// `Some(true)` where the runtime set the first container's weight, `Some(false)` where the bench had to,
+    /// `None` before any was learnt.
+    pub fn runtime_delivers(&self) -> Option<bool> {
+        self.first.get().and_then(|r| r.set_by).map(|s| s == SetBy::Runtime)
+    }
+
     /// The weight of the container it was learnt from (the static background), as settled.
     pub fn first(&self) -> Option<WeightRead> {
         self.first.get().copied()
@@ -328,9 +370,10 @@ mod tests {
         assert!(matches!(err.downcast_ref::<StaticError>(), Some(StaticError::Mismatch { read: 100, .. })));
         top.write(&dir).unwrap();
         assert_eq!(top.check(&dir).unwrap().weight, 1000);
-        // A value set and then changed (a clamp, a runtime's own mapping) fails.
+        assert_eq!(top.wait(&dir, Instant::now()).unwrap().weight, 1000);
+        // A value set and then changed (a clamp, a runtime's own mapping) fails even after waiting.
         std::fs::write(dir.path().join(V1_BFQ_WEIGHT), "500\n").unwrap();
-        let err = top.check(&dir).unwrap_err();
+        let err = top.wait(&dir, Instant::now() - 2 * crate::sys::patience(APPEAR_TIMEOUT)).unwrap_err();
         assert!(err.to_string().contains("reads 500, not the 1000"), "{err}");
     }
 
@@ -399,11 +442,6 @@ mod tests {
         std::fs::read_to_string(dir.path().join(V1_BFQ_WEIGHT)).unwrap()
     }
 
-    /// Whether the runtime set the first container's weight (`None`: nothing learnt yet).
-    fn delivers(delivery: &Delivery) -> Option<bool> {
-        delivery.first().and_then(|r| r.set_by).map(|s| s == SetBy::Runtime)
-    }
-
     #[test]
     fn a_weight_the_runtime_discarded_is_written_by_the_bench_and_readers_follow_at_once() {
         // Docker on a v1 BFQ host: `--blkio-weight` accepted, the governing file left at BFQ's default.
@@ -411,22 +449,22 @@ mod tests {
         let (_tmp, root) = v1_root(&kernel, &[("bg", "100\n"), ("fg", "100\n"), ("fg2", "1000\n")]);
         let (reader, background) = statics();
         let delivery = Delivery::default();
-        assert_eq!((delivers(&delivery), delivery.first()), (None, None));
+        assert_eq!((delivery.runtime_delivers(), delivery.first()), (None, None));
         let bg = root.resolve_relative("bg").unwrap();
         let since = Instant::now();
         let read = background.settle_set_up(&bg, since, &delivery).unwrap();
         assert_eq!((read.weight, read.set_by, kernel.writes()), (10, Some(SetBy::Bench), 1));
         assert_eq!(content(&bg), "10\n");
         assert!(read.waited_ms >= 0.0 && read.waited_ms <= since.elapsed().as_secs_f64() * 1e3, "{read:?}");
-        assert_eq!((delivers(&delivery), delivery.first()), (Some(false), Some(read)));
+        assert_eq!((delivery.runtime_delivers(), delivery.first()), (Some(false), Some(read)));
         // A reader is written as soon as its cgroup is seen, without waiting for a runtime known not to deliver.
         let fg = root.resolve_relative("fg").unwrap();
-        let read = reader.settle_starting(&fg, Instant::now()).unwrap();
+        let read = reader.settle_starting(&fg, Instant::now(), &delivery).unwrap();
         assert_eq!((read.weight, read.set_by, kernel.writes()), (1000, Some(SetBy::Bench), 2));
         assert_eq!(content(&fg), "1000\n");
         // One whose file already holds the weight is left alone: nothing written, the runtime's.
         let fg2 = root.resolve_relative("fg2").unwrap();
-        let read = reader.settle_starting(&fg2, Instant::now()).unwrap();
+        let read = reader.settle_starting(&fg2, Instant::now(), &delivery).unwrap();
         assert_eq!((read.weight, read.set_by, kernel.writes()), (1000, Some(SetBy::Runtime), 2));
         // The JSON says who set it; reads from before this was recorded (no `set_by`) still load.
         let json = serde_json::to_value(read).unwrap();
@@ -438,22 +476,23 @@ mod tests {
     }
 
     #[test]
-    fn where_the_runtime_delivers_a_reader_not_yet_at_its_weight_is_written_at_once_all_the_same() {
+    fn where_the_runtime_delivers_nothing_is_written_and_readers_wait_for_it() {
         let kernel = std::sync::Arc::new(Kernel::default());
-        let (_tmp, root) = v1_root(&kernel, &[("bg", "10\n"), ("fg", "100\n"), ("fg2", "1000\n")]);
+        let (_tmp, root) = v1_root(&kernel, &[("bg", "10\n"), ("fg", "100\n")]);
         let (reader, background) = statics();
         let delivery = Delivery::default();
         let read = background.settle_set_up(&root.resolve_relative("bg").unwrap(), Instant::now(), &delivery).unwrap();
         assert_eq!((read.weight, read.set_by, kernel.writes()), (10, Some(SetBy::Runtime), 0));
-        assert_eq!(delivers(&delivery), Some(true));
-        // The runtime delivers, but not yet for this reader, which may be reading: the bench writes it now.
+        assert_eq!(delivery.runtime_delivers(), Some(true));
+        // A reader whose runtime never delivers then fails as before, and the bench has not written it.
         let fg = root.resolve_relative("fg").unwrap();
-        let read = reader.settle_starting(&fg, Instant::now()).unwrap();
-        assert_eq!((read.weight, read.set_by, kernel.writes()), (1000, Some(SetBy::Bench), 1));
-        assert_eq!(content(&fg), "1000\n");
-        // One the runtime got to first is left alone.
-        let read = reader.settle_starting(&root.resolve_relative("fg2").unwrap(), Instant::now()).unwrap();
-        assert_eq!((read.weight, read.set_by, kernel.writes()), (1000, Some(SetBy::Runtime), 1));
+        let long_ago = Instant::now() - 2 * crate::sys::patience(APPEAR_TIMEOUT);
+        let err = reader.settle_starting(&fg, long_ago, &delivery).unwrap_err().to_string();
+        assert!(err.contains("reads 100, not the 1000"), "{err}");
+        assert_eq!((kernel.writes(), content(&fg)), (0, "100\n".to_string()));
+        std::fs::write(fg.path().join(V1_BFQ_WEIGHT), "1000\n").unwrap();
+        let read = reader.settle_starting(&fg, Instant::now(), &delivery).unwrap();
+        assert_eq!((read.weight, read.set_by, kernel.writes()), (1000, Some(SetBy::Runtime), 0));
     }
 
     #[test]
@@ -468,7 +507,7 @@ mod tests {
         assert!(msg.contains(&bg.path().join(V1_BFQ_WEIGHT).display().to_string()), "{msg}");
         assert!(msg.contains("reads 100, not the 10"), "{msg}");
         assert!(matches!(err.downcast_ref::<StaticError>(), Some(StaticError::Mismatch { want: 10, read: 100, .. })));
-        assert_eq!(delivers(&delivery), None, "nothing learnt from a failure");
+        assert_eq!(delivery.runtime_delivers(), None, "nothing learnt from a failure");
     }
 
     #[test]
@@ -492,7 +531,7 @@ mod tests {
         });
         let fg = root.resolve_relative("fg").unwrap();
         std::fs::remove_dir_all(tmp.path().join("fg")).unwrap();
-        let err = reader.settle_starting(&fg, Instant::now()).unwrap_err();
+        let err = reader.settle_starting(&fg, Instant::now(), &delivery).unwrap_err();
         assert!(matches!(err.downcast_ref::<StaticError>(), Some(StaticError::Vanished { want: 1000, .. })), "{err}");
     }
 
@@ -501,7 +540,7 @@ mod tests {
         let (tmp, dir) = fixture(CgroupVersion::V1, V1_BFQ_WEIGHT, "100\n");
         std::fs::remove_dir_all(tmp.path().join("fg")).unwrap();
         let top = StaticWeight { weight: weight(1000), probe: WeightProbe::V1 };
-        let err = top.settle_starting(&dir, Instant::now()).unwrap_err().to_string();
+        let err = top.wait(&dir, Instant::now()).unwrap_err().to_string();
         assert!(err.contains("was gone before") && err.contains("1000"), "{err}");
     }
 }
