@@ -302,6 +302,14 @@ fn invalid(field: &str, value: impl ToString, reason: &str) -> qos_core::ConfigE
     qos_core::ConfigError::Invalid { field: field.into(), value: value.to_string(), reason: reason.into() }
 }
 
+/// `field` is at least 10 ms and at most `max`; else the error names it, its value and `rule`.
+fn within(field: &str, d: Duration, max: Duration, rule: &str) -> Result<(), qos_core::ConfigError> {
+    if d < Duration::from_millis(10) || d > max {
+        return Err(invalid(field, qos_core::units::format_duration(d), rule));
+    }
+    Ok(())
+}
+
 impl AgentConfig {
     /// Parses TOML text; `origin` names the file in errors.
     pub fn from_toml(text: &str, origin: &Path) -> Result<Self, ConfigFileError> {
@@ -319,9 +327,9 @@ impl AgentConfig {
     }
 
     /// The settings that differ in `new` and that a running agent does not apply (a reload warns about them; they
-    /// need a restart), named as in the file: `runtime`, `actuator`, `state_file`, `control_socket`, `nice`, `[docker]`,
-    /// `[cri]`, `[cgroup]`, `[devices]`, `[metrics]`, `[policy]`. A reload applies the rest: `sample_interval`, `entry_sample_interval`,
-    /// `entry_sample_for`, `cpu_budget`, `dry_run`, `[mlfq]`.
+    /// need a restart), named as in the file: `runtime`, `actuator`, `state_file`, `control_socket`, `nice`,
+    /// `[docker]`, `[cri]`, `[cgroup]`, `[devices]`, `[metrics]`, `[policy]`. A reload applies the rest:
+    /// `sample_interval`, `entry_sample_interval`, `entry_sample_for`, `cpu_budget`, `dry_run`, `[mlfq]`.
     pub fn needs_restart(&self, new: &AgentConfig) -> Vec<&'static str> {
         // Taken apart field by field, so a new setting does not compile until it is sorted into one group.
         let AgentConfig {
@@ -371,20 +379,13 @@ impl AgentConfig {
             }
             other => other,
         })?;
-        let si = self.sample_interval;
-        if si < Duration::from_millis(10) || si > Duration::from_secs(3600) {
-            return Err(invalid("sample_interval", qos_core::units::format_duration(si), "must be 10ms..=1h"));
-        }
+        const HOUR: Duration = Duration::from_secs(3600);
+        within("sample_interval", self.sample_interval, HOUR, "must be 10ms..=1h")?;
         // At or above sample_interval it changes nothing (a round never comes later than sample_interval).
-        if let Some(fast) =
-            self.entry_sample_interval.filter(|f| *f < Duration::from_millis(10) || *f > Duration::from_secs(3600))
-        {
-            return Err(invalid("entry_sample_interval", qos_core::units::format_duration(fast), "must be 10ms..=1h"));
+        if let Some(fast) = self.entry_sample_interval {
+            within("entry_sample_interval", fast, HOUR, "must be 10ms..=1h")?;
         }
-        let fast_for = self.entry_sample_for;
-        if fast_for < Duration::from_millis(10) || fast_for > Duration::from_secs(60) {
-            return Err(invalid("entry_sample_for", qos_core::units::format_duration(fast_for), "must be 10ms..=1m"));
-        }
+        within("entry_sample_for", self.entry_sample_for, Duration::from_secs(60), "must be 10ms..=1m")?;
         if self.runtime == RuntimeKind::CgroupDir && self.cgroup.parent.trim_matches('/').is_empty() {
             return Err(invalid(
                 "cgroup.parent",

@@ -590,8 +590,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         self.pacer.reconfigure(cfg.sample_interval, cfg.cpu_budget);
         self.cfg.dry_run = cfg.dry_run;
         info!(sample_interval = ?self.cfg.sample_interval, entry_sample_interval = ?self.cfg.entry_sample_interval,
-              entry_sample_for = ?self.cfg.entry_sample_for, cpu_budget = ?self.cfg.cpu_budget, dry_run = self.cfg.dry_run,
-              "configuration reloaded");
+              entry_sample_for = ?self.cfg.entry_sample_for, cpu_budget = ?self.cfg.cpu_budget,
+              dry_run = self.cfg.dry_run, "configuration reloaded");
         self.apply_changes().await;
     }
 
