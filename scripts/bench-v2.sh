@@ -10,12 +10,14 @@
 # systemd as PID 1, pure cgroup v2) with its experiment disk vdb throttled by qemu to the `ssd` device model
 # (150 MiB/s, 1500 IOPS; why those values: scripts/guest.sh), starts the guest's own docker.service (Docker's
 # systemd cgroup driver: every container is system.slice/docker-<id>.scope, and the agent's `auto` actuator sends
-# its weights through systemd), and runs `ddiskqos-bench run --runtime docker --device /dev/vdb --format` there in
-# quick mode in the modes users meet on v2 (default: BFQ default, BFQ strict, strict with the agent's BFQ tunables,
-# io.cost with the kernel's model, io.cost with the agent's calibrated model), Alone / Original / dDiskQoS
-# interleaved per repetition (with `--static-best` among the extra arguments, a fourth variant: the background at
-# the engine's bottom weight and readers at its top, set at creation with Docker's --blkio-weight, which Docker 26
-# puts into io.bfq.weight as given, 1-3 s after the scope appears under emulation; crates/bench/src/static_best.rs). JSON, report and chart land in DIR/<mode> on the
+# its weights through systemd), and runs `ddiskqos-bench run --runtime docker --device /dev/vdb --format` there,
+# one run per mode users meet on v2 (default: BFQ default, protect (the agent's shipped device set-up), BFQ strict,
+# strict with the agent's BFQ tunables, io.cost with the kernel's model, io.cost with the agent's calibrated model),
+# on the v2 plan (PLAN below; bench arguments given replace it): Alone / Original / dDiskQoS interleaved per
+# repetition, and in the BFQ modes a fourth variant, static best (the background at the engine's bottom weight and
+# readers at its top, set at creation with Docker's --blkio-weight, which Docker 26 puts into io.bfq.weight as given,
+# 1-3 s after the scope appears under emulation; crates/bench/src/static_best.rs). JSON, report and chart land in
+# DIR/<mode> on the
 # host (default ./bench-out-v2; the checkout is shared with the guest over 9p, so DIR must be inside it). Every report says that it ran under emulation on a
 # throttled disk: figures are only comparable within one run. Prints how long everything took. Nothing is left
 # behind (scripts/guest.sh kills qemu and removes its run directory and disk images whatever happens).
@@ -34,9 +36,22 @@ die() { log "error: $*"; exit 1; }
 # The device model of the experiment disk, for the note in every report (scripts/guest.sh's `ssd`).
 MODEL_NOTE="qemu throttling.bps-total=157286400 (150 MiB/s), throttling.iops-total=1500"
 
+# The plan when no bench arguments are given: Experiment 1 at 1 and 10 MiB, 5 repetitions each, and 2 rounds of
+# Experiment 2, so that every mode fits in about 10 min under emulation (quick mode's 100 MiB reads and 10
+# repetitions take 28-30 min a mode); the static-best arm in the BFQ modes (static_plan).
+PLAN=(--sizes 1,10 --reps 5 --exp2-reps 2)
+
+# The static-best arm where Docker's --blkio-weight lands in the file that governs the device as the agent's
+# weights do: the BFQ modes (io.bfq.weight, 10 and 1000 as given). Not in the io.cost modes: runc turns 10..1000 into
+# IOWeight 1..10000 through systemd (a 10000:1 ratio, not the agent's 1000:10), and not for pods (no
+# --blkio-weight; a pod slice's file written by hand is systemd's to put back).
+static_plan() {
+  case $1 in iocost-*) ;; *) printf '%s\n' --static-best ;; esac
+}
+
 inside() {
-  local out=$1 modes=$2 cri_modes=$3 suite_note=$4
-  shift 4
+  local out=$1 modes=$2 cri_modes=$3 suite_note=$4 planned=$5
+  shift 5
   [ "${DDISKQOS_GUEST:-}" = 1 ] || die "_inside runs in the guest only"
   [ "${DDISKQOS_GUEST_DISK_MODEL:-}" = ssd ] || die "the experiment disks are not throttled (model '${DDISKQOS_GUEST_DISK_MODEL:-}')"
   systemctl start docker.service
@@ -53,16 +68,20 @@ inside() {
   local rc=0 mode
   [ "$modes" = none ] || for mode in ${modes//,/ }; do
     log "mode $mode: $(date -u +%H:%M:%S) UTC"
+    local args=("$@")
+    [ "$planned" = 0 ] || mapfile -t args < <(printf '%s\n' "${PLAN[@]}"; static_plan "$mode")
     target/release/ddiskqos-bench run --runtime docker --device /dev/vdb --format --modes "$mode" \
       --out "$out/$mode" --note "TEST BED: the systemd guest (scripts/guest.sh, $suite_note: $versions) under qemu's SOFTWARE EMULATION (TCG, 2 vCPUs), on a virtio disk THROTTLED by qemu ($MODEL_NOTE); Docker's systemd cgroup driver (system.slice/docker-<id>.scope, weights through systemd). Ratios within this run only; figures are not comparable with the host's" \
-      "$@" || { rc=$?; log "mode $mode failed (exit status $rc)"; }
+      "${args[@]}" || { rc=$?; log "mode $mode failed (exit status $rc)"; }
   done
   [ "$cri_modes" = none ] || for mode in ${cri_modes//,/ }; do
     log "pods through CRI (containerd, systemd cgroup driver), mode $mode: $(date -u +%H:%M:%S) UTC"
+    local args=("$@")
+    [ "$planned" = 0 ] || args=("${PLAN[@]}")
     target/release/ddiskqos-containerd --systemd -- target/release/ddiskqos-bench run --runtime cri --device /dev/vdb \
       --format --modes "$mode" --out "$out/cri-$mode" \
       --note "TEST BED: the systemd guest (scripts/guest.sh, $suite_note: $versions) under qemu's SOFTWARE EMULATION (TCG, 2 vCPUs), on a virtio disk THROTTLED by qemu ($MODEL_NOTE); pods through CRI (a throw-away containerd $(containerd --version | awk '{print $3}'), runc's systemd cgroup driver: kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice). Ratios within this run only; figures are not comparable with the host's" \
-      "$@" || { rc=$?; log "CRI mode $mode failed (exit status $rc)"; }
+      "${args[@]}" || { rc=$?; log "CRI mode $mode failed (exit status $rc)"; }
   done
   local ids; ids=$(docker ps -aq || true)
   [ -z "$ids" ] || docker rm -f $ids >/dev/null 2>&1 || true
@@ -113,8 +132,11 @@ T_BUILD=$((SECONDS - T0))
 log "release build: ${T_BUILD} s; booting the $SUITE_NOTE guest with the ssd disk model"
 # vdb holds the bench's files (a 2 GiB background file and the readers' files): 4 GiB, sparse.
 rc=0
+PLANNED=0
+[ $# -gt 0 ] || PLANNED=1
+log "bench arguments: $(if [ $PLANNED = 1 ]; then echo "the v2 plan: ${PLAN[*]}, --static-best in the BFQ modes"; else echo "$*"; fi)"
 DDISKQOS_GUEST_SUITE=$SUITE DDISKQOS_GUEST_DISK_MODEL=ssd DDISKQOS_GUEST_DISK_SIZE=4G \
-  bash scripts/guest.sh run --timeout "$TIMEOUT" -- bash scripts/bench-v2.sh _inside "$OUT" "$MODES" "$CRI_MODES" "$SUITE_NOTE" "$@" \
+  bash scripts/guest.sh run --timeout "$TIMEOUT" -- bash scripts/bench-v2.sh _inside "$OUT" "$MODES" "$CRI_MODES" "$SUITE_NOTE" "$PLANNED" "$@" \
   || rc=$?
 T_ALL=$((SECONDS - T0))
 log "v2 main job ($SUITE_NOTE, modes $MODES, pods through CRI in $CRI_MODES): exit status $rc; took $((T_ALL / 60)) min $((T_ALL % 60)) s (release build ${T_BUILD} s, guest boot and run $((T_ALL - T_BUILD)) s); results in $OUT"

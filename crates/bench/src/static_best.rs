@@ -24,8 +24,8 @@
 //! ([`SetBy`]) and how long after its cgroup appeared its file read it (`samples[].weight.{set_by,waited_ms}`,
 //! `modes[].static_background` in the JSON; one line of the report). **Cgroup v2, Docker 26.1 with the systemd
 //! driver** (Debian 13 guest under emulation, 2026-11-27): `--blkio-weight` reaches `io.bfq.weight` as given (10 and
-//! 1000 read back), set by the runtime, but 1.3-2.5 s after the reader's scope appeared (`waited_ms`); whether before
-//! or after the read began is not recorded. Writing the file as the scope appears does not hold there: systemd put
+//! 1000 read back), set by the runtime, but 1.3-2.5 s after the reader's scope appeared (`waited_ms`); what the reader
+//! had read by then is recorded (`bytes_before`, the report's static-best line). Writing the file as the scope appears does not hold there: systemd put
 //! 100 back before the bench's read-back (the run failed with [`StaticError::Mismatch`]), as it does to the agent's
 //! early write, which the agent writes again after runc's put-back; the bench does not repeat that dance.
 
@@ -197,7 +197,8 @@ impl StaticWeight {
                 Ok((read, _)) if read == want => {
                     let waited_ms = since.elapsed().as_secs_f64() * 1e3;
                     let set_by = Some(SetBy::Runtime);
-                    return Ok(WeightRead { weight: read, waited_ms, bytes_before: None, reached: None, set_by });
+                    let bytes_before = bytes_read(dir);
+                    return Ok(WeightRead { weight: read, waited_ms, bytes_before, reached: None, set_by });
                 }
                 Ok((read, file)) => {
                     last = Some(read);
@@ -266,6 +267,7 @@ impl StaticWeight {
         };
         read.waited_ms = since.elapsed().as_secs_f64() * 1e3;
         read.set_by = Some(set_by);
+        read.bytes_before = bytes_read(dir);
         Ok(read)
     }
 
@@ -277,6 +279,13 @@ impl StaticWeight {
             reason: format!("{e:#}"),
         }
     }
+}
+
+/// The bytes the container of `dir` had read when its static weight was found in force (the question on v2,
+/// where Docker's systemd driver delivers it seconds after the scope appears: did the reader read before?); `None`
+/// where the counters cannot be read (the cgroup gone).
+fn bytes_read(dir: &CgroupDir) -> Option<u64> {
+    qos_agent::cgroup::CounterReader::open(dir).and_then(|mut c| c.read()).ok().map(|c| c.read)
 }
 
 /// Whether the runtime's own way of setting a static weight reaches the governing file in this mode, learnt from

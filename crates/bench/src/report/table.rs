@@ -560,8 +560,19 @@ fn static_weights_line(mode: &ModeReport) -> String {
         let by: Vec<String> = by.iter().map(|(who, n)| format!("{n} {who}")).collect();
         let mut waited: Vec<f64> = reads.iter().map(|r| r.waited_ms).collect();
         waited.sort_by(f64::total_cmp);
+        let mut bytes: Vec<u64> = reads.iter().filter_map(|r| r.bytes_before).collect();
+        bytes.sort_unstable();
+        let read_by_then = match (bytes.len(), bytes.last()) {
+            (0, _) | (_, None) => String::new(),
+            (n, Some(max)) => format!(
+                "; read by then: {} of {n} readers had read, median {:.0} KiB, max {:.0} KiB",
+                bytes.iter().filter(|&&b| b > 0).count(),
+                bytes[n / 2] as f64 / 1024.0,
+                *max as f64 / 1024.0
+            ),
+        };
         parts.push(format!(
-            "readers {}, in force {} median, {} max after their cgroups appeared",
+            "readers {}, in force {} median, {} max after their cgroups appeared{read_by_then}",
             by.join(", "),
             fmt_ms(waited[waited.len() / 2]),
             fmt_ms(waited[waited.len() - 1])
@@ -899,6 +910,19 @@ pub(crate) mod tests {
         let c = mode.exp1[0].variants.iter_mut().find(|c| c.variant == Variant::StaticBest).unwrap();
         c.samples[0].weight = Some(w(1000, 0.1, SetBy::Runtime));
         assert!(static_weights_line(&mode).contains("readers 1 set by the runtime, 8 written by the bench"));
+        // What the readers had read when their weight was found in force (v2: Docker delivers it late).
+        let mut bytes = [0u64, 0, 0, 0, 0, 0, 0, 2 << 20, 4096].into_iter();
+        for row in &mut mode.exp1 {
+            let c = row.variants.iter_mut().find(|c| c.variant == Variant::StaticBest).unwrap();
+            c.samples.iter_mut().for_each(|s| s.weight.as_mut().unwrap().bytes_before = Some(bytes.next().unwrap()));
+        }
+        assert!(
+            static_weights_line(&mode).contains(
+                "after their cgroups appeared; read by then: 2 of 9 readers had read, median 0 KiB, max 2048 KiB"
+            ),
+            "{}",
+            static_weights_line(&mode)
+        );
     }
 
     #[test]

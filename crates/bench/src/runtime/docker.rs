@@ -269,6 +269,16 @@ impl Runtime for DockerRuntime {
         "docker"
     }
 
+    fn cgroup_layout(&self) -> Option<&'static str> {
+        // With the systemd driver Docker's default layout is a scope per container, not `docker/<id>`.
+        match (self.driver, self.shared.layout) {
+            (CgroupDriver::Systemd, CgroupLayout::Nested) => {
+                Some("Docker's default layout, systemd cgroup driver: system.slice/docker-<id>.scope")
+            }
+            _ => None,
+        }
+    }
+
     fn start_background(
         &self,
         file: &Path,
