@@ -26,6 +26,10 @@ def fmt_ms(v):
     return f"{v:.2f}"
 
 
+def with_unit(v):
+    return fmt_ms(v) if v >= 1000 else f"{fmt_ms(v)} ms"
+
+
 def by_round(variant):
     return {s["round"]: s["read_ms"] for s in variant["samples"]}
 
@@ -67,7 +71,7 @@ def main(paths):
             reaction = "-"
             if waits:
                 p99 = waits[min(len(waits) - 1, max(0, -(-99 * len(waits) // 100) - 1))]
-                reaction = f"{fmt_ms(statistics.median(waits))} / {fmt_ms(p99)} ms"
+                reaction = f"{with_unit(statistics.median(waits))} / {with_unit(p99)}"
             for row in mode["exp1"] + mode["exp2"]:
                 v = {x["variant"]: x for x in row["variants"]}
                 if "ddiskqos" not in v or not v["ddiskqos"]["samples"]:
