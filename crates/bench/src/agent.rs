@@ -504,8 +504,7 @@ impl Agent {
             let waited = since.elapsed();
             if let Ok((have, _)) = &have {
                 if *have == value {
-                    let bytes = qos_agent::cgroup::CounterReader::open(dir).and_then(|mut c| c.read()).ok();
-                    let bytes_before = bytes.map(|c| c.read);
+                    let bytes_before = bytes_read(dir);
                     return Ok(WeightRead {
                         weight: *have,
                         waited_ms: waited.as_secs_f64() * 1e3,
@@ -613,6 +612,12 @@ pub fn docker_host_socket() -> Option<std::path::PathBuf> {
 /// A container's description as discovery gives it to the daemon.
 pub fn container_info(id: &str, dir: CgroupDir) -> ContainerInfo {
     ContainerInfo { id: ContainerId::new(id), name: id.to_string(), labels: BTreeMap::new(), cgroup: Some(dir) }
+}
+
+/// The bytes the container of `dir` has read so far (its cgroup's counters); `None` where they cannot be read (the
+/// cgroup gone). What a reader had read when its weight was found in force, for the agent's and the static weights.
+pub fn bytes_read(dir: &CgroupDir) -> Option<u64> {
+    qos_agent::cgroup::CounterReader::open(dir).and_then(|mut c| c.read()).ok().map(|c| c.read)
 }
 
 #[cfg(test)]

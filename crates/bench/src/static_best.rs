@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use qos_agent::cgroup::CgroupDir;
 use qos_core::Weight;
 
-use crate::agent::{SetBy, WeightProbe, WeightRead};
+use crate::agent::{bytes_read, SetBy, WeightProbe, WeightRead};
 
 /// The weights Docker's `--blkio-weight` accepts (0 means "unset").
 pub const DOCKER_BLKIO_WEIGHT: RangeInclusive<u32> = 10..=1000;
@@ -279,13 +279,6 @@ impl StaticWeight {
             reason: format!("{e:#}"),
         }
     }
-}
-
-/// The bytes the container of `dir` had read when its static weight was found in force (the question on v2,
-/// where Docker's systemd driver delivers it seconds after the scope appears: did the reader read before?); `None`
-/// where the counters cannot be read (the cgroup gone).
-fn bytes_read(dir: &CgroupDir) -> Option<u64> {
-    qos_agent::cgroup::CounterReader::open(dir).and_then(|mut c| c.read()).ok().map(|c| c.read)
 }
 
 /// Whether the runtime's own way of setting a static weight reaches the governing file in this mode, learnt from

@@ -562,12 +562,13 @@ fn static_weights_line(mode: &ModeReport) -> String {
         waited.sort_by(f64::total_cmp);
         let mut bytes: Vec<u64> = reads.iter().filter_map(|r| r.bytes_before).collect();
         bytes.sort_unstable();
-        let read_by_then = match (bytes.len(), bytes.last()) {
-            (0, _) | (_, None) => String::new(),
-            (n, Some(max)) => format!(
-                "; read by then: {} of {n} readers had read, median {:.0} KiB, max {:.0} KiB",
+        let read_by_then = match bytes.last() {
+            None => String::new(),
+            Some(max) => format!(
+                "; read by then: {} of {} readers had read, median {:.0} KiB, max {:.0} KiB",
                 bytes.iter().filter(|&&b| b > 0).count(),
-                bytes[n / 2] as f64 / 1024.0,
+                bytes.len(),
+                bytes[bytes.len() / 2] as f64 / 1024.0,
                 *max as f64 / 1024.0
             ),
         };
