@@ -196,7 +196,9 @@ pub struct AgentConfig {
     #[serde(with = "qos_core::units::opt_duration")]
     pub entry_sample_interval: Option<Duration>,
     /// See `entry_sample_interval`: how long after an entry the fast rounds last. 2 s: a Docker container's
-    /// cgroup appears (and enters) up to a second before its first read.
+    /// cgroup appears (and enters) up to a second before its first read. Also how long after a container announced
+    /// early settles its weight is written again through systemd (the writer's own way), so that systemd's work on
+    /// the unit comes after its first reads (`Reconciler::handle_settled`).
     #[serde(with = "qos_core::units::duration")]
     pub entry_sample_for: Duration,
     /// Share of one core the sampling rounds may use: when rounds cost more (many containers all doing I/O), they

@@ -273,7 +273,9 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 self.drive().await;
             }
             DiscoveryEvent::Settled(id) => {
-                self.reconciler.handle_settled(&id);
+                // Written again the writer's way once the container's entry window is over, not during its first
+                // reads (which the files already serve at the right weight).
+                self.reconciler.handle_settled(&id, now() + self.cfg.entry_sample_for);
                 self.drive().await;
             }
             DiscoveryEvent::Lost(why) => {
@@ -480,7 +482,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             self.engine.handle_timeout(t);
         }
         self.feed_decisions();
-        self.reconciler.handle_round();
+        self.reconciler.handle_round(now());
         self.drive().await;
         if let Some(devices) = &mut self.devices {
             devices.tick(now());

@@ -51,6 +51,7 @@
 mod protocol;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Instant;
 
 use qos_core::{ContainerId, Reason, Weight, WeightChange};
 
@@ -182,8 +183,8 @@ pub struct Reconciler {
     /// Those of `reverify` checked because their runtime is still setting them up (`handle_still_starting`): a
     /// weight found moved is the runtime's doing, expected, and reported as such.
     starting_checks: BTreeSet<ContainerId>,
-    /// Containers settled since the last round, written again at the next (`handle_settled`).
-    settled: Vec<ContainerId>,
+    /// Settled containers, each written again at the first round at or after its time (`handle_settled`).
+    settled: Vec<(ContainerId, Instant)>,
     /// Containers about to be written whose original is not on file yet.
     unsaved: Vec<ContainerId>,
     /// Containers whose desired weight is not applied, in the order they became so.
@@ -291,12 +292,16 @@ impl Reconciler {
     }
 
     /// A sampling round happened: reads and writes that failed are tried again.
-    pub fn handle_round(&mut self) {
+    /// `now` decides which settled containers are due for their rewrite.
+    pub fn handle_round(&mut self, now: Instant) {
         if self.shut_down {
             return;
         }
         self.reverify.extend(self.reverify_next_round.drain(..));
-        for id in std::mem::take(&mut self.settled) {
+        let (due, later): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.settled).into_iter().partition(|(_, at)| *at <= now);
+        self.settled = later;
+        for (id, _) in due {
             if self.entries.get(&id).is_some_and(|e| e.rewrite) {
                 self.make_dirty(&id);
             }
@@ -473,12 +478,14 @@ impl Reconciler {
     }
 
     /// The runtime finished starting a container announced early ([`crate::backend::DiscoveryEvent::Settled`]):
-    /// its verified weight is written once more, at the next round (the writer may now take its own way, e.g. a
-    /// systemd unit's properties, where it wrote the files while the runtime set the cgroup up; not at once, so
-    /// systemd's work on the unit does not coincide with the container's first I/O). Not a decision: nothing is
+    /// its verified weight is written once more, at the first round at or after `rewrite_at` (the writer may now
+    /// take its own way, e.g. a systemd unit's properties, where it wrote the files while the runtime set the
+    /// cgroup up). The daemon passes the end of the container's entry window: systemd's work on the unit (its
+    /// files written again, measured at 0.1-0.7 s of CPU under emulation) then does not coincide with the
+    /// container's first reads, which the files already serve at the right weight. Not a decision: nothing is
     /// reported but the write. Nothing happens for a container with no verified weight (its first write takes the
     /// writer's way anyway), one being put back, or in dry run.
-    pub fn handle_settled(&mut self, id: &ContainerId) {
+    pub fn handle_settled(&mut self, id: &ContainerId, rewrite_at: Instant) {
         if self.shut_down || self.dry_run || self.held {
             return;
         }
@@ -487,7 +494,8 @@ impl Reconciler {
             return;
         }
         e.rewrite = true;
-        self.settled.push(id.clone());
+        self.settled.retain(|(i, _)| i != id);
+        self.settled.push((id.clone(), rewrite_at));
     }
 
     /// The container's counters were read.

@@ -254,7 +254,8 @@ fn docker_scopes_are_weighted_through_systemd_and_keep_their_weights_over_reload
         "the container's process ran before its top weight was written: {seen:?}\n{}",
         agent.log_text()
     );
-    // Both new containers' weights in their units' properties (at the round after Docker reported them started).
+    // Both new containers' weights in their units' properties (at the first round after their entry window, which
+    // begins when Docker reports them started: entry_sample_for, 2 s by default).
     for id in [&fresh, &looker] {
         let via_unit = poll(patience(Duration::from_secs(10)), || {
             Some(unit_prop(&format!("docker-{id}.scope"), "IOWeight")).filter(|p| p != "[not set]")

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use qos_core::{ContainerId, Reason, Weight, WeightChange};
 
@@ -59,7 +60,7 @@ enum Did {
 }
 
 /// A driver over an in-memory world: cgroup files, the state file, injected faults.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Sim {
     r: Reconciler,
     files: BTreeMap<ContainerId, Weight>,
@@ -73,6 +74,26 @@ struct Sim {
     broken_saves: bool,
     did: Vec<Did>,
     reports: Vec<Report>,
+    /// The time passed in to the reconciler's rounds; tests move it.
+    now: Instant,
+}
+
+impl Default for Sim {
+    fn default() -> Self {
+        Self {
+            r: Reconciler::default(),
+            files: BTreeMap::new(),
+            state_file: BTreeMap::new(),
+            broken_writes: BTreeSet::new(),
+            broken_reads: BTreeSet::new(),
+            vanished: BTreeSet::new(),
+            put_back: BTreeSet::new(),
+            broken_saves: false,
+            did: Vec::new(),
+            reports: Vec::new(),
+            now: Instant::now(),
+        }
+    }
 }
 
 impl Sim {
@@ -100,7 +121,7 @@ impl Sim {
     }
 
     fn round(&mut self) {
-        self.r.handle_round();
+        self.r.handle_round(self.now);
         self.drain();
     }
 
@@ -407,11 +428,17 @@ fn settled_rewrites_the_verified_weight_once_without_a_decision() {
     let decisions = |s: &Sim| s.count(|r| matches!(r, Report::Decision { .. }));
     assert_eq!(decisions(&s), 1);
     s.broken_writes.insert(id("a"));
-    s.r.handle_settled(&id("a"));
+    let window = Duration::from_secs(2);
+    s.r.handle_settled(&id("a"), s.now + window);
     s.drain();
-    assert_eq!(s.take(), vec![], "written at the next round, not at once");
+    assert_eq!(s.take(), vec![], "not at once");
     s.round();
-    assert_eq!(s.take(), vec![write("a", 1000)]);
+    s.now += window / 2;
+    s.round();
+    assert_eq!(s.take(), vec![], "not in a round before its time (the container's entry window)");
+    s.now += window / 2;
+    s.round();
+    assert_eq!(s.take(), vec![write("a", 1000)], "at the first round at its time");
     s.broken_writes.clear();
     s.round();
     assert_eq!(s.take(), vec![write("a", 1000)], "a failed rewrite is tried again next round");
@@ -420,14 +447,14 @@ fn settled_rewrites_the_verified_weight_once_without_a_decision() {
     assert_eq!(decisions(&s), 1, "a rewrite is not a decision");
     // A container with nothing verified yet, and dry run: nothing.
     s.managed("b", 100);
-    s.r.handle_settled(&id("b"));
+    s.r.handle_settled(&id("b"), s.now);
     s.drain();
     assert_eq!(s.take(), vec![]);
     let mut dry = Sim::new(true);
     dry.managed("a", 100);
     dry.decide(vec![decision("a", Some(1000), Reason::New)]);
     dry.take();
-    dry.r.handle_settled(&id("a"));
+    dry.r.handle_settled(&id("a"), dry.now);
     dry.drain();
     assert_eq!(dry.take(), vec![]);
 }
@@ -894,7 +921,7 @@ mod model {
                         s.r.handle_updated(&i);
                     }
                 }
-                Step::Round => s.r.handle_round(),
+                Step::Round => s.r.handle_round(s.now),
                 Step::Remove(c) => {
                     let i = cid(c);
                     if model.remove(&i).is_some() {

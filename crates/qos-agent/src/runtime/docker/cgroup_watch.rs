@@ -21,7 +21,8 @@
 //! `systemctl restart docker`). So the writer writes a starting scope's files directly (no call to systemd), and
 //! Docker's `start` event, which comes once runc is done, is passed on as
 //! [`DiscoveryEvent::Settled`](crate::backend::DiscoveryEvent::Settled): the daemon then writes the weight again at
-//! its next round, through systemd, which keeps it over its own re-applies. Until Docker's start event, runc's own
+//! the first round after the container's entry window (`entry_sample_for`), through systemd, which keeps it over its
+//! own re-applies. Until Docker's start event, runc's own
 //! `SetUnitProperties` makes systemd put the scope's files back at the unit's values; discovery therefore sends
 //! [`DiscoveryEvent::StillStarting`](crate::backend::DiscoveryEvent::StillStarting) every 20 ms meanwhile (for a
 //! minute at most per container: one Docker never reports started is left to the rounds), and the daemon reads the
