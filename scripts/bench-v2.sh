@@ -12,7 +12,9 @@
 # systemd cgroup driver: every container is system.slice/docker-<id>.scope, and the agent's `auto` actuator sends
 # its weights through systemd), and runs `ddiskqos-bench run --runtime docker --device /dev/vdb --format` there,
 # one run per mode users meet on v2 (default: BFQ default, protect (the agent's shipped device set-up), BFQ strict,
-# strict with the agent's BFQ tunables, io.cost with the kernel's model, io.cost with the agent's calibrated model),
+# strict with the agent's BFQ tunables, io.cost with the kernel's model, io.cost with the agent's calibrated model,
+# and io.cost as the shipped agent's protection enables it by itself on a device without BFQ, scheduler none as on
+# most v2 hosts: `iocost-protect`),
 # on the v2 plan (PLAN below; bench arguments given replace it): Alone / Original / dDiskQoS interleaved per
 # repetition, and in the BFQ modes a fourth variant, static best (the background at the engine's bottom weight and
 # readers at its top, set at creation with Docker's --blkio-weight, which Docker 26 puts into io.bfq.weight as given,
@@ -98,7 +100,7 @@ fi
 [ "$(id -u)" = 0 ] || die "must run as root (the guest's image is built with mmdebstrap's root mode)"
 SUITE=${DDISKQOS_GUEST_SUITE:-trixie}
 OUT=bench-out-v2
-MODES=default,protect,strict,strict-tuned,iocost-kernel,iocost-calibrated
+MODES=default,protect,strict,strict-tuned,iocost-kernel,iocost-calibrated,iocost-protect
 CRI_MODES=protect
 # The guest is killed after this. In the first run (2026-11-26, a busy host) a quick-mode mode ran 10-15 min before
 # failing, and a Debian 12 boot took 2-2.5 min: five modes need well over an hour.

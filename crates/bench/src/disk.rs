@@ -114,7 +114,8 @@ pub struct IoCostSetting {
     /// The device's line of `io.cost.qos`, read back after the set-up.
     pub qos: String,
     /// For `iocost-calibrated`: what `qos_agent::blockdev::iocost::measure` measured (model, median 4 KiB read at
-    /// queue depth 1), as the agent's `iocost` subcommand prints it.
+    /// queue depth 1), as the agent's `iocost` subcommand prints it; for `iocost-protect`: who set it (the agent's
+    /// protection at its start: the model and qos lines are what it measured).
     #[serde(default)]
     pub calibration: Option<String>,
 }
@@ -166,7 +167,7 @@ impl Disk {
         cleanup: &Cleanup,
     ) -> Result<(Option<Token>, Option<IoCostSetting>)> {
         if mode.is_iocost() {
-            return self.set_iocost(mode, root, cleanup).map(|(t, s)| (Some(t), Some(s)));
+            return self.set_iocost(mode, root, cleanup).map(|(t, s)| (Some(t), s));
         }
         let name = &self.info.disk_name;
         if blockdev::scheduler(name)?.active != "bfq" {
@@ -186,14 +187,22 @@ impl Disk {
             BfqMode::Default | BfqMode::Protect => ("0", base.as_str()),
             BfqMode::Strict | BfqMode::StrictTuned => ("1", base.as_str()),
             BfqMode::StrictNoLowLatency => ("1", "0"),
-            BfqMode::IocostKernel | BfqMode::IocostCalibrated => unreachable!("handled above"),
+            BfqMode::IocostKernel | BfqMode::IocostCalibrated | BfqMode::IocostProtect => unreachable!("handled above"),
         };
         self.set("strict_guarantees", strict)?;
         self.set("low_latency", low_latency)?;
         Ok((None, None))
     }
 
-    fn set_iocost(&self, mode: BfqMode, root: &CgroupRoot, cleanup: &Cleanup) -> Result<(Token, IoCostSetting)> {
+    /// `iocost-protect` leaves io.cost off (the agent's protection enables it at its start): no setting to return
+    /// yet ([`Disk::iocost_setting`] reads it back once the agent runs), and the undo turns io.cost off too in
+    /// case the agent could not.
+    fn set_iocost(
+        &self,
+        mode: BfqMode,
+        root: &CgroupRoot,
+        cleanup: &Cleanup,
+    ) -> Result<(Token, Option<IoCostSetting>)> {
         ensure_iocost_possible(mode, root)?;
         let name = self.info.disk_name.clone();
         let dev: DevNum = self.info.maj_min.parse().with_context(|| format!("device number {}", self.info.maj_min))?;
@@ -218,6 +227,16 @@ impl Disk {
         blockdev::switch_scheduler(&name, "none", std::slice::from_ref(&name))?;
         let model_file = v2.join(iocost::IO_COST_MODEL);
         let qos_file = v2.join(iocost::IO_COST_QOS);
+        if mode == BfqMode::IocostProtect {
+            if blockdev::io_cost_enabled(&v2, dev)? {
+                bail!(
+                    "{}: io.cost is enabled for {dev} before the agent's start, so its protection would leave it as \
+                     found: the mode would not measure what the agent sets",
+                    mode.name()
+                );
+            }
+            return Ok((token, None));
+        }
         let calibration = match mode {
             BfqMode::IocostKernel => {
                 sys::write_existing(&model_file, &format!("{dev} ctrl=auto"))?;
@@ -244,13 +263,26 @@ impl Disk {
                 Some(format!("{measured}"))
             }
         };
-        if !blockdev::io_cost_enabled(&v2, dev)? {
+        Ok((token, Some(self.iocost_setting(mode, root, calibration)?)))
+    }
+
+    /// io.cost as it is in force on the device now (model and qos lines read back from `root`), failing unless
+    /// enabled: after an io.cost mode's set-up, or after the agent's start in `iocost-protect`.
+    pub fn iocost_setting(
+        &self,
+        mode: BfqMode,
+        root: &CgroupRoot,
+        calibration: Option<String>,
+    ) -> Result<IoCostSetting> {
+        let dev: DevNum = self.info.maj_min.parse().with_context(|| format!("device number {}", self.info.maj_min))?;
+        let (model_file, qos_file) = (root.path().join(iocost::IO_COST_MODEL), root.path().join(iocost::IO_COST_QOS));
+        if !blockdev::io_cost_enabled(root.path(), dev)? {
             bail!("{} does not read enable=1 for {dev} after the set-up of {}", qos_file.display(), mode.name());
         }
         let line = |f: &Path| -> Result<String> {
             iocost::read_line(f, dev)?.with_context(|| format!("{} has no line for {dev}", f.display()))
         };
-        Ok((token, IoCostSetting { model: line(&model_file)?, qos: line(&qos_file)?, calibration }))
+        Ok(IoCostSetting { model: line(&model_file)?, qos: line(&qos_file)?, calibration })
     }
 
     /// Sets a BFQ tunable given as `KEY=VALUE` (`low_latency=0`, `slice_idle=0`, ...); the returned token puts the
@@ -672,6 +704,9 @@ mod tests {
         assert!(err.contains("io.cost.qos is missing"), "{err}");
         std::fs::write(dir.path().join("io.cost.qos"), "").unwrap();
         ensure_iocost_possible(BfqMode::IocostKernel, &v2).unwrap();
+        // The agent's own io.cost set-up is an io.cost mode too: refused on v1 by name.
+        let err = ensure_iocost_possible(BfqMode::IocostProtect, &v1).unwrap_err().to_string();
+        assert!(err.contains("iocost-protect") && err.contains("cgroup v1"), "{err}");
     }
 
     #[test]

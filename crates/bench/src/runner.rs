@@ -249,8 +249,8 @@ fn run_mode_on_device(
     agent_cfg.nice = cfg.agent_nice;
     agent_cfg.actuator = cfg.agent_actuator;
     // The device set-up is the mode's: the agent's protection runs (its own code, at its start, on the test disk as
-    // its managed device) in `protect` mode only; every other mode sets the device itself.
-    if mode == BfqMode::Protect {
+    // its managed device) in `protect` and `iocost-protect` only; every other mode sets the device itself.
+    if mode.agent_protects() {
         agent_cfg.devices.protect = qos_agent::config::ProtectMode::Auto;
         agent_cfg.devices.check = vec![env.disk.info.disk_name.clone()];
     } else {
@@ -284,6 +284,23 @@ fn run_mode_on_device(
             );
         }
     }
+    // io.cost as the agent's protection enabled it, read back for the report; the mode fails if it is not in force.
+    let iocost = match (mode, iocost) {
+        (BfqMode::IocostProtect, None) => {
+            let set_by =
+                "by the agent's protection at its start ([devices] protect = \"auto\"): the lines above are what it measured";
+            match env.disk.iocost_setting(mode, &env.root, Some(set_by.to_string())) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    drop(agent);
+                    return Err(
+                        e.context(format!("{} mode: the agent's protection did not enable io.cost", mode.name()))
+                    );
+                }
+            }
+        }
+        (_, iocost) => iocost,
+    };
     progress.set_message(format!("{}: preparing {} readers", mode.name(), reads.len()));
     let bgs = env.runtime.prepare(&reads).and_then(|()| {
         progress.set_message(format!("{}: starting the background", mode.name()));

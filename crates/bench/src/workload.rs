@@ -43,6 +43,15 @@ pub enum BfqMode {
     #[value(name = "iocost-calibrated")]
     #[serde(rename = "iocost-calibrated")]
     IocostCalibrated,
+    /// cgroup v2 only: what the shipped agent makes of a device that does not run BFQ (`[devices] protect =
+    /// "auto"`, the test disk as its managed device), as on most v2 hosts (NVMe and multi-queue virtio disks run
+    /// `none`, others `mq-deadline`): the bench sets scheduler `none` and leaves io.cost off, and the agent's
+    /// protection measures the device at its start and enables io.cost with that model and latency target (its own
+    /// code and calibration, `qos_agent::blockdev::protect`), putting it back at its stop. The mode's Alone and
+    /// Original run with it too.
+    #[value(name = "iocost-protect")]
+    #[serde(rename = "iocost-protect")]
+    IocostProtect,
 }
 
 impl BfqMode {
@@ -58,6 +67,9 @@ impl BfqMode {
             }
             BfqMode::IocostKernel => "io.cost, kernel's model (scheduler none)",
             BfqMode::IocostCalibrated => "io.cost, calibrated model (scheduler none)",
+            BfqMode::IocostProtect => {
+                "io.cost as the agent protects a device without BFQ by default (scheduler none, model measured by the agent at its start)"
+            }
         }
     }
 
@@ -71,6 +83,7 @@ impl BfqMode {
             BfqMode::Protect => "protect",
             BfqMode::IocostKernel => "iocost-kernel",
             BfqMode::IocostCalibrated => "iocost-calibrated",
+            BfqMode::IocostProtect => "iocost-protect",
         }
     }
 
@@ -117,7 +130,13 @@ impl BfqMode {
 
     /// Whether io.cost (not BFQ) governs the device: `io.weight` acts, and only on cgroup v2.
     pub fn is_iocost(self) -> bool {
-        matches!(self, BfqMode::IocostKernel | BfqMode::IocostCalibrated)
+        matches!(self, BfqMode::IocostKernel | BfqMode::IocostCalibrated | BfqMode::IocostProtect)
+    }
+
+    /// Whether the agent's protection (`[devices] protect = "auto"`, its own code at its start) sets the device up
+    /// in this mode; every other mode sets the device itself and runs the agent with `protect = "off"`.
+    pub fn agent_protects(self) -> bool {
+        matches!(self, BfqMode::Protect | BfqMode::IocostProtect)
     }
 }
 
@@ -395,6 +414,20 @@ mod tests {
         assert_eq!(Variant::measured(false), Variant::BASE.to_vec());
         assert_eq!(Variant::measured(true).last(), Some(&Variant::StaticBest));
         assert!(variant_order(5, &[]).is_empty());
+    }
+
+    #[test]
+    fn the_agent_sets_the_device_up_in_the_protect_modes_only() {
+        use clap::ValueEnum;
+        for mode in BfqMode::value_variants() {
+            let named = mode.to_possible_value().unwrap();
+            assert_eq!(named.get_name(), mode.name(), "the CLI name is the report's name");
+            assert_eq!(serde_json::to_value(mode).unwrap(), mode.name(), "the JSON name is the report's name");
+        }
+        let by_agent: Vec<_> = BfqMode::value_variants().iter().filter(|m| m.agent_protects()).collect();
+        assert_eq!(by_agent, [&BfqMode::Protect, &BfqMode::IocostProtect]);
+        assert!(BfqMode::IocostProtect.is_iocost() && BfqMode::IocostProtect.expected_settings(Some(1280)).is_empty());
+        assert_eq!(BfqMode::IocostProtect.as_found(), None);
     }
 
     #[test]

@@ -680,7 +680,7 @@ pub fn mode_section(run: &RunReport, mode: &ModeReport) -> String {
     if !checks.is_empty() {
         let met = checks.iter().filter(|c| c.ok).count();
         let scope = match mode.mode {
-            BfqMode::IocostCalibrated => "targets (issue 9, calibrated io.cost)",
+            BfqMode::IocostCalibrated | BfqMode::IocostProtect => "targets (issue 9, calibrated io.cost)",
             m if m.is_iocost() => "targets (set for calibrated io.cost; informative here)",
             _ => "targets (median over repetitions)",
         };
