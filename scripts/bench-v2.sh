@@ -24,7 +24,8 @@
 # throttled disk: figures are only comparable within one run. Prints how long everything took. Nothing is left
 # behind (scripts/guest.sh kills qemu and removes its run directory and disk images whatever happens).
 #
-# Then pods (`--cri-modes`, default `protect`, the agent's shipped device set-up; `none` skips them): the same bench
+# Then pods (`--cri-modes`, default `protect,iocost-protect`, the agent's shipped device set-up on a BFQ device and on
+# one without BFQ; `none` skips them): the same bench
 # with `--runtime cri` against a throw-away containerd whose runc uses the systemd cgroup driver
 # (`ddiskqos-containerd --systemd`), every reader and the background a Burstable pod under kubepods.slice as the
 # kubelet's systemd driver makes them, found by the agent through CRI; results in DIR/cri-<mode>.
@@ -101,7 +102,7 @@ fi
 SUITE=${DDISKQOS_GUEST_SUITE:-trixie}
 OUT=bench-out-v2
 MODES=default,protect,strict,strict-tuned,iocost-kernel,iocost-calibrated,iocost-protect
-CRI_MODES=protect
+CRI_MODES=protect,iocost-protect
 # The guest is killed after this. In the first run (2026-11-26, a busy host) a quick-mode mode ran 10-15 min before
 # failing, and a Debian 12 boot took 2-2.5 min: five modes need well over an hour.
 TIMEOUT=10800
