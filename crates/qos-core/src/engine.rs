@@ -136,6 +136,11 @@ struct Container {
     window_at_weight: u64,
     /// Whether its last sample counted I/O: it is still asking for I/O.
     active: bool,
+    /// When its last sample came (`None`: none yet).
+    sampled_at: Option<Instant>,
+    /// When a timer last moved it up (a boost or an idle promotion) since its last sample: the next sample's I/O
+    /// is counted at the new level only for the part of its interval after the move (see `handle_sample`).
+    promoted_at: Option<Instant>,
 }
 
 impl Container {
@@ -152,6 +157,8 @@ impl Container {
             window_bytes: 0,
             window_at_weight: 0,
             active: false,
+            sampled_at: None,
+            promoted_at: None,
         }
     }
 
@@ -161,6 +168,7 @@ impl Container {
         self.entered_level = now;
         self.bytes_at_level = 0;
         self.left_top = None;
+        self.promoted_at = Some(now);
     }
 }
 
@@ -274,14 +282,23 @@ impl Engine {
             // Entered through `set_policy` without a sample: this one is the baseline.
             None => 0,
         };
+        let (sampled_at, promoted_at) = (c.sampled_at.replace(now), c.promoted_at.take());
         c.active = delta > 0;
         if delta == 0 {
             return;
         }
+        // I/O done before a timer moved it up was done at its old weight: of a sample whose interval spans the
+        // move, only the part after it (pro rata by time) counts against the new level's allotment and weight.
+        // Counting all of it demoted a boosted reader again in the round right after its boost, for I/O it did at
+        // the bottom.
+        let at_level = match (promoted_at, sampled_at) {
+            (Some(moved), Some(prev)) => after_move(delta, prev, moved, now),
+            _ => delta,
+        };
         c.window_bytes = c.window_bytes.saturating_add(delta);
-        c.window_at_weight = c.window_at_weight.saturating_add(delta);
+        c.window_at_weight = c.window_at_weight.saturating_add(at_level);
         c.total_bytes = c.total_bytes.saturating_add(delta);
-        c.bytes_at_level = c.bytes_at_level.saturating_add(delta);
+        c.bytes_at_level = c.bytes_at_level.saturating_add(at_level);
         c.last_io = now;
         if c.policy != Policy::Managed {
             return;
@@ -327,9 +344,11 @@ impl Engine {
             Policy::Pinned(w) => (Some(w), None, Reason::Pinned),
             Policy::Excluded => (None, None, Reason::Released),
             Policy::Managed => {
-                let (last, last_io) = (c.last, c.last_io);
+                let (last, last_io, sampled_at) = (c.last, c.last_io, c.sampled_at);
                 *c = Container::enter(Policy::Managed, now, last);
                 c.last_io = last_io.max(now);
+                // I/O it did pinned or excluded does not count against its new allotment.
+                (c.sampled_at, c.promoted_at) = (sampled_at, Some(now));
                 (Some(self.config.levels[0].weight), Some(0), Reason::Managed)
             }
         };
@@ -400,6 +419,7 @@ impl Engine {
                     c.window_at_weight = 0;
                     c.entered_level = now;
                     c.bytes_at_level = 0;
+                    c.promoted_at = Some(now);
                     if c.level == 0 {
                         c.left_top = None;
                     }
@@ -576,6 +596,18 @@ fn level_change(config: &Config, id: &ContainerId, old: usize, new: usize, reaso
         reason,
         bytes_at_old_level: used,
     }
+}
+
+/// The part of `delta` bytes, counted over the interval `prev..now`, that falls after `moved` (pro rata by time;
+/// all of it if the interval is empty or the move came before it).
+fn after_move(delta: u64, prev: Instant, moved: Instant, now: Instant) -> u64 {
+    let whole = now.saturating_duration_since(prev).as_nanos();
+    if whole == 0 || moved <= prev {
+        return delta;
+    }
+    let after = now.saturating_duration_since(moved).as_nanos();
+    // after <= whole, so the result fits in u64.
+    u64::try_from(u128::from(delta) * after / whole).unwrap_or(delta)
 }
 
 /// When a container's starvation boost and idle promotion fall due (either may be unset).

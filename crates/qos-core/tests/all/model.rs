@@ -24,6 +24,10 @@ struct Entry {
     at_weight: u64,
     /// Whether the last sample counted I/O.
     active: bool,
+    /// When the last sample came.
+    sampled: Option<Instant>,
+    /// When a timer (or a policy change back to managed) last moved it up since its last sample.
+    moved: Option<Instant>,
 }
 
 impl Entry {
@@ -41,6 +45,8 @@ impl Entry {
             window: 0,
             at_weight: 0,
             active: false,
+            sampled: None,
+            moved: None,
         }
     }
 }
@@ -125,14 +131,23 @@ impl Model {
             Some(prev) => counted(mode, prev, counters),
         };
         e.baseline = Some(counters);
+        let (prev, moved) = (e.sampled.replace(now), e.moved.take());
         e.active = delta > 0;
         if delta == 0 {
             return;
         }
+        // A move up inside the sample's interval: only the time after it counts at the new level, pro rata.
+        let at_level = match (prev, moved) {
+            (Some(p), Some(m)) if m > p && now > p => {
+                let share = u128::from(delta) * (now - m).as_nanos() / (now - p).as_nanos();
+                u64::try_from(share).unwrap()
+            }
+            _ => delta,
+        };
         e.window = e.window.saturating_add(delta);
-        e.at_weight = e.at_weight.saturating_add(delta);
+        e.at_weight = e.at_weight.saturating_add(at_level);
         e.total = e.total.saturating_add(delta);
-        e.bytes = e.bytes.saturating_add(delta);
+        e.bytes = e.bytes.saturating_add(at_level);
         e.last_io = now;
         if e.policy != Policy::Managed {
             return;
@@ -183,9 +198,10 @@ impl Model {
             Policy::Pinned(w) => self.emit(id, Some(w), (old_level, None), Reason::Pinned, used),
             Policy::Excluded => self.emit(id, None, (old_level, None), Reason::Released, used),
             Policy::Managed => {
-                let last_io = e.last_io.max(now);
+                let (last_io, sampled) = (e.last_io.max(now), e.sampled);
                 *e = Entry::fresh(id, Policy::Managed, now, e.baseline);
                 e.last_io = last_io;
+                (e.sampled, e.moved) = (sampled, Some(now));
                 self.emit(id, Some(top), (old_level, Some(0)), Reason::Managed, used);
             }
         }
@@ -229,6 +245,7 @@ impl Model {
             e.entered = now;
             e.bytes = 0;
             e.left_top = None;
+            e.moved = Some(now);
             let top = self.config.levels[0].weight;
             self.emit(&id, Some(top), (Some(from), Some(0)), Reason::ShareBoosted, used);
         }
@@ -272,6 +289,7 @@ impl Model {
             e.level = to;
             e.entered = now;
             e.bytes = 0;
+            e.moved = Some(now);
             if to == 0 {
                 e.left_top = None;
             }

@@ -268,13 +268,16 @@ fn pinned_container_holds_its_weight() {
     assert_eq!(one(&mut e).weight, Some(w(500)));
     e.set_policy(&id("db"), Policy::Pinned(w(500)), t + s(102));
     assert!(drain(&mut e).is_empty());
-    // Back to managed: top level, and the I/O done while pinned is not held against it.
+    // Back to managed: top level, and the I/O done while pinned is not held against it: of 2 MiB read between
+    // the last sample (t + 2 s) and the next (t + 104 s), only the part after the change (1 s of 102) counts.
     e.set_policy(&id("db"), Policy::Managed, t + s(103));
     let c = one(&mut e);
     assert_eq!((c.weight, c.old_level, c.new_level, c.reason), (Some(Weight::MAX), None, Some(0), Reason::Managed));
     e.handle_sample(&id("db"), read(mib(10_002)), t + s(104));
-    assert!(drain(&mut e).is_empty());
-    e.handle_sample(&id("db"), read(mib(10_002) + 1), t + s(105));
+    assert_eq!(e.container(&id("db"), t + s(104)).unwrap().bytes_at_level, mib(2) / 102);
+    e.handle_sample(&id("db"), read(mib(10_004) - mib(2) / 102), t + s(105));
+    assert!(drain(&mut e).is_empty(), "exactly its 2 MiB allotment");
+    e.handle_sample(&id("db"), read(mib(10_004) - mib(2) / 102 + 1), t + s(106));
     assert_eq!(one(&mut e).new_level, Some(1));
 }
 
@@ -368,9 +371,47 @@ fn boost_counts_from_leaving_the_top_not_from_reaching_the_bottom() {
     let c = one(&mut e);
     assert_eq!((c.old_level, c.new_level, c.reason), (Some(3), Some(0), Reason::Boosted));
     // The next cycle is counted from the next departure.
+    e.handle_sample(&id("a"), read(mib(50)), t + ms(10_500));
     e.handle_sample(&id("a"), read(mib(53)), t + s(11));
     assert_eq!(one(&mut e).new_level, Some(1));
     assert_eq!(e.poll_timeout(), Some(t + s(21)));
+}
+
+#[test]
+fn io_done_before_a_boost_is_not_counted_at_the_top() {
+    // CI of stop 40: a reader at 3 MiB per 100 ms round was boosted 1 ms before a round, and that round's 3 MiB,
+    // read at the bottom, demoted it again at once; its weight 1000 lasted no round. Only the part of a sample's
+    // interval after the boost counts at the top.
+    let t = t0();
+    let mut e = Engine::new(no_idle(), t).unwrap();
+    e.handle_started(&id("r"), t);
+    let mut counter = 0;
+    let mut now = t;
+    for _ in 0..100 {
+        now += ms(100);
+        counter += mib(3);
+        e.handle_sample(&id("r"), read(counter), now);
+    }
+    assert_eq!(e.container(&id("r"), now).unwrap().level, 3);
+    drain(&mut e);
+    let due = e.poll_timeout().expect("its boost");
+    assert_eq!(due, t + ms(100) + s(10), "10 s after it left the top");
+    e.handle_timeout(due);
+    assert_eq!(one(&mut e).reason, Reason::Boosted);
+    // The round after the boost: 3 MiB over 101 ms, of which the last 1 ms was at the top (3 MiB / 101).
+    let round = due + ms(1);
+    assert_eq!(round, now + ms(101), "the boost fell 1 ms before a round");
+    counter += mib(3);
+    e.handle_sample(&id("r"), read(counter), round);
+    assert!(drain(&mut e).is_empty(), "demoted for I/O it did at the bottom");
+    let view = e.container(&id("r"), round).unwrap();
+    assert_eq!((view.level, view.bytes_at_level), (0, mib(3) / 101));
+    assert_eq!(view.total_bytes, counter, "all of it still counts as its I/O");
+    // The next round's 3 MiB were read at the top: over the 2 MiB allotment.
+    counter += mib(3);
+    e.handle_sample(&id("r"), read(counter), round + ms(100));
+    let c = one(&mut e);
+    assert_eq!((c.old_level, c.new_level, c.reason), (Some(0), Some(1), Reason::Demoted));
 }
 
 #[test]
@@ -763,6 +804,7 @@ fn bytes_a_container_did_while_boosted_above_a_reader_do_not_share_boost_the_rea
     let c = one(&mut e);
     assert_eq!((c.id.as_str(), c.reason), ("bg", Reason::Boosted), "10 s below the top");
     // At the top it reads 100 MiB and goes back down; the reader reads 2 MiB at 40.
+    e.handle_sample(&id("bg"), read(mib(200)), t + ms(10_100));
     e.handle_sample(&id("bg"), read(mib(300)), t + ms(10_500));
     e.handle_sample(&id("r"), read(mib(13)), t + ms(10_500));
     assert_eq!(one(&mut e).new_level, Some(3));
