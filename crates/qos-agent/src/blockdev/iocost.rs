@@ -84,9 +84,10 @@ impl QosTarget {
     }
 }
 
-/// The lines that turn io.cost off again for `dev` (and hand the model back to the kernel).
+/// The lines that turn io.cost off again for `dev` and hand its latency targets and model back to the kernel
+/// (`enable=0` alone leaves the written targets in `io.cost.qos`).
 pub fn undo_lines(dev: DevNum) -> [(String, &'static str); 2] {
-    [(format!("{dev} enable=0"), IO_COST_QOS), (format!("{dev} ctrl=auto"), IO_COST_MODEL)]
+    [(format!("{dev} enable=0 ctrl=auto"), IO_COST_QOS), (format!("{dev} ctrl=auto"), IO_COST_MODEL)]
 }
 
 /// What `ddiskqos-agent iocost` asks for: the device, how to measure it, and whether to apply the result.
@@ -504,7 +505,7 @@ mod tests {
         );
         assert_eq!(QosTarget::from_latency(Duration::from_millis(3)).rlat_us, 15_000, "five times a slow device's");
         let undo = undo_lines(DEV);
-        assert_eq!(undo[0], ("7:3 enable=0".to_string(), IO_COST_QOS));
+        assert_eq!(undo[0], ("7:3 enable=0 ctrl=auto".to_string(), IO_COST_QOS));
         assert_eq!(undo[1], ("7:3 ctrl=auto".to_string(), IO_COST_MODEL));
     }
 

@@ -118,8 +118,10 @@ pub(crate) fn write_setting(
     set_bfq_tunable_in(sys, mountinfo, device, key, value, allowed)
 }
 
-/// Puts one setting back to `original` as recorded: a tunable or scheduler as it was; an io.cost line as it was,
-/// or, where io.cost was off (or had no line) or its model automatic, simply off / automatic again.
+/// Puts one setting back to `original` as recorded: a tunable or scheduler as it was; an io.cost line as it was
+/// where the operator had set its values (`ctrl=user`), or, where the kernel chose them (`ctrl=auto`, or no line
+/// yet), automatic again, enabled as it was (off with no line): writing only `enable=0` left the agent's latency
+/// targets in `io.cost.qos` (measured in the guest, `crates/bench/results/2026-11-28/ddq-v2-cost-*`).
 pub(crate) fn restore_setting(
     sys: &Path,
     mountinfo: &str,
@@ -131,16 +133,25 @@ pub(crate) fn restore_setting(
 ) -> Result<String> {
     if is_io_cost(key) {
         let dev = devnum_in(sys, device)?;
-        let minimal = if key == IO_COST_QOS { "enable=0" } else { "ctrl=auto" };
-        let words: Vec<&str> = original.split_whitespace().collect();
-        let value = if words.is_empty() || words.contains(&minimal) {
-            format!("{dev} {minimal}")
-        } else {
-            original.to_string()
-        };
+        let value = io_cost_restore_line(dev, key, original);
         return write_setting(sys, mountinfo, v2_root, device, key, &value, allowed);
     }
     write_setting(sys, mountinfo, v2_root, device, key, original, allowed)
+}
+
+/// The line that puts `key` (`io.cost.qos` or `io.cost.model`) of `dev` back to `original` (see
+/// [`restore_setting`]).
+pub(crate) fn io_cost_restore_line(dev: DevNum, key: &str, original: &str) -> String {
+    let words: Vec<&str> = original.split_whitespace().collect();
+    if !words.is_empty() && !words.contains(&"ctrl=auto") {
+        return original.to_string();
+    }
+    if key == IO_COST_QOS {
+        let enable = words.iter().find(|w| w.starts_with("enable=")).copied().unwrap_or("enable=0");
+        format!("{dev} {enable} ctrl=auto")
+    } else {
+        format!("{dev} ctrl=auto")
+    }
 }
 
 /// What setting `key` (a BFQ tunable, or one of [`QUEUE_FILES`]) of `device` reads now.

@@ -654,7 +654,7 @@ fn protect_enables_io_cost_with_the_measured_model_reads_it_back_and_turns_it_of
     assert!(rows.iter().all(|r| r.as_set()), "{rows:?}");
     assert!(rows[1].original.contains("enable=0"));
     assert_eq!(tuned.restore(), 0);
-    assert_eq!(fs::read_to_string(&qos).unwrap(), "7:3 enable=0", "io.cost off again");
+    assert_eq!(fs::read_to_string(&qos).unwrap(), "7:3 enable=0 ctrl=auto", "io.cost off, its targets the kernel's");
     assert_eq!(fs::read_to_string(&model).unwrap(), "7:3 ctrl=auto", "the kernel's model again");
     // A line for another device is refused, naming it.
     let wrong = [protect::Setting { device: "loop3".into(), key: "io.cost.qos".into(), value: "8:0 enable=1".into() }];
@@ -669,7 +669,27 @@ fn protect_enables_io_cost_with_the_measured_model_reads_it_back_and_turns_it_of
     )
     .unwrap();
     assert!(tuned.tuned().is_empty());
-    assert_eq!(fs::read_to_string(&qos).unwrap(), "7:3 enable=0");
+    assert_eq!(fs::read_to_string(&qos).unwrap(), "7:3 enable=0 ctrl=auto");
+}
+
+#[test]
+fn io_cost_lines_go_back_to_the_kernels_values_or_to_the_operators() {
+    let dev: DevNum = "7:3".parse().unwrap();
+    let auto_off = "7:3 enable=0 ctrl=auto rpct=0.00 rlat=250000 wpct=0.00 wlat=250000 min=1.00 max=10000.00";
+    let user_off = "7:3 enable=0 ctrl=user rpct=90.00 rlat=5000 wpct=90.00 wlat=5000 min=50.00 max=100.00";
+    let auto_model = "7:3 ctrl=auto model=linear rbps=174 rseqiops=1 rrandiops=1 wbps=1 wseqiops=1 wrandiops=1";
+    let user_model = "7:3 ctrl=user model=linear rbps=9 rseqiops=9 rrandiops=9 wbps=9 wseqiops=9 wrandiops=9";
+    for (key, original, want) in [
+        ("io.cost.qos", auto_off, "7:3 enable=0 ctrl=auto"),
+        ("io.cost.qos", "7:3 enable=1 ctrl=auto rpct=0.00", "7:3 enable=1 ctrl=auto"),
+        ("io.cost.qos", "", "7:3 enable=0 ctrl=auto"),
+        ("io.cost.qos", user_off, user_off),
+        ("io.cost.model", auto_model, "7:3 ctrl=auto"),
+        ("io.cost.model", "", "7:3 ctrl=auto"),
+        ("io.cost.model", user_model, user_model),
+    ] {
+        assert_eq!(setting::io_cost_restore_line(dev, key, original), want, "{key} was {original:?}");
+    }
 }
 
 #[test]

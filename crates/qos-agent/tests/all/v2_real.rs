@@ -85,7 +85,7 @@ impl Loop {
 impl Drop for Loop {
     fn drop(&mut self) {
         if self.io_cost {
-            let _ = std::fs::write(format!("{CGROUP}/io.cost.qos"), format!("{} enable=0", self.num));
+            let _ = std::fs::write(format!("{CGROUP}/io.cost.qos"), format!("{} enable=0 ctrl=auto", self.num));
         }
         let _ = std::fs::write(format!("/sys/block/{}/queue/scheduler", self.name), "none");
         let _ = Command::new("losetup").args(["-d", &self.dev]).status();
@@ -624,7 +624,7 @@ fn iocost_set_up_measures_applies_reads_back_and_undoes_and_refuses_the_root_dis
     }
     let qos_after = root_line("io.cost.qos", &dev.num).unwrap_or_default();
     let model_after = root_line("io.cost.model", &dev.num).unwrap_or_default();
-    assert!(qos_after.contains("enable=0"), "after the undo: {qos_after}");
+    assert!(qos_after.contains("enable=0 ctrl=auto"), "after the undo: {qos_after}");
     assert!(model_after.contains("ctrl=auto"), "after the undo: {model_after}");
     assert!(!io_cost_on(&dev.num), "io.cost still on for {} after the undo", dev.dev);
     eprintln!("after the undo: {qos_after} | {model_after}");
@@ -1172,6 +1172,7 @@ fn protection_by_default_enables_io_cost_where_bfq_is_not_the_scheduler_and_puts
     }
     let _model_back = ModelBack(cost.num.clone());
     assert!(!io_cost_on(&cost.num), "io.cost already on for {}", cost.num);
+    let qos0 = root_line("io.cost.qos", &cost.num);
     let tunable =
         |key: &str| read(Path::new(&format!("/sys/block/{}/queue/iosched/{key}", bfq.name))).trim().to_string();
     let depth = || read(Path::new(&format!("/sys/block/{}/queue/nr_requests", bfq.name))).trim().to_string();
@@ -1225,6 +1226,12 @@ fn protection_by_default_enables_io_cost_where_bfq_is_not_the_scheduler_and_puts
     let status = agent.sigterm_and_wait(patience(Duration::from_secs(10)));
     assert!(status.success(), "agent exit {status}:\n{}", agent.log_text());
     assert!(!io_cost_on(&cost.num), "io.cost left on:\n{}", agent.log_text());
+    // Put back as it was, latency targets included (the kernel's own with ctrl=auto), not only switched off.
+    let qos = root_line("io.cost.qos", &cost.num);
+    match &qos0 {
+        Some(was) => assert_eq!(qos.as_deref(), Some(was.as_str()), "io.cost.qos not put back"),
+        None => assert!(qos.as_deref().is_none_or(|l| l.contains("enable=0 ctrl=auto")), "io.cost.qos left: {qos:?}"),
+    }
     let model = root_line("io.cost.model", &cost.num);
     assert!(model.as_deref().is_none_or(|l| l.contains("ctrl=auto")), "model left: {model:?}");
     assert_eq!(depth(), depth0);
