@@ -138,8 +138,9 @@ struct Container {
     active: bool,
     /// When its last sample came (`None`: none yet).
     sampled_at: Option<Instant>,
-    /// When a timer last moved it up (a boost or an idle promotion) since its last sample: the next sample's I/O
-    /// is counted at the new level only for the part of its interval after the move (see `handle_sample`).
+    /// When a timer (a boost, an idle promotion, the fair-share floor) or a policy change last moved it up since
+    /// its last sample: the next sample's I/O is counted at the new level only for the part of its interval after
+    /// the move (see `handle_sample`).
     promoted_at: Option<Instant>,
 }
 
