@@ -84,8 +84,11 @@ impl Loop {
 
 impl Drop for Loop {
     fn drop(&mut self) {
-        if self.io_cost {
-            let _ = std::fs::write(format!("{CGROUP}/io.cost.qos"), format!("{} enable=0 ctrl=auto", self.num));
+        if let (true, Ok(dev)) = (self.io_cost, self.num.parse()) {
+            // io.cost off and its targets and model the kernel's again: the agent's own undo lines.
+            for (line, file) in qos_agent::blockdev::iocost::undo_lines(dev) {
+                let _ = std::fs::write(format!("{CGROUP}/{file}"), line);
+            }
         }
         let _ = std::fs::write(format!("/sys/block/{}/queue/scheduler", self.name), "none");
         let _ = Command::new("losetup").args(["-d", &self.dev]).status();
@@ -1031,15 +1034,7 @@ fn agent_warns_when_io_cost_sits_at_its_minimum_rate() {
         &format!("{CGROUP}/io.cost.qos"),
         &format!("{} enable=1 ctrl=user rpct=95 rlat=10 wpct=95 wlat=10 min=10 max=100", cost.num),
     );
-    cost.io_cost = true;
-    /// Puts the device's model back to the kernel's (the Loop turns io.cost off).
-    struct ModelBack(String, String);
-    impl Drop for ModelBack {
-        fn drop(&mut self) {
-            let _ = std::fs::write(&self.0, format!("{} ctrl=auto", self.1));
-        }
-    }
-    let _model_back = ModelBack(model_file.clone(), cost.num.clone());
+    cost.io_cost = true; // the drop turns io.cost off and gives the model back to the kernel
 
     // Eight direct readers in a cgroup the agent manages (io.cost governs the I/O of non-root cgroups).
     let rel = format!("ddiskqos-vrate-{}", std::process::id());
@@ -1116,7 +1111,6 @@ fn agent_warns_when_io_cost_sits_at_its_minimum_rate() {
     let status = agent.sigterm_and_wait(patience(Duration::from_secs(10)));
     assert!(status.success(), "agent exit {status}:\n{}", agent.log_text());
     drop(readers);
-    drop(_model_back);
     drop(cost);
     // The device's lines are gone with it or say io.cost is off and the model is the kernel's again.
     let (qos, model) = (root_line("io.cost.qos", &num), root_line("io.cost.model", &num));
@@ -1162,15 +1156,8 @@ fn protection_by_default_enables_io_cost_where_bfq_is_not_the_scheduler_and_puts
     let tmp = tmp_dir.0.clone();
     let mut cost = Loop::new(tmp.join("protect-none.img"), "none");
     let bfq = Loop::new(tmp.join("protect-bfq.img"), "bfq");
-    // The Loop turns io.cost off on drop; the model goes back to the kernel's, whatever happens.
+    // The Loop turns io.cost off on drop and gives the model back to the kernel, whatever happens.
     cost.io_cost = true;
-    struct ModelBack(String);
-    impl Drop for ModelBack {
-        fn drop(&mut self) {
-            let _ = std::fs::write(format!("{CGROUP}/io.cost.model"), format!("{} ctrl=auto", self.0));
-        }
-    }
-    let _model_back = ModelBack(cost.num.clone());
     assert!(!io_cost_on(&cost.num), "io.cost already on for {}", cost.num);
     let qos0 = root_line("io.cost.qos", &cost.num);
     let tunable =
