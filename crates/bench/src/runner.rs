@@ -268,11 +268,12 @@ fn run_mode_on_device(
             .or_default()
             .insert(key.into(), qos_agent::blockdev::tune::TunableValue::Text(value.into()));
     }
-    let max_sectors_kb_found = env.disk.iosched().get("max_sectors_kb").and_then(|v| v.parse().ok());
+    let found = env.disk.iosched();
+    let found = qos_agent::blockdev::protect::QueueFound::from_values(|key| found.get(key).cloned());
     let agent = Agent::start(agent_cfg, env.backends.clone(), env.root.clone(), probe)?;
     // After the agent's start: the report shows what the agent set too, and the mode's set-up must be in force.
     let iosched = env.disk.iosched();
-    for (key, want) in mode.expected_settings(max_sectors_kb_found) {
+    for (key, want) in mode.expected_settings(found) {
         if iosched.get(key) != Some(&want) {
             drop(agent);
             anyhow::bail!(

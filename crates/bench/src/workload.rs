@@ -28,7 +28,8 @@ pub enum BfqMode {
     StrictTuned,
     /// What the shipped agent makes of a BFQ device by default (`[devices] protect = "auto"`, the test disk as its
     /// managed device): BFQ's defaults with a shallow request queue of small requests (`nr_requests=4`,
-    /// `max_sectors_kb` at most 128), set by the agent's own code
+    /// `max_sectors_kb` at most 128) and short slots where the device does not rotate (`timeout_sync` at most 16),
+    /// set by the agent's own code
     /// (`qos_agent::blockdev::protect`) at its start, so the mode's Alone and Original run with it too; judged
     /// also against the `default` mode's Original, the host as it was.
     Protect,
@@ -63,7 +64,7 @@ impl BfqMode {
             BfqMode::StrictNoLowLatency => "BFQ strict_guarantees=1 + low_latency=0",
             BfqMode::StrictTuned => "BFQ strict_guarantees=1 + agent's bfq_tunables max_budget=256 timeout_sync=8",
             BfqMode::Protect => {
-                "BFQ as the agent protects it by default (nr_requests=4, max_sectors_kb<=128, BFQ's tunables as found)"
+                "BFQ as the agent protects it by default (nr_requests=4, max_sectors_kb<=128, timeout_sync<=16 where the device does not rotate, BFQ's other tunables as found)"
             }
             BfqMode::IocostKernel => "io.cost, kernel's model (scheduler none)",
             BfqMode::IocostCalibrated => "io.cost, calibrated model (scheduler none)",
@@ -109,10 +110,10 @@ impl BfqMode {
 
     /// What the device must read once the agent started in this mode (its set-up read back; a mode that measured
     /// the device as found would report a wrong figure): the BFQ tunables and queue settings, by name, for a
-    /// device whose `queue/max_sectors_kb` read `max_sectors_kb_found` before the agent's start.
-    pub fn expected_settings(self, max_sectors_kb_found: Option<u32>) -> Vec<(&'static str, String)> {
+    /// device that read as `found` before the agent's start.
+    pub fn expected_settings(self, found: qos_agent::blockdev::protect::QueueFound) -> Vec<(&'static str, String)> {
         match self {
-            BfqMode::Protect => qos_agent::blockdev::protect::bfq_settings_for(max_sectors_kb_found),
+            BfqMode::Protect => qos_agent::blockdev::protect::bfq_settings_for(found),
             BfqMode::StrictTuned => {
                 let mut out = vec![("strict_guarantees", "1".to_string())];
                 out.extend(self.agent_tunables().iter().map(|(k, v)| (*k, v.to_string())));
@@ -426,7 +427,10 @@ mod tests {
         }
         let by_agent: Vec<_> = BfqMode::value_variants().iter().filter(|m| m.agent_protects()).collect();
         assert_eq!(by_agent, [&BfqMode::Protect, &BfqMode::IocostProtect]);
-        assert!(BfqMode::IocostProtect.is_iocost() && BfqMode::IocostProtect.expected_settings(Some(1280)).is_empty());
+        assert!(
+            BfqMode::IocostProtect.is_iocost()
+                && BfqMode::IocostProtect.expected_settings(Default::default()).is_empty()
+        );
         assert_eq!(BfqMode::IocostProtect.as_found(), None);
     }
 

@@ -8,8 +8,9 @@
 //! a managed device as it is; `protect = "off"` leaves every device.
 //!
 //! **What is set** ([`plan_in`]):
-//! - the scheduler is BFQ: a shallow request queue of small requests ([`bfq_settings_for`]: `queue/nr_requests =
-//!   4` and `queue/max_sectors_kb` at most [`MAX_REQUEST_KB`], BFQ's own tunables left as they are). A big reader
+//! - the scheduler is BFQ: a shallow request queue of small requests and, on a device that does not rotate, short
+//!   slots ([`bfq_settings_for`]: `queue/nr_requests = 4`, `queue/max_sectors_kb` at most [`MAX_REQUEST_KB`] and
+//!   BFQ's `timeout_sync` at most [`SLOT_MS`]; BFQ's other tunables left as they are). A big reader
 //!   then holds at most four requests of at most 128 KiB in the device, so a small reader's request waits behind
 //!   about 512 KiB, not behind the big reader's 32 or 256 requests of up to 1.25 MiB, and BFQ's weights pick it
 //!   next. Measured (2026-11-26, loop device, v1; `crates/bench/results/2026-11-26/slots-*`): `nr_requests = 4`
@@ -20,7 +21,12 @@
 //!   request costs 8 ms there; `crates/bench/results/2026-11-27/depth-*`), four requests of the found 1280 KiB
 //!   still left a new container's 1 MiB read 28-42 ms (mean of 30; Docker's nested layout) and requests of at most
 //!   128 KiB brought it to 17-19 ms (p50 13), the big reader at the same 152 MiB/s (128 KiB requests need 1,200
-//!   IOPS at 150 MiB/s);
+//!   IOPS at 150 MiB/s). The slot: a container's cgroup under a common parent (Docker's `docker/<id>`) cannot
+//!   preempt the queue BFQ is serving, so a small read that arrives as the big reader's slot begins waits for all
+//!   of it, up to `timeout_sync` (125 ms as found): on the same disk (2026-11-28, 150 new containers' 1 MiB reads
+//!   each, `crates/bench/results/2026-11-28/slot-*`) the slowest read was 94.7 ms as found, 40.5 ms at 32 ms slots
+//!   and 28.5 ms at 16, the big reader at 147 MiB/s in all three. A rotating disk keeps BFQ's long slots (a short
+//!   one there costs seeks; not measured, no such disk on this machine kind);
 //! - cgroup v2, another scheduler: io.cost enabled with a model measured from the device at start
 //!   ([`super::iocost::measure`], reads only, about 4 s) and a latency target from its lone-read latency; a
 //!   device with io.cost already enabled (the operator's model) is left as it is;
@@ -45,21 +51,71 @@ pub const QUEUE_DEPTH: u32 = 4;
 /// The largest request protection leaves a BFQ device, in KiB (`queue/max_sectors_kb`): a device whose requests
 /// are already at most this big keeps its value.
 pub const MAX_REQUEST_KB: u32 = 128;
+/// BFQ's tunable that bounds how long one queue keeps the device once BFQ has given it a slot (ms).
+pub const TIMEOUT_SYNC: &str = "timeout_sync";
+/// The longest slot protection leaves a non-rotating BFQ device, in ms ([`TIMEOUT_SYNC`]; BFQ's default is 125):
+/// a device whose slots are already at most this long keeps its value, a rotating one keeps BFQ's.
+pub const SLOT_MS: u32 = 16;
 
-/// The settings protection makes on a BFQ device whose `queue/max_sectors_kb` reads `max_sectors_kb_found`, in the
-/// order written (and put back in reverse): [`NR_REQUESTS`] = [`QUEUE_DEPTH`], then [`MAX_SECTORS_KB`] =
-/// [`MAX_REQUEST_KB`] where the device's requests may be bigger (an unreadable value is left as it is).
-pub fn bfq_settings_for(max_sectors_kb_found: Option<u32>) -> Vec<(&'static str, String)> {
+/// What protection reads from a device before it plans the device's BFQ settings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueFound {
+    /// `queue/max_sectors_kb` (KiB); `None` if it does not read as a number.
+    pub max_sectors_kb: Option<u32>,
+    /// `queue/rotational`; `None` if it does not read as 0 or 1.
+    pub rotational: Option<bool>,
+    /// BFQ's [`TIMEOUT_SYNC`] (ms); `None` where BFQ is not the scheduler yet (selected, it starts at its default)
+    /// or the value does not read as a number.
+    pub timeout_sync_ms: Option<u32>,
+}
+
+impl QueueFound {
+    /// From the values of a device's files, by name (`max_sectors_kb`, `rotational`, `timeout_sync`); `get`
+    /// answers `None` for a file it could not read.
+    pub fn from_values(get: impl Fn(&str) -> Option<String>) -> Self {
+        let num = |key: &str| get(key).and_then(|v| v.trim().parse::<u32>().ok());
+        Self {
+            max_sectors_kb: num(MAX_SECTORS_KB),
+            rotational: num("rotational").and_then(|r| match r {
+                0 => Some(false),
+                1 => Some(true),
+                _ => None,
+            }),
+            timeout_sync_ms: num(TIMEOUT_SYNC),
+        }
+    }
+
+    /// Device `name` of the fake or real `sys` as it reads now (BFQ's tunable only where BFQ is its scheduler).
+    pub fn read_in(sys: &Path, name: &str) -> Self {
+        let bfq = scheduler_in(sys, name).is_ok_and(|s| s.active == "bfq");
+        Self::from_values(|key| match key {
+            "rotational" => {
+                std::fs::read_to_string(super::queue_dir(sys, name).join("rotational")).ok().map(|v| v.trim().into())
+            }
+            TIMEOUT_SYNC if !bfq => None,
+            _ => read_tunable(sys, name, key).ok(),
+        })
+    }
+}
+
+/// The settings protection makes on a BFQ device that reads as `found`, in the order written (and put back in
+/// reverse): [`NR_REQUESTS`] = [`QUEUE_DEPTH`]; [`MAX_SECTORS_KB`] = [`MAX_REQUEST_KB`] where the device's
+/// requests may be bigger (an unreadable value is left as it is); [`TIMEOUT_SYNC`] = [`SLOT_MS`] where the device
+/// does not rotate and its slots may be longer (BFQ's default after a switch).
+pub fn bfq_settings_for(found: QueueFound) -> Vec<(&'static str, String)> {
     let mut out = vec![(NR_REQUESTS, QUEUE_DEPTH.to_string())];
-    if max_sectors_kb_found.is_some_and(|kb| kb > MAX_REQUEST_KB) {
+    if found.max_sectors_kb.is_some_and(|kb| kb > MAX_REQUEST_KB) {
         out.push((MAX_SECTORS_KB, MAX_REQUEST_KB.to_string()));
+    }
+    if found.rotational == Some(false) && found.timeout_sync_ms.is_none_or(|ms| ms > SLOT_MS) {
+        out.push((TIMEOUT_SYNC, SLOT_MS.to_string()));
     }
     out
 }
 
 /// [`bfq_settings_for`] device `name` of the fake or real `sys` as it reads now.
 pub fn bfq_settings_in(sys: &Path, name: &str) -> Vec<(&'static str, String)> {
-    bfq_settings_for(read_tunable(sys, name, MAX_SECTORS_KB).ok().and_then(|v| v.parse().ok()))
+    bfq_settings_for(QueueFound::read_in(sys, name))
 }
 
 /// How long each of the io.cost calibration's three loads runs at start (and the lone-read latency up to this).

@@ -467,8 +467,58 @@ fn protect_caps_the_request_size_where_requests_may_be_bigger_and_puts_it_back()
         let keys: Vec<String> = plan[0].bfq_settings().into_iter().map(|x| x.key).collect();
         assert_eq!(keys, ["nr_requests"], "max_sectors_kb {found}");
     }
-    assert_eq!(protect::bfq_settings_for(Some(129)).len(), 2);
-    assert_eq!(protect::bfq_settings_for(None).len(), 1);
+    let found = |kb| protect::QueueFound { max_sectors_kb: kb, ..Default::default() };
+    assert_eq!(protect::bfq_settings_for(found(Some(129))).len(), 2);
+    assert_eq!(protect::bfq_settings_for(found(None)).len(), 1);
+}
+
+#[test]
+fn protect_shortens_bfqs_slots_on_a_device_that_does_not_rotate_only() {
+    let sys = fake_sys_protect();
+    let s = sys.path();
+    let root: std::result::Result<Vec<String>, String> = Ok(vec!["vda".into()]);
+    let queue = s.join("devices/block/loop3/queue");
+    let plan_keys = || -> Vec<(String, String)> {
+        let plan = protect::plan_in(s, &root, None, &Default::default(), &managed(&["loop3"]));
+        plan[0].bfq_settings().into_iter().map(|x| (x.key, x.value)).collect()
+    };
+    let has_slot = |keys: &[(String, String)]| keys.iter().any(|(k, v)| k == "timeout_sync" && v == "16");
+    // Not rotating, BFQ's default slot (124 ms): shortened, after the queue's settings.
+    fs::write(queue.join("rotational"), "0\n").unwrap();
+    let keys = plan_keys();
+    assert!(has_slot(&keys), "{keys:?}");
+    assert_eq!(keys.last().map(|(k, _)| k.as_str()), Some("timeout_sync"), "{keys:?}");
+    // Rotating, or a rotational flag that does not read: BFQ's slot left.
+    for flag in ["1\n", "junk\n"] {
+        fs::write(queue.join("rotational"), flag).unwrap();
+        assert!(!has_slot(&plan_keys()), "rotational {flag:?}");
+    }
+    // Slots already at most 16 ms: left as they are (protection never lengthens one).
+    fs::write(queue.join("rotational"), "0\n").unwrap();
+    for short in ["16", "8"] {
+        fs::write(queue.join("iosched/timeout_sync"), format!("{short}\n")).unwrap();
+        assert!(plan_keys().iter().all(|(k, _)| k != "timeout_sync"), "timeout_sync {short}");
+    }
+    // Written through the guard, read back and put back at stop like the queue's settings.
+    fs::write(queue.join("iosched/timeout_sync"), "124\n").unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let plan = protect::plan_in(s, &root, None, &Default::default(), &managed(&["loop3"]));
+    let mut tuned = tune::TunedDevices::apply_all_adopting_in(
+        s,
+        ROOT_ON_VDA,
+        None,
+        &Default::default(),
+        &plan[0].bfq_settings(),
+        &[],
+        Some(&tune::originals_path(&state.path().join("state.json"))),
+    )
+    .unwrap();
+    assert_eq!(iosched_value(s, "loop3", "timeout_sync"), "16");
+    assert_eq!(tuned.restore(), 0, "no restore failure");
+    assert_eq!(iosched_value(s, "loop3", "timeout_sync"), "124", "put back");
+    // A device BFQ is selected for: its slot read after the switch is BFQ's default, so the plan shortens it.
+    let found = protect::QueueFound { max_sectors_kb: None, rotational: Some(false), timeout_sync_ms: None };
+    assert!(protect::bfq_settings_for(found).iter().any(|(k, v)| *k == "timeout_sync" && v == "16"));
 }
 
 #[test]
@@ -584,7 +634,10 @@ fn protect_never_writes_the_root_disk_and_a_failing_device_does_not_stop_the_oth
     // gone), the first is kept and restored, the third skipped.
     let setting = |dev: &str, k: &str, v: &str| protect::Setting { device: dev.into(), key: k.into(), value: v.into() };
     let mut settings: Vec<protect::Setting> =
-        protect::bfq_settings_for(Some(1280)).iter().map(|(k, v)| setting("vda", k, v)).collect();
+        protect::bfq_settings_for(protect::QueueFound { max_sectors_kb: Some(1280), ..Default::default() })
+            .iter()
+            .map(|(k, v)| setting("vda", k, v))
+            .collect();
     settings.extend([
         setting("loop3", protect::NR_REQUESTS, "4"),
         setting("loop3", "max_budget", "256"),

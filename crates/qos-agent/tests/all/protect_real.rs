@@ -97,13 +97,17 @@ listen = "127.0.0.1:{port}"
     let size0 = read(&dev, "max_sectors_kb");
     let capped = size0.parse::<u32>().unwrap() > 128;
     let size_set = if capped { "128" } else { size0.as_str() };
-    // Start: switched to bfq and the queue made shallow, each change logged with old and new value; BFQ's own
-    // tunables left as they are.
+    // Its slots: shortened to 16 ms where the device does not rotate (a loop device does not), else BFQ's.
+    let rotates = read(&dev, "rotational") != "0";
+    let slot_set = if rotates { "124" } else { "16" };
+    // Start: switched to bfq, the queue made shallow and the slots short, each change logged with old and new
+    // value; BFQ's other tunables left as they are.
     let mut agent = Agent::start(AGENT, &config);
     assert_eq!(active_scheduler(&dev), "bfq");
     assert_eq!(read(&dev, "nr_requests"), "4");
     assert_eq!(read(&dev, "max_sectors_kb"), size_set);
-    for (key, value) in [("strict_guarantees", "0"), ("max_budget", "0"), ("timeout_sync", "124")] {
+    assert_eq!(read(&dev, "iosched/timeout_sync"), slot_set, "rotational {rotates}");
+    for (key, value) in [("strict_guarantees", "0"), ("max_budget", "0")] {
         assert_eq!(read(&dev, &format!("iosched/{key}")), value, "{key} left as BFQ has it");
     }
     let log = testbed::probe::strip_ansi(&agent.log_text());
@@ -127,6 +131,11 @@ listen = "127.0.0.1:{port}"
     );
     assert!(
         row("scheduler").split_whitespace().collect::<Vec<_>>().ends_with(&["none", "bfq", "bfq", "protect"]),
+        "{status}"
+    );
+    assert!(
+        rotates
+            || row("timeout_sync").split_whitespace().collect::<Vec<_>>().ends_with(&["124", "16", "16", "protect"]),
         "{status}"
     );
     assert!(
@@ -196,10 +205,11 @@ listen = "127.0.0.1:{port}"
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    let count = 1 + usize::from(capped);
+    let count = 1 + usize::from(capped) + usize::from(!rotates);
     assert!(stdout.contains(&format!("{count} of {count} device setting(s) put back")), "{stdout}");
     assert_eq!(read(&dev, "nr_requests"), depth0);
     assert_eq!(read(&dev, "max_sectors_kb"), size0);
+    assert_eq!(read(&dev, "iosched/timeout_sync"), "124", "the slot put back");
     drop(killed);
 
     // SIGKILL of an agent that switched the scheduler: the next agent on its state file finds bfq (so plans no

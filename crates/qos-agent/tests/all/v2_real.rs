@@ -1165,6 +1165,8 @@ fn protection_by_default_enables_io_cost_where_bfq_is_not_the_scheduler_and_puts
     let depth = || read(Path::new(&format!("/sys/block/{}/queue/nr_requests", bfq.name))).trim().to_string();
     let size = || read(Path::new(&format!("/sys/block/{}/queue/max_sectors_kb", bfq.name))).trim().to_string();
     let (budget0, depth0, size0) = (tunable("max_budget"), depth(), size());
+    let slot0 = tunable("timeout_sync");
+    let rotates = read(Path::new(&format!("/sys/block/{}/queue/rotational", bfq.name))).trim() != "0";
     let rel = format!("ddiskqos-protect-{}", std::process::id());
     let parent = Path::new(CGROUP).join(&rel);
     std::fs::create_dir(&parent).unwrap();
@@ -1202,7 +1204,9 @@ fn protection_by_default_enables_io_cost_where_bfq_is_not_the_scheduler_and_puts
         size_set <= 128 && (size_set == 128 || size_set.to_string() == size0),
         "max_sectors_kb {size_set}, was {size0}"
     );
-    assert_eq!(tunable("max_budget"), budget0, "BFQ's tunables left as they are");
+    assert_eq!(tunable("max_budget"), budget0, "BFQ's other tunables left as they are");
+    let slot_set = if rotates || slot0.parse::<u32>().unwrap() <= 16 { slot0.clone() } else { "16".into() };
+    assert_eq!(tunable("timeout_sync"), slot_set, "BFQ's slots (rotational {rotates}, was {slot0})");
     let st = status_json(&socket);
     let row =
         |dev: &str, setting: &str| st.device_settings.iter().find(|r| r.device == dev && r.setting == setting).cloned();
@@ -1224,4 +1228,5 @@ fn protection_by_default_enables_io_cost_where_bfq_is_not_the_scheduler_and_puts
     assert_eq!(depth(), depth0);
     assert_eq!(size(), size0, "the request size put back");
     assert_eq!(tunable("max_budget"), budget0);
+    assert_eq!(tunable("timeout_sync"), slot0, "the slots put back");
 }
