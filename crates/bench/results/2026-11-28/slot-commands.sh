@@ -1,5 +1,5 @@
 #!/bin/bash
-# 2026-11-28, session 25: BFQ's slot (timeout_sync) and protect's 1 MiB tail, host v1, the bench's throttled disk.
+# 2026-11-28 08:21-08:41 UTC, session 25: BFQ's slot (timeout_sync) and protect's 1 MiB tail, host v1, the bench's throttled disk.
 # The first three ran the release build of e48429c (protection without a slot setting; --bfq-set sets BFQ's
 # timeout_sync for the whole run, Alone, Original and dDiskQoS alike); the fourth the build of the commit that adds
 # these files (the agent's protection sets timeout_sync=16 itself on a device that does not rotate).
