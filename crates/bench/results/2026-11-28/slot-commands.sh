@@ -8,4 +8,5 @@ $B run --modes protect --sizes 1 --reps 150 --exp2-reps 0 --out /tmp/ab/a-asfoun
 $B run --modes protect --sizes 1 --reps 150 --exp2-reps 0 --bfq-set timeout_sync=32 --out /tmp/ab/ts32  # slot-32ms-*
 $B run --modes protect --sizes 1 --reps 150 --exp2-reps 0 --bfq-set timeout_sync=16 --out /tmp/ab/ts16  # slot-16ms-*
 $B run --modes protect --reps 20 --out /tmp/ab/slot16-protect-r20                                # slot-16ms-by-agent-*
+$B run --modes protect --sizes 1 --reps 150 --exp2-reps 0 --bfq-set timeout_sync=8 --out /tmp/ab/ts8   # slot-8ms-* (10:16 UTC, build of d83b5aa: same protect code; the agent leaves 8 as it is)
 OUT=/tmp/ab/cost bash crates/bench/results/2026-11-28/slot-cost-script.sh                        # slot-cost-output.txt

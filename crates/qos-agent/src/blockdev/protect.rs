@@ -25,8 +25,9 @@
 //!   preempt the queue BFQ is serving, so a small read that arrives as the big reader's slot begins waits for all
 //!   of it, up to `timeout_sync` (125 ms as found): on the same disk (2026-11-28, 150 new containers' 1 MiB reads
 //!   each, `crates/bench/results/2026-11-28/slot-*`) the slowest read was 94.7 ms as found, 40.5 ms at 32 ms slots
-//!   and 28.5 ms at 16, the big reader at 147 MiB/s in all three. A rotating disk keeps BFQ's long slots (a short
-//!   one there costs seeks; not measured, no such disk on this machine kind);
+//!   and 28.5 ms at 16 (at 8 ms 40.3, the median worse too: probably a 1 MiB read, eight requests of 128 KiB, no
+//!   longer fits in one slot; not traced), the big reader at 147 MiB/s in all. A rotating disk keeps BFQ's long
+//!   slots (a short one there costs seeks; not measured, no such disk on this machine kind);
 //! - cgroup v2, another scheduler: io.cost enabled with a model measured from the device at start
 //!   ([`super::iocost::measure`], reads only, about 4 s) and a latency target from its lone-read latency; a
 //!   device with io.cost already enabled (the operator's model) is left as it is;
