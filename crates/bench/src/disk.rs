@@ -341,7 +341,8 @@ impl Disk {
                 }
             }
         }
-        for extra in ["nr_requests", "max_sectors_kb", "rotational"] {
+        for extra in [blockdev::protect::NR_REQUESTS, blockdev::protect::MAX_SECTORS_KB, blockdev::protect::ROTATIONAL]
+        {
             if let Ok(v) = sys::read_trim(&self.queue().join(extra)) {
                 out.insert(extra.into(), v);
             }

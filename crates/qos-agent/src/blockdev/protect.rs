@@ -57,6 +57,8 @@ pub const TIMEOUT_SYNC: &str = "timeout_sync";
 /// The longest slot protection leaves a non-rotating BFQ device, in ms ([`TIMEOUT_SYNC`]; BFQ's default is 125):
 /// a device whose slots are already at most this long keeps its value, a rotating one keeps BFQ's.
 pub const SLOT_MS: u32 = 16;
+/// The queue's file that says whether the device rotates (`queue/rotational`: 1 or 0; read only).
+pub const ROTATIONAL: &str = "rotational";
 
 /// What protection reads from a device before it plans the device's BFQ settings.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -71,13 +73,13 @@ pub struct QueueFound {
 }
 
 impl QueueFound {
-    /// From the values of a device's files, by name (`max_sectors_kb`, `rotational`, `timeout_sync`); `get`
+    /// From the values of a device's files, by name ([`MAX_SECTORS_KB`], [`ROTATIONAL`], [`TIMEOUT_SYNC`]); `get`
     /// answers `None` for a file it could not read.
     pub fn from_values(get: impl Fn(&str) -> Option<String>) -> Self {
         let num = |key: &str| get(key).and_then(|v| v.trim().parse::<u32>().ok());
         Self {
             max_sectors_kb: num(MAX_SECTORS_KB),
-            rotational: num("rotational").and_then(|r| match r {
+            rotational: num(ROTATIONAL).and_then(|r| match r {
                 0 => Some(false),
                 1 => Some(true),
                 _ => None,
@@ -90,8 +92,8 @@ impl QueueFound {
     pub fn read_in(sys: &Path, name: &str) -> Self {
         let bfq = scheduler_in(sys, name).is_ok_and(|s| s.active == "bfq");
         Self::from_values(|key| match key {
-            "rotational" => {
-                std::fs::read_to_string(super::queue_dir(sys, name).join("rotational")).ok().map(|v| v.trim().into())
+            ROTATIONAL => {
+                std::fs::read_to_string(super::queue_dir(sys, name).join(ROTATIONAL)).ok().map(|v| v.trim().into())
             }
             TIMEOUT_SYNC if !bfq => None,
             _ => read_tunable(sys, name, key).ok(),
