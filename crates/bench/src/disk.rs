@@ -331,8 +331,8 @@ impl Disk {
     /// The active scheduler and every BFQ tunable, for the report.
     pub fn iosched(&self) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
-        if let Ok(s) = sys::read_trim(&self.queue().join("scheduler")) {
-            out.insert("scheduler".into(), s);
+        if let Ok(s) = sys::read_trim(&self.queue().join(blockdev::protect::SCHEDULER)) {
+            out.insert(blockdev::protect::SCHEDULER.into(), s);
         }
         if let Ok(entries) = std::fs::read_dir(self.queue().join("iosched")) {
             for entry in entries.flatten() {
@@ -341,8 +341,8 @@ impl Disk {
                 }
             }
         }
-        for extra in [blockdev::protect::NR_REQUESTS, blockdev::protect::MAX_SECTORS_KB, blockdev::protect::ROTATIONAL]
-        {
+        // The queue files protection writes, and the flag that decides its slot.
+        for extra in blockdev::protect::QUEUE_FILES.into_iter().chain([blockdev::protect::ROTATIONAL]) {
             if let Ok(v) = sys::read_trim(&self.queue().join(extra)) {
                 out.insert(extra.into(), v);
             }

@@ -43,7 +43,7 @@ use std::path::Path;
 use super::iocost::{self, IO_COST_MODEL, IO_COST_QOS};
 use super::setting::devnum_in;
 use super::setting::read_tunable;
-pub use super::setting::{line_has_all, queue_file, Setting, MAX_SECTORS_KB, NR_REQUESTS, SCHEDULER};
+pub use super::setting::{line_has_all, queue_file, Setting, MAX_SECTORS_KB, NR_REQUESTS, QUEUE_FILES, SCHEDULER};
 use super::{scheduler_in, validate_name, DevNum, Result};
 use crate::config::{DevicesConfig, ProtectMode};
 
