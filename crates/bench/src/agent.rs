@@ -412,6 +412,11 @@ impl Agent {
         Ok(agent)
     }
 
+    /// Every device setting the agent made at its start, read back from the device now (its `status` rows).
+    pub fn device_settings(&self) -> Vec<qos_agent::blockdev::tune::SettingRow> {
+        self.metrics.device_settings.rows().0
+    }
+
     /// The top level's weight (new containers').
     pub fn top(&self) -> Weight {
         self.cfg.mlfq.levels[0].weight

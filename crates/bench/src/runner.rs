@@ -285,6 +285,19 @@ fn run_mode_on_device(
             );
         }
     }
+    // Whatever else the agent set at its start (a slot chosen from what it measured there, say) reads as it set it.
+    if let Some(row) = agent.device_settings().into_iter().find(|r| !r.as_set()) {
+        drop(agent);
+        anyhow::bail!(
+            "{} mode: the agent set {} of {} to {:?} at its start, and it reads {:?}: the mode's device set-up is not \
+             in force",
+            mode.name(),
+            row.setting,
+            row.device,
+            row.set,
+            row.now
+        );
+    }
     // io.cost as the agent's protection enabled it, read back for the report; the mode fails if it is not in force.
     let iocost = match (mode, iocost) {
         (BfqMode::IocostProtect, None) => {

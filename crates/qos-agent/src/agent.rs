@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::backend::{CounterSource, Discovery, DiscoveryError, RuntimeBackends, WeightWriter};
-use crate::blockdev::protect::{self, Decision, Managed};
+use crate::blockdev::protect::{self, Decision, Managed, Planned};
 use crate::blockdev::tune::{self, TuneError, TunedDevices};
 use crate::blockdev::{self, DeviceError};
 use crate::cgroup::{CgroupRoot, CgroupVersion};
@@ -315,6 +315,7 @@ fn devices_at_start(
     }
     let protected = blockdev::protected_disks().map_err(|e| e.to_string());
     let plan = protect::plan_in(std::path::Path::new("/sys"), &protected, v2_root.as_deref(), &cfg.devices, &managed);
+    let plan: Vec<Planned> = plan.into_iter().map(|p| with_lone_read(p, write)).collect();
     let mut settings = Vec::new();
     let mut left = Vec::new();
     for p in &plan {
@@ -384,6 +385,32 @@ fn devices_at_start(
         }
     }
     Ok(tuned)
+}
+
+/// A BFQ plan for a device that reports it rotates, with the device's lone reads measured (reads only, a quarter
+/// of a second; not in a dry run): the short slots where no moving heads answer
+/// ([`protect::Planned::with_lone_read`]). A failed measurement keeps the plan as it was (BFQ's slots).
+fn with_lone_read(p: Planned, write: bool) -> Planned {
+    if !p.wants_lone_read() {
+        return p;
+    }
+    if !write {
+        info!(device = %p.device, "dry run: protect would measure the device's lone reads to choose its slots");
+        return p;
+    }
+    match protect::measure_lone_read(&p.device) {
+        Ok(median) => {
+            let p = p.with_lone_read(median);
+            info!(device = %p.device, lone_read_us = median.as_micros() as u64,
+                  seek_free_under_us = protect::SEEK_FREE_US, "protect: measured a device that reports it rotates");
+            p
+        }
+        Err(e) => {
+            warn!(device = %p.device, error = %e, "protect: cannot measure the lone reads of a device that reports \
+                  it rotates; BFQ's slots are kept on it");
+            p
+        }
+    }
 }
 
 /// The backends' file writer in the agent's writer, with the way weights are applied chosen once: systemd unit

@@ -271,6 +271,18 @@ pub fn measure(node: &Path, cal: &Calibration) -> Result<Measured> {
     })
 }
 
+/// The median time of lone 4 KiB random reads of the block device `node` over about `duration` (at least 16;
+/// `O_DIRECT`, reads only): what [`super::protect`] measures on a device that reports it rotates.
+pub fn lone_read_median(node: &Path, duration: Duration) -> Result<Duration> {
+    let io = |op, source| DeviceError::Io { op, path: node.to_owned(), source };
+    let file = OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(node).map_err(|e| io("open", e))?;
+    let size = device_size(&file).map_err(|e| io("size", e))?;
+    if size < PAGE as u64 {
+        return Err(DeviceError::Refused { device: node.display().to_string(), reason: "smaller than 4 KiB".into() });
+    }
+    median_qd1(&file, size, duration).map_err(|e| io("read", e))
+}
+
 /// Writes the model, then the qos line, into the v2 root `v2_root`, and reads both back.
 pub fn apply(v2_root: &Path, dev: DevNum, model: &CostModel, qos: &QosTarget) -> Result<()> {
     write_line(&v2_root.join(IO_COST_MODEL), &model.line(dev), dev)?;
@@ -547,5 +559,11 @@ mod tests {
         assert!(m.rbps > 1 << 20 && m.rseqiops > 100 && m.rrandiops > 100, "{got}");
         assert!(m.wbps > 0 && m.wseqiops > 0 && m.wrandiops > 0 && got.writes_measured, "{got}");
         assert!(m.rbps > m.rrandiops * PAGE as u64 / 4, "1 MiB reads move more bytes than 4 KiB ones: {got}");
+        let lone = lone_read_median(&path, Duration::from_millis(50)).unwrap();
+        assert!(lone > Duration::ZERO && lone < Duration::from_secs(1), "{lone:?}");
+        let tiny = dir.path().join("tiny.img");
+        std::fs::write(&tiny, b"x").unwrap();
+        let e = lone_read_median(&tiny, Duration::from_millis(50)).unwrap_err().to_string();
+        assert!(e.contains("tiny.img") && e.contains("smaller than 4 KiB"), "{e}");
     }
 }

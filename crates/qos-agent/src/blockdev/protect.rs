@@ -26,8 +26,12 @@
 //!   of it, up to `timeout_sync` (125 ms as found): on the same disk (2026-11-28, 150 new containers' 1 MiB reads
 //!   each, `crates/bench/results/2026-11-28/slot-*`) the slowest read was 94.7 ms as found, 40.5 ms at 32 ms slots
 //!   and 28.5 ms at 16 (at 8 ms 40.3, the median worse too: probably a 1 MiB read, eight requests of 128 KiB, no
-//!   longer fits in one slot; not traced), the big reader at 147 MiB/s in all. A rotating disk keeps BFQ's long
-//!   slots (a short one there costs seeks; not measured, no such disk on this machine kind);
+//!   longer fits in one slot; not traced), the big reader at 147 MiB/s in all. A disk with moving heads keeps
+//!   BFQ's long slots (a short one there costs seeks; no such disk on this machine kind). Many virtual disks
+//!   report `rotational` 1 whatever backs them (virtio-blk does unless the host says otherwise), so a device that
+//!   reports it rotates is measured at start ([`measure_lone_read`]: lone 4 KiB random reads, reads only, about
+//!   [`LONE_READ_PROBE_MS`] ms): a median under [`SEEK_FREE_US`] comes from no disk with moving heads, and the
+//!   device gets the short slots too;
 //! - cgroup v2, another scheduler: io.cost enabled with a model measured from the device at start
 //!   ([`super::iocost::measure`], reads only, about 4 s) and a latency target from its lone-read latency; a
 //!   device with io.cost already enabled (the operator's model) is left as it is;
@@ -59,6 +63,11 @@ pub const TIMEOUT_SYNC: &str = "timeout_sync";
 pub const SLOT_MS: u32 = 16;
 /// The queue's file that says whether the device rotates (`queue/rotational`: 1 or 0; read only).
 pub const ROTATIONAL: &str = "rotational";
+/// A device reporting it rotates whose lone 4 KiB random read takes less than this (median, µs) has no moving
+/// heads to pay for: half a turn of a 15,000 rpm disk alone is 2 ms, and a seek comes on top.
+pub const SEEK_FREE_US: u64 = 2_000;
+/// How long protection reads a device that reports it rotates, at start (at least 16 reads).
+pub const LONE_READ_PROBE_MS: u64 = 250;
 
 /// What protection reads from a device before it plans the device's BFQ settings.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -70,6 +79,8 @@ pub struct QueueFound {
     /// BFQ's [`TIMEOUT_SYNC`] (ms); `None` where BFQ is not the scheduler yet (selected, it starts at its default)
     /// or the value does not read as a number.
     pub timeout_sync_ms: Option<u32>,
+    /// The median lone 4 KiB random read measured at start (µs; [`measure_lone_read`]); `None`: not measured.
+    pub lone_read_us: Option<u64>,
 }
 
 impl QueueFound {
@@ -85,7 +96,14 @@ impl QueueFound {
                 _ => None,
             }),
             timeout_sync_ms: num(TIMEOUT_SYNC),
+            lone_read_us: None,
         }
+    }
+
+    /// Whether the device pays nothing for seeks: it reports it does not rotate, or its lone read was measured
+    /// under [`SEEK_FREE_US`].
+    pub fn seek_free(&self) -> bool {
+        self.rotational == Some(false) || self.lone_read_us.is_some_and(|us| us < SEEK_FREE_US)
     }
 
     /// Device `name` of the fake or real `sys` as it reads now (BFQ's tunable only where BFQ is its scheduler).
@@ -104,13 +122,13 @@ impl QueueFound {
 /// The settings protection makes on a BFQ device that reads as `found`, in the order written (and put back in
 /// reverse): [`NR_REQUESTS`] = [`QUEUE_DEPTH`]; [`MAX_SECTORS_KB`] = [`MAX_REQUEST_KB`] where the device's
 /// requests may be bigger (an unreadable value is left as it is); [`TIMEOUT_SYNC`] = [`SLOT_MS`] where the device
-/// does not rotate and its slots may be longer (BFQ's default after a switch).
+/// pays nothing for seeks ([`QueueFound::seek_free`]) and its slots may be longer (BFQ's default after a switch).
 pub fn bfq_settings_for(found: QueueFound) -> Vec<(&'static str, String)> {
     let mut out = vec![(NR_REQUESTS, QUEUE_DEPTH.to_string())];
     if found.max_sectors_kb.is_some_and(|kb| kb > MAX_REQUEST_KB) {
         out.push((MAX_SECTORS_KB, MAX_REQUEST_KB.to_string()));
     }
-    if found.rotational == Some(false) && found.timeout_sync_ms.is_none_or(|ms| ms > SLOT_MS) {
+    if found.seek_free() && found.timeout_sync_ms.is_none_or(|ms| ms > SLOT_MS) {
         out.push((TIMEOUT_SYNC, SLOT_MS.to_string()));
     }
     out
@@ -153,6 +171,8 @@ pub enum Decision {
     Bfq {
         /// The scheduler it had, when it is switched to BFQ first (cgroup v1).
         switch_from: Option<String>,
+        /// What the settings were planned from.
+        found: QueueFound,
         /// The queue settings, in the order written.
         settings: Vec<(&'static str, String)>,
     },
@@ -179,7 +199,7 @@ pub struct Planned {
 impl Planned {
     /// The settings of a [`Decision::Bfq`] (none for the others: io.cost's need the measurement first).
     pub fn bfq_settings(&self) -> Vec<Setting> {
-        let Decision::Bfq { switch_from, settings } = &self.decision else { return Vec::new() };
+        let Decision::Bfq { switch_from, settings, .. } = &self.decision else { return Vec::new() };
         let setting =
             |key: &str, value: &str| Setting { device: self.device.clone(), key: key.into(), value: value.into() };
         let mut out = Vec::new();
@@ -190,20 +210,57 @@ impl Planned {
         out
     }
 
+    /// Whether the device's lone read is measured before its settings are final ([`Self::with_lone_read`]): a
+    /// BFQ plan for a device that does not report that it does not rotate, and whose slots may be longer than
+    /// [`SLOT_MS`].
+    pub fn wants_lone_read(&self) -> bool {
+        matches!(&self.decision, Decision::Bfq { found, .. }
+            if found.rotational != Some(false)
+                && found.lone_read_us.is_none()
+                && found.timeout_sync_ms.is_none_or(|ms| ms > SLOT_MS))
+    }
+
+    /// This plan once the device's lone read was measured (`median`, [`measure_lone_read`]): its settings planned
+    /// again with it (the short slots where it is under [`SEEK_FREE_US`]). Other plans are returned as they are.
+    pub fn with_lone_read(mut self, median: std::time::Duration) -> Self {
+        if let Decision::Bfq { found, settings, .. } = &mut self.decision {
+            found.lone_read_us = Some(median.as_micros().min(u128::from(u64::MAX)) as u64);
+            *settings = bfq_settings_for(*found);
+        }
+        self
+    }
+
     /// One line for the log and `check-config`.
     pub fn describe(&self) -> String {
         let words = |settings: &[(&str, String)]| {
             settings.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
         };
-        match &self.decision {
-            Decision::Bfq { switch_from: None, settings } => {
-                let settings = words(settings);
-                format!("{}: BFQ with {settings} (protect; restored at stop) [{}]", self.device, self.why)
+        let slots = |found: &QueueFound| match (found.rotational, found.lone_read_us) {
+            (Some(false), _) => String::new(),
+            (_, Some(us)) if us < SEEK_FREE_US => {
+                format!("; it reports it rotates, but a lone read took {us} µs (no moving heads): short slots")
             }
-            Decision::Bfq { switch_from: Some(from), settings } => format!(
-                "{}: scheduler {from} -> bfq, then BFQ with {} (protect; restored at stop) [{}]",
+            (_, Some(us)) => format!("; a lone read took {us} µs (a disk with moving heads): BFQ's slots kept"),
+            (_, None) if self.wants_lone_read() => {
+                "; it reports it rotates: its lone reads are measured at start, short slots if under 2 ms".into()
+            }
+            (_, None) => String::new(),
+        };
+        match &self.decision {
+            Decision::Bfq { switch_from: None, found, settings } => {
+                let settings = words(settings);
+                format!(
+                    "{}: BFQ with {settings}{} (protect; restored at stop) [{}]",
+                    self.device,
+                    slots(found),
+                    self.why
+                )
+            }
+            Decision::Bfq { switch_from: Some(from), found, settings } => format!(
+                "{}: scheduler {from} -> bfq, then BFQ with {}{} (protect; restored at stop) [{}]",
                 self.device,
                 words(settings),
+                slots(found),
                 self.why
             ),
             Decision::IoCost { dev } => format!(
@@ -274,7 +331,8 @@ fn decide(
         Err(e) => return leave(format!("cannot read its scheduler: {e}")),
     };
     if s.active == "bfq" {
-        return Decision::Bfq { switch_from: None, settings: bfq_settings_in(sys, name) };
+        let found = QueueFound::read_in(sys, name);
+        return Decision::Bfq { switch_from: None, found, settings: bfq_settings_for(found) };
     }
     if let Some(v2) = v2_root {
         let dev = match devnum_in(sys, name) {
@@ -293,7 +351,8 @@ fn decide(
         };
     }
     if s.available.iter().any(|a| a == "bfq") {
-        return Decision::Bfq { switch_from: Some(s.active), settings: bfq_settings_in(sys, name) };
+        let found = QueueFound::read_in(sys, name);
+        return Decision::Bfq { switch_from: Some(s.active), found, settings: bfq_settings_for(found) };
     }
     leave(format!("its scheduler is {} and bfq is not available (`modprobe bfq`, then restart the agent)", s.active))
 }
@@ -305,6 +364,13 @@ pub fn io_cost_settings(device: &str, dev: DevNum, measured: &iocost::Measured) 
         Setting { device: device.into(), key: IO_COST_MODEL.into(), value: measured.model.line(dev) },
         Setting { device: device.into(), key: IO_COST_QOS.into(), value: qos.line(dev) },
     ]
+}
+
+/// Measures `/dev/<device>`'s lone 4 KiB random reads for [`LONE_READ_PROBE_MS`] (reads only; the median).
+pub fn measure_lone_read(device: &str) -> Result<std::time::Duration> {
+    validate_name(device)?;
+    let probe = std::time::Duration::from_millis(LONE_READ_PROBE_MS);
+    iocost::lone_read_median(&Path::new("/dev").join(device), probe)
 }
 
 /// Measures `/dev/<device>` for io.cost (reads only; [`IOCOST_SECONDS`], [`IOCOST_JOBS`]).

@@ -473,7 +473,7 @@ fn protect_caps_the_request_size_where_requests_may_be_bigger_and_puts_it_back()
 }
 
 #[test]
-fn protect_shortens_bfqs_slots_on_a_device_that_does_not_rotate_only() {
+fn protect_shortens_bfqs_slots_only_where_no_moving_heads_answer() {
     let sys = fake_sys_protect();
     let s = sys.path();
     let root: std::result::Result<Vec<String>, String> = Ok(vec!["vda".into()]);
@@ -488,16 +488,36 @@ fn protect_shortens_bfqs_slots_on_a_device_that_does_not_rotate_only() {
     let keys = plan_keys();
     assert!(has_slot(&keys), "{keys:?}");
     assert_eq!(keys.last().map(|(k, _)| k.as_str()), Some("timeout_sync"), "{keys:?}");
-    // Rotating, or a rotational flag that does not read: BFQ's slot left.
+    // Rotating, or a rotational flag that does not read: BFQ's slot left until the device's lone reads are
+    // measured; then shortened where no moving heads answer (under 2 ms), left where they do.
     for flag in ["1\n", "junk\n"] {
         fs::write(queue.join("rotational"), flag).unwrap();
         assert!(!has_slot(&plan_keys()), "rotational {flag:?}");
+        let plan = protect::plan_in(s, &root, None, &Default::default(), &managed(&["loop3"])).remove(0);
+        assert!(plan.wants_lone_read(), "rotational {flag:?}");
+        assert!(plan.describe().contains("its lone reads are measured at start"), "{}", plan.describe());
+        let slot = |p: &protect::Planned| p.bfq_settings().iter().any(|x| x.key == "timeout_sync" && x.value == "16");
+        for (us, short) in [(150, true), (1_999, true), (2_000, false), (8_300, false)] {
+            let measured = plan.clone().with_lone_read(std::time::Duration::from_micros(us));
+            assert_eq!(slot(&measured), short, "lone read {us} µs: {}", measured.describe());
+            assert!(!measured.wants_lone_read(), "measured once");
+            assert!(measured.describe().contains(&format!("a lone read took {us} µs")), "{}", measured.describe());
+        }
     }
+    // A device that reports it does not rotate is not measured.
+    fs::write(queue.join("rotational"), "0\n").unwrap();
+    let plan = protect::plan_in(s, &root, None, &Default::default(), &managed(&["loop3"])).remove(0);
+    assert!(!plan.wants_lone_read());
     // Slots already at most 16 ms: left as they are (protection never lengthens one).
     fs::write(queue.join("rotational"), "0\n").unwrap();
     for short in ["16", "8"] {
         fs::write(queue.join("iosched/timeout_sync"), format!("{short}\n")).unwrap();
         assert!(plan_keys().iter().all(|(k, _)| k != "timeout_sync"), "timeout_sync {short}");
+        // Nor measured where the slot is short already, rotating or not.
+        fs::write(queue.join("rotational"), "1\n").unwrap();
+        let plan = protect::plan_in(s, &root, None, &Default::default(), &managed(&["loop3"])).remove(0);
+        assert!(!plan.wants_lone_read(), "timeout_sync {short}");
+        fs::write(queue.join("rotational"), "0\n").unwrap();
     }
     // Written through the guard, read back and put back at stop like the queue's settings.
     fs::write(queue.join("iosched/timeout_sync"), "124\n").unwrap();
@@ -517,8 +537,18 @@ fn protect_shortens_bfqs_slots_on_a_device_that_does_not_rotate_only() {
     assert_eq!(tuned.restore(), 0, "no restore failure");
     assert_eq!(iosched_value(s, "loop3", "timeout_sync"), "124", "put back");
     // A device BFQ is selected for: its slot read after the switch is BFQ's default, so the plan shortens it.
-    let found = protect::QueueFound { max_sectors_kb: None, rotational: Some(false), timeout_sync_ms: None };
+    let found = protect::QueueFound { rotational: Some(false), ..Default::default() };
     assert!(protect::bfq_settings_for(found).iter().any(|(k, v)| *k == "timeout_sync" && v == "16"));
+    let found = protect::QueueFound { rotational: Some(true), lone_read_us: Some(300), ..Default::default() };
+    assert!(protect::bfq_settings_for(found).iter().any(|(k, v)| *k == "timeout_sync" && v == "16"));
+    // Other plans are not measured, and a measurement leaves them as they are.
+    let leave = protect::Planned {
+        device: "loop3".into(),
+        why: "test".into(),
+        decision: protect::Decision::Leave("opted out".into()),
+    };
+    assert!(!leave.wants_lone_read());
+    assert_eq!(leave.clone().with_lone_read(std::time::Duration::from_micros(1)), leave);
 }
 
 #[test]
