@@ -8,28 +8,28 @@
 //! a managed device as it is; `protect = "off"` leaves every device.
 //!
 //! **What is set** ([`plan_in`]):
-//! - the scheduler is BFQ: a shallow request queue of small requests and, on a device that does not rotate, short
-//!   slots ([`bfq_settings_for`]: `queue/nr_requests = 4`, `queue/max_sectors_kb` at most [`MAX_REQUEST_KB`] and
-//!   BFQ's `timeout_sync` at most [`SLOT_MS`]; BFQ's other tunables left as they are). A big reader
-//!   then holds at most four requests of at most 128 KiB in the device, so a small reader's request waits behind
-//!   about 512 KiB, not behind the big reader's 32 or 256 requests of up to 1.25 MiB, and BFQ's weights pick it
-//!   next. Measured (2026-11-26, loop device, v1; `crates/bench/results/2026-11-26/slots-*`): `nr_requests = 4`
-//!   alone took a 1 MiB read every 50 ms beside a QD32 sequential reader from 61-69 ms as found to 3.3 ms, the big
-//!   reader keeping its throughput (92-105 %); BFQ's `strict_guarantees` protected as well but cost the big reader
+//! - the scheduler is BFQ: a shallow request queue of small requests and, on a device that pays nothing for seeks,
+//!   short slots ([`bfq_settings_for`]: `queue/nr_requests = 4`, `queue/max_sectors_kb` at most [`MAX_REQUEST_KB`]
+//!   and BFQ's `timeout_sync` at most [`SLOT_MS`]; BFQ's other tunables left as they are). A big reader then holds
+//!   at most four requests of at most 128 KiB in the device, so a small reader's request waits behind about
+//!   512 KiB, not behind the big reader's 32 or 256 requests of up to 1.25 MiB, and BFQ's weights pick it next.
+//!   Measured (2026-11-26, loop device, v1; `crates/bench/results/2026-11-26/slots-*`): `nr_requests = 4` alone
+//!   took a 1 MiB read every 50 ms beside a QD32 sequential reader from 61-69 ms as found to 3.3 ms, the big reader
+//!   keeping its throughput (92-105 %); BFQ's `strict_guarantees` protected as well but cost the big reader
 //!   14-42 %, and the short slots without it (`max_budget=256 timeout_sync=8`) made the small reader wait 380 ms.
-//!   On a device whose requests take longer (2026-11-27, the bench's throttled disk, 150 MiB/s: a 1.25 MiB
-//!   request costs 8 ms there; `crates/bench/results/2026-11-27/depth-*`), four requests of the found 1280 KiB
-//!   still left a new container's 1 MiB read 28-42 ms (mean of 30; Docker's nested layout) and requests of at most
-//!   128 KiB brought it to 17-19 ms (p50 13), the big reader at the same 152 MiB/s (128 KiB requests need 1,200
-//!   IOPS at 150 MiB/s). The slot: a container's cgroup under a common parent (Docker's `docker/<id>`) cannot
-//!   preempt the queue BFQ is serving, so a small read that arrives as the big reader's slot begins waits for all
-//!   of it, up to `timeout_sync` (125 ms as found): on the same disk (2026-11-28, 150 new containers' 1 MiB reads
-//!   each, `crates/bench/results/2026-11-28/slot-*`) the slowest read was 94.7 ms as found, 40.5 ms at 32 ms slots
-//!   and 28.5 ms at 16 (at 8 ms 40.3, the median worse too: probably a 1 MiB read, eight requests of 128 KiB, no
-//!   longer fits in one slot; not traced), the big reader at 147 MiB/s in all. A disk with moving heads keeps
-//!   BFQ's long slots (a short one there costs seeks; no such disk on this machine kind). Many virtual disks
-//!   report `rotational` 1 whatever backs them (virtio-blk does unless the host says otherwise), so a device that
-//!   reports it rotates is measured at start ([`measure_lone_read`]: lone 4 KiB random reads, reads only, about
+//!   On a device whose requests take longer (2026-11-27, the bench's throttled disk, 150 MiB/s: a 1.25 MiB request
+//!   costs 8 ms there; `crates/bench/results/2026-11-27/depth-*`), four requests of the found 1280 KiB still left a
+//!   new container's 1 MiB read 28-42 ms (mean of 30; Docker's nested layout) and requests of at most 128 KiB
+//!   brought it to 17-19 ms (p50 13), the big reader at the same 152 MiB/s (128 KiB requests need 1,200 IOPS at
+//!   150 MiB/s). The slot: a container's cgroup under a common parent (Docker's `docker/<id>`) cannot preempt the
+//!   queue BFQ is serving, so a small read that arrives as the big reader's slot begins waits for all of it, up to
+//!   `timeout_sync` (125 ms as found): on the same disk (2026-11-28, 150 new containers' 1 MiB reads each,
+//!   `crates/bench/results/2026-11-28/slot-*`) the slowest read was 94.7 ms as found, 40.5 ms at 32 ms slots and
+//!   28.5 ms at 16 (at 8 ms 40.3, the median worse too: probably a 1 MiB read, eight requests of 128 KiB, no longer
+//!   fits in one slot; not traced), the big reader at 147 MiB/s in all. A disk with moving heads keeps BFQ's long
+//!   slots (a short one there costs seeks; no such disk on this machine kind). Many virtual disks report
+//!   `rotational` 1 whatever backs them (virtio-blk does unless the host says otherwise), so a device that reports
+//!   it rotates is measured at start ([`measure_lone_read`]: lone 4 KiB random reads, reads only, about
 //!   [`LONE_READ_PROBE_MS`] ms): a median under [`SEEK_FREE_US`] comes from no disk with moving heads, and the
 //!   device gets the short slots too;
 //! - cgroup v2, another scheduler: io.cost enabled with a model measured from the device at start
