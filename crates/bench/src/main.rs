@@ -44,8 +44,13 @@ use crate::cli::{Cli, Cmd};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The agent's warnings, and what its assembly did to the device (protection's plan and what it measured
+    // there), land in every run's log; `RUST_LOG` says otherwise.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,qos_agent::agent=info"));
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     match dispatch(cli.command) {

@@ -104,11 +104,13 @@ impl CounterSource for DockerCounters {
                 // Measured by the bench (crates/bench/README.md, "Findings"): BFQ lets a newly busy group preempt
                 // the one in service only at the root level, so below a shared parent a new container at weight
                 // 1000 still waits for the background's slot (1 MiB read: 37 ms nested vs 2 ms at the root),
-                // unless every slot is short (`[devices] bfq_tunables`, docs/devices.md "Docker's default layout").
-                warn!(cgroup = %dir.path().display(),
-                      "containers sit below a parent cgroup: on cgroup v1 with BFQ, weights then barely shorten a \
-                       new container's first reads unless the device's slots are short: set [devices] bfq_tunables \
-                       = {{ <dev> = {{ max_budget = 256 }} }} (or run dockerd with \"cgroup-parent\": \"/\")");
+                // unless every slot is short, as protection by default makes them on the devices it manages
+                // (docs/devices.md). Said once, as a fact of the layout: on a managed device it is taken care of.
+                info!(cgroup = %dir.path().display(),
+                      "containers sit below a parent cgroup: on cgroup v1 with BFQ a new container cannot preempt \
+                       the slot BFQ is serving, so its first reads may wait one slot (timeout_sync); protection by \
+                       default keeps slots at 16 ms on the devices it manages (status: DEVICE SETTINGS); on others \
+                       shorten them, or run dockerd with \"cgroup-parent\": \"/\"");
                 self.nested_check = None;
             }
         }
