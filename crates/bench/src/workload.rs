@@ -28,7 +28,7 @@ pub enum BfqMode {
     StrictTuned,
     /// What the shipped agent makes of a BFQ device by default (`[devices] protect = "auto"`, the test disk as its
     /// managed device): BFQ's defaults with a shallow request queue of small requests (`nr_requests=4`,
-    /// `max_sectors_kb` at most 128) and short slots (`timeout_sync` at most 16) where the device pays nothing for
+    /// `max_sectors_kb` at most 128) and short slots (`timeout_sync` at most 32) where the device pays nothing for
     /// seeks (it reports it does not rotate, or it answers a lone 4 KiB read in under 2 ms at the agent's start),
     /// set by the agent's own code
     /// (`qos_agent::blockdev::protect`) at its start, so the mode's Alone and Original run with it too; judged
@@ -65,7 +65,7 @@ impl BfqMode {
             BfqMode::StrictNoLowLatency => "BFQ strict_guarantees=1 + low_latency=0",
             BfqMode::StrictTuned => "BFQ strict_guarantees=1 + agent's bfq_tunables max_budget=256 timeout_sync=8",
             BfqMode::Protect => {
-                "BFQ as the agent protects it by default (nr_requests=4, max_sectors_kb<=128, timeout_sync<=16 where the device pays nothing for seeks, BFQ's other tunables as found)"
+                "BFQ as the agent protects it by default (nr_requests=4, max_sectors_kb<=128, timeout_sync<=32 where the device pays nothing for seeks, BFQ's other tunables as found)"
             }
             BfqMode::IocostKernel => "io.cost, kernel's model (scheduler none)",
             BfqMode::IocostCalibrated => "io.cost, calibrated model (scheduler none)",

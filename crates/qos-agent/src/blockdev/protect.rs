@@ -26,7 +26,8 @@
 //!   `timeout_sync` (125 ms as found): on the same disk (2026-11-28, 150 new containers' 1 MiB reads each,
 //!   `crates/bench/results/2026-11-28/slot-*`) the slowest read was 94.7 ms as found, 40.5 ms at 32 ms slots and
 //!   28.5 ms at 16 (at 8 ms 40.3, the median worse too: probably a 1 MiB read, eight requests of 128 KiB, no longer
-//!   fits in one slot; not traced), the big reader at 147 MiB/s in all. A disk with moving heads keeps BFQ's long
+//!   fits in one slot; not traced), the big reader at 147 MiB/s in all. Protection sets 32 ms, not 16: readers that
+//!   start together need a slot that holds a 2-4 MiB read ([`SLOT_MS`]). A disk with moving heads keeps BFQ's long
 //!   slots (a short one there costs seeks; no such disk on this machine kind). Many virtual disks report
 //!   `rotational` 1 whatever backs them (virtio-blk does unless the host says otherwise), so a device that reports
 //!   it rotates is measured at start ([`measure_lone_read`]: lone 4 KiB random reads, reads only, about
@@ -58,9 +59,14 @@ pub const QUEUE_DEPTH: u32 = 4;
 pub const MAX_REQUEST_KB: u32 = 128;
 /// BFQ's tunable that bounds how long one queue keeps the device once BFQ has given it a slot (ms).
 pub const TIMEOUT_SYNC: &str = "timeout_sync";
-/// The longest slot protection leaves a non-rotating BFQ device, in ms ([`TIMEOUT_SYNC`]; BFQ's default is 125):
-/// a device whose slots are already at most this long keeps its value, a rotating one keeps BFQ's.
-pub const SLOT_MS: u32 = 16;
+/// The longest slot protection leaves a BFQ device that pays nothing for seeks, in ms ([`TIMEOUT_SYNC`]; BFQ's
+/// default is 125): a device whose slots are already at most this long keeps its value, one with moving heads
+/// keeps BFQ's. 32, not 16: on the bench's disk (150 MiB/s) a 2-4 MiB read of a container that starts beside
+/// others takes 13-27 ms of the device, and at 16 ms it spans slots and waits for the others' between them
+/// (session 27's A/B, 48 rounds an arm: Experiment 2's slowest 2 MiB and 4 MiB reads 492 and 582 ms at 16, three
+/// of them STARVED, against 208 and 268 ms and none at 32; a 1 MiB read 11.2 against 12.2 ms mean, 18.9 against
+/// 19.1 slowest; `crates/bench/results/2026-11-28/slot-ab-*`).
+pub const SLOT_MS: u32 = 32;
 /// The queue's file that says whether the device rotates (`queue/rotational`: 1 or 0; read only).
 pub const ROTATIONAL: &str = "rotational";
 /// A device reporting it rotates whose lone 4 KiB random read takes less than this (median, µs) has no moving
@@ -235,16 +241,23 @@ impl Planned {
         let words = |settings: &[(&str, String)]| {
             settings.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
         };
-        let slots = |found: &QueueFound| match (found.rotational, found.lone_read_us) {
-            (Some(false), _) => String::new(),
-            (_, Some(us)) if us < SEEK_FREE_US => {
-                format!("; it reports it rotates, but a lone read took {us} µs (no moving heads): short slots")
+        let slots = |found: &QueueFound| {
+            let says = match found.rotational {
+                Some(true) => "it reports it rotates",
+                _ => "its rotational flag does not read",
+            };
+            match (found.rotational, found.lone_read_us) {
+                (Some(false), _) => String::new(),
+                (_, Some(us)) if us < SEEK_FREE_US => {
+                    format!("; {says}, but a lone read took {us} µs (no moving heads): short slots")
+                }
+                (_, Some(us)) => format!("; a lone read took {us} µs (a disk with moving heads): BFQ's slots kept"),
+                (_, None) if self.wants_lone_read() => format!(
+                    "; {says}: its lone reads are measured at start, short slots if under {} ms",
+                    SEEK_FREE_US / 1000
+                ),
+                (_, None) => String::new(),
             }
-            (_, Some(us)) => format!("; a lone read took {us} µs (a disk with moving heads): BFQ's slots kept"),
-            (_, None) if self.wants_lone_read() => {
-                "; it reports it rotates: its lone reads are measured at start, short slots if under 2 ms".into()
-            }
-            (_, None) => String::new(),
         };
         match &self.decision {
             Decision::Bfq { switch_from: None, found, settings } => {

@@ -482,7 +482,7 @@ fn protect_shortens_bfqs_slots_only_where_no_moving_heads_answer() {
         let plan = protect::plan_in(s, &root, None, &Default::default(), &managed(&["loop3"]));
         plan[0].bfq_settings().into_iter().map(|x| (x.key, x.value)).collect()
     };
-    let has_slot = |keys: &[(String, String)]| keys.iter().any(|(k, v)| k == "timeout_sync" && v == "16");
+    let has_slot = |keys: &[(String, String)]| keys.iter().any(|(k, v)| k == "timeout_sync" && v == "32");
     // Not rotating, BFQ's default slot (124 ms): shortened, after the queue's settings.
     fs::write(queue.join("rotational"), "0\n").unwrap();
     let keys = plan_keys();
@@ -496,7 +496,7 @@ fn protect_shortens_bfqs_slots_only_where_no_moving_heads_answer() {
         let plan = protect::plan_in(s, &root, None, &Default::default(), &managed(&["loop3"])).remove(0);
         assert!(plan.wants_lone_read(), "rotational {flag:?}");
         assert!(plan.describe().contains("its lone reads are measured at start"), "{}", plan.describe());
-        let slot = |p: &protect::Planned| p.bfq_settings().iter().any(|x| x.key == "timeout_sync" && x.value == "16");
+        let slot = |p: &protect::Planned| p.bfq_settings().iter().any(|x| x.key == "timeout_sync" && x.value == "32");
         for (us, short) in [(150, true), (1_999, true), (2_000, false), (8_300, false)] {
             let measured = plan.clone().with_lone_read(std::time::Duration::from_micros(us));
             assert_eq!(slot(&measured), short, "lone read {us} µs: {}", measured.describe());
@@ -508,9 +508,9 @@ fn protect_shortens_bfqs_slots_only_where_no_moving_heads_answer() {
     fs::write(queue.join("rotational"), "0\n").unwrap();
     let plan = protect::plan_in(s, &root, None, &Default::default(), &managed(&["loop3"])).remove(0);
     assert!(!plan.wants_lone_read());
-    // Slots already at most 16 ms: left as they are (protection never lengthens one).
+    // Slots already at most 32 ms: left as they are (protection never lengthens one).
     fs::write(queue.join("rotational"), "0\n").unwrap();
-    for short in ["16", "8"] {
+    for short in ["32", "16"] {
         fs::write(queue.join("iosched/timeout_sync"), format!("{short}\n")).unwrap();
         assert!(plan_keys().iter().all(|(k, _)| k != "timeout_sync"), "timeout_sync {short}");
         // Nor measured where the slot is short already, rotating or not.
@@ -533,14 +533,14 @@ fn protect_shortens_bfqs_slots_only_where_no_moving_heads_answer() {
         Some(&tune::originals_path(&state.path().join("state.json"))),
     )
     .unwrap();
-    assert_eq!(iosched_value(s, "loop3", "timeout_sync"), "16");
+    assert_eq!(iosched_value(s, "loop3", "timeout_sync"), "32");
     assert_eq!(tuned.restore(), 0, "no restore failure");
     assert_eq!(iosched_value(s, "loop3", "timeout_sync"), "124", "put back");
     // A device BFQ is selected for: its slot read after the switch is BFQ's default, so the plan shortens it.
     let found = protect::QueueFound { rotational: Some(false), ..Default::default() };
-    assert!(protect::bfq_settings_for(found).iter().any(|(k, v)| *k == "timeout_sync" && v == "16"));
+    assert!(protect::bfq_settings_for(found).iter().any(|(k, v)| *k == "timeout_sync" && v == "32"));
     let found = protect::QueueFound { rotational: Some(true), lone_read_us: Some(300), ..Default::default() };
-    assert!(protect::bfq_settings_for(found).iter().any(|(k, v)| *k == "timeout_sync" && v == "16"));
+    assert!(protect::bfq_settings_for(found).iter().any(|(k, v)| *k == "timeout_sync" && v == "32"));
     // Other plans are not measured, and a measurement leaves them as they are.
     let leave = protect::Planned {
         device: "loop3".into(),

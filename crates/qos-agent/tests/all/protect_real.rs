@@ -107,7 +107,7 @@ listen = "127.0.0.1:{port}"
     let size0 = read(&dev, "max_sectors_kb");
     let capped = size0.parse::<u32>().unwrap() > 128;
     let size_set = if capped { "128" } else { size0.as_str() };
-    // Its slots: shortened to 16 ms where the device reports it does not rotate, or reports it does and answers a
+    // Its slots: shortened to 32 ms where the device reports it does not rotate, or reports it does and answers a
     // lone read in under 2 ms (a loop device over a sparse file answers in microseconds; this machine's loop
     // devices report they rotate, as its virtio root disk does).
     let rotates = read(&dev, "rotational") != "0";
@@ -117,7 +117,7 @@ listen = "127.0.0.1:{port}"
     assert_eq!(active_scheduler(&dev), "bfq");
     assert_eq!(read(&dev, "nr_requests"), "4");
     assert_eq!(read(&dev, "max_sectors_kb"), size_set);
-    assert_eq!(read(&dev, "iosched/timeout_sync"), "16", "rotational {rotates}: {}", agent.log_text());
+    assert_eq!(read(&dev, "iosched/timeout_sync"), "32", "rotational {rotates}: {}", agent.log_text());
     for (key, value) in [("strict_guarantees", "0"), ("max_budget", "0")] {
         assert_eq!(read(&dev, &format!("iosched/{key}")), value, "{key} left as BFQ has it");
     }
@@ -145,7 +145,7 @@ listen = "127.0.0.1:{port}"
         "{status}"
     );
     assert!(
-        row("timeout_sync").split_whitespace().collect::<Vec<_>>().ends_with(&["124", "16", "16", "protect"]),
+        row("timeout_sync").split_whitespace().collect::<Vec<_>>().ends_with(&["124", "32", "32", "protect"]),
         "{status}"
     );
     assert!(
@@ -200,9 +200,9 @@ listen = "127.0.0.1:{port}"
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("it reports it rotates: its lone reads are measured at start"), "{stdout}");
-    assert!(!stdout.contains("timeout_sync=16"), "check-config measures nothing: {stdout}");
+    assert!(!stdout.contains("timeout_sync=32"), "check-config measures nothing: {stdout}");
     let mut agent = Agent::start(AGENT, &config);
-    assert_eq!(read(&dev, "iosched/timeout_sync"), "16", "{}", agent.log_text());
+    assert_eq!(read(&dev, "iosched/timeout_sync"), "32", "{}", agent.log_text());
     let log = testbed::probe::strip_ansi(&agent.log_text());
     let line = log.lines().find(|l| l.contains("measured a device that reports it rotates")).unwrap_or_else(|| {
         panic!("no measurement logged: {log}");
@@ -216,7 +216,7 @@ listen = "127.0.0.1:{port}"
     assert!(log.contains(&format!("a lone read took {us} µs (no moving heads): short slots")), "{log}");
     let status = agent.status().unwrap();
     let row = status.lines().find(|l| l.contains(&dev) && l.contains("timeout_sync")).unwrap_or("");
-    assert!(row.split_whitespace().collect::<Vec<_>>().ends_with(&["124", "16", "16", "protect"]), "{status}");
+    assert!(row.split_whitespace().collect::<Vec<_>>().ends_with(&["124", "32", "32", "protect"]), "{status}");
     assert!(agent.stop().success(), "{}", agent.log_text());
     assert_eq!(active_scheduler(&dev), "none");
     drop(flag_back);

@@ -1212,9 +1212,9 @@ fn protection_by_default_enables_io_cost_where_bfq_is_not_the_scheduler_and_puts
         .lines()
         .filter(|l| l.contains("measured a device that reports it rotates") && l.contains(&bfq.name))
         .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("lone_read_us=")?.parse::<u64>().ok()));
-    assert_eq!(lone_us.is_some(), rotates && slot0.parse::<u32>().unwrap() > 16, "measured iff it rotates:\n{log}");
+    assert_eq!(lone_us.is_some(), rotates && slot0.parse::<u32>().unwrap() > 32, "measured iff it rotates:\n{log}");
     let seek_free = !rotates || lone_us.is_some_and(|us| us < 2_000);
-    let slot_set = if !seek_free || slot0.parse::<u32>().unwrap() <= 16 { slot0.clone() } else { "16".into() };
+    let slot_set = if !seek_free || slot0.parse::<u32>().unwrap() <= 32 { slot0.clone() } else { "32".into() };
     assert_eq!(
         tunable("timeout_sync"),
         slot_set,

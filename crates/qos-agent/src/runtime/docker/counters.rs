@@ -109,7 +109,7 @@ impl CounterSource for DockerCounters {
                 info!(cgroup = %dir.path().display(),
                       "containers sit below a parent cgroup: on cgroup v1 with BFQ a new container cannot preempt \
                        the slot BFQ is serving, so its first reads may wait one slot (timeout_sync); protection by \
-                       default keeps slots at 16 ms on the devices it manages (status: DEVICE SETTINGS); on others \
+                       default keeps slots short on the devices it manages (status: DEVICE SETTINGS); on others \
                        shorten them, or run dockerd with \"cgroup-parent\": \"/\"");
                 self.nested_check = None;
             }
