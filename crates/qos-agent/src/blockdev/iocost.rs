@@ -227,8 +227,7 @@ pub struct Measured {
 /// Measures the block device `node` (e.g. `/dev/loop3`) by reading it; see [`Calibration`].
 pub fn measure(node: &Path, cal: &Calibration) -> Result<Measured> {
     let io = |op, source| DeviceError::Io { op, path: node.to_owned(), source };
-    let file = OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(node).map_err(|e| io("open", e))?;
-    let size = device_size(&file).map_err(|e| io("size", e))?;
+    let (file, size) = open_direct(node)?;
     if size < 64 << 20 {
         return Err(DeviceError::Refused { device: node.display().to_string(), reason: "smaller than 64 MiB".into() });
     }
@@ -274,13 +273,19 @@ pub fn measure(node: &Path, cal: &Calibration) -> Result<Measured> {
 /// The median time of lone 4 KiB random reads of the block device `node` over about `duration` (at least 16;
 /// `O_DIRECT`, reads only): what [`super::protect`] measures on a device that reports it rotates.
 pub fn lone_read_median(node: &Path, duration: Duration) -> Result<Duration> {
-    let io = |op, source| DeviceError::Io { op, path: node.to_owned(), source };
-    let file = OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(node).map_err(|e| io("open", e))?;
-    let size = device_size(&file).map_err(|e| io("size", e))?;
+    let (file, size) = open_direct(node)?;
     if size < PAGE as u64 {
         return Err(DeviceError::Refused { device: node.display().to_string(), reason: "smaller than 4 KiB".into() });
     }
-    median_qd1(&file, size, duration).map_err(|e| io("read", e))
+    median_qd1(&file, size, duration).map_err(|source| DeviceError::Io { op: "read", path: node.to_owned(), source })
+}
+
+/// `node` opened for `O_DIRECT` reads, and its size in bytes.
+fn open_direct(node: &Path) -> Result<(File, u64)> {
+    let io = |op, source| DeviceError::Io { op, path: node.to_owned(), source };
+    let file = OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(node).map_err(|e| io("open", e))?;
+    let size = device_size(&file).map_err(|e| io("size", e))?;
+    Ok((file, size))
 }
 
 /// Writes the model, then the qos line, into the v2 root `v2_root`, and reads both back.

@@ -112,6 +112,12 @@ impl QueueFound {
         self.rotational == Some(false) || self.lone_read_us.is_some_and(|us| us < SEEK_FREE_US)
     }
 
+    /// Whether BFQ's slots on the device may be longer than [`SLOT_MS`] (BFQ's default where it is not the
+    /// scheduler yet).
+    fn slots_may_be_longer(&self) -> bool {
+        self.timeout_sync_ms.is_none_or(|ms| ms > SLOT_MS)
+    }
+
     /// Device `name` of the fake or real `sys` as it reads now (BFQ's tunable only where BFQ is its scheduler).
     pub fn read_in(sys: &Path, name: &str) -> Self {
         let bfq = scheduler_in(sys, name).is_ok_and(|s| s.active == "bfq");
@@ -134,7 +140,7 @@ pub fn bfq_settings_for(found: QueueFound) -> Vec<(&'static str, String)> {
     if found.max_sectors_kb.is_some_and(|kb| kb > MAX_REQUEST_KB) {
         out.push((MAX_SECTORS_KB, MAX_REQUEST_KB.to_string()));
     }
-    if found.seek_free() && found.timeout_sync_ms.is_none_or(|ms| ms > SLOT_MS) {
+    if found.seek_free() && found.slots_may_be_longer() {
         out.push((TIMEOUT_SYNC, SLOT_MS.to_string()));
     }
     out
@@ -221,9 +227,7 @@ impl Planned {
     /// [`SLOT_MS`].
     pub fn wants_lone_read(&self) -> bool {
         matches!(&self.decision, Decision::Bfq { found, .. }
-            if found.rotational != Some(false)
-                && found.lone_read_us.is_none()
-                && found.timeout_sync_ms.is_none_or(|ms| ms > SLOT_MS))
+            if found.rotational != Some(false) && found.lone_read_us.is_none() && found.slots_may_be_longer())
     }
 
     /// This plan once the device's lone read was measured (`median`, [`measure_lone_read`]): its settings planned
