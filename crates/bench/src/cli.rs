@@ -263,6 +263,9 @@ pub struct Common {
     /// Engine: idle promotion period, or `off`.
     #[arg(long, value_parser = opt_duration, default_value = "2s")]
     pub idle_promote_after: ::std::option::Option<Duration>, // qualified: clap must not treat it as optional
+    /// Engine: the fair-share floor's `share_floor_percent` (default: as shipped).
+    #[arg(long, value_name = "PERCENT")]
+    pub share_floor_percent: Option<u8>,
     /// Docker runtime only: the reference run with static weights. Readers and background carry the agent's own
     /// `ddiskqos.weight` label, READER and BACKGROUND (e.g. `1000,10`), so in dDiskQoS blocks the agent pins them
     /// there from their creation and its MLFQ never moves them.
@@ -305,6 +308,7 @@ impl Common {
             levels,
             boost_after: self.boost_after,
             idle_promote_after: self.idle_promote_after,
+            share_floor_percent: self.share_floor_percent.unwrap_or(Config::default().share_floor_percent),
             ..Config::default()
         };
         cfg.validate()?;
