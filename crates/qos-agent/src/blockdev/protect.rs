@@ -319,10 +319,10 @@ fn decide(
 ) -> Decision {
     let leave = |why: String| Decision::Leave(why);
     if cfg.protect == ProtectMode::Off {
-        return leave("[devices] protect = \"off\"".into());
+        return leave(format!("[devices] protect = \"off\"{}", long_slots_note(sys, name)));
     }
     if cfg.opt_out.iter().any(|d| d == name) {
-        return leave("opted out ([devices] opt_out)".into());
+        return leave(format!("opted out ([devices] opt_out){}", long_slots_note(sys, name)));
     }
     match protected {
         Err(e) => return leave(format!("cannot tell which disk backs /, so no device is changed: {e}")),
@@ -372,6 +372,23 @@ fn decide(
         return Decision::Bfq { switch_from: Some(s.active), found, settings: bfq_settings_for(found) };
     }
     leave(format!("its scheduler is {} and bfq is not available (`modprobe bfq`, then restart the agent)", s.active))
+}
+
+/// What an operator who opts a BFQ device out of protection keeps (empty where BFQ is not the scheduler or its slots
+/// are short already): BFQ's own slots, during which a new container cannot take the device from a big reader.
+fn long_slots_note(sys: &Path, name: &str) -> String {
+    if !scheduler_in(sys, name).is_ok_and(|s| s.active == "bfq") {
+        return String::new();
+    }
+    let found = QueueFound::read_in(sys, name);
+    if !found.slots_may_be_longer() {
+        return String::new();
+    }
+    let slot = found.timeout_sync_ms.map_or_else(|| "unread".to_string(), |ms| format!("{ms} ms"));
+    format!(
+        "; BFQ keeps its own slots there ({TIMEOUT_SYNC} {slot}): a new container's small read can wait for a big \
+         reader's whole slot, so weights alone do not bound a read"
+    )
 }
 
 /// The settings of io.cost for `device` from a measurement: the model line, then the qos line.

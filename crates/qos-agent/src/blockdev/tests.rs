@@ -407,9 +407,19 @@ fn protect_plans_per_device_from_what_it_finds_and_never_the_root_disk() {
         decisions(&protect::plan_in(s, root, None, cfg, &managed(&["loop3"])))[0].1.clone()
     };
     let opt_out = DevicesConfig { opt_out: vec!["loop3".into()], ..DevicesConfig::default() };
-    assert_eq!(leave(&opt_out, &root), "leave: opted out ([devices] opt_out)");
+    // An opted-out BFQ device with BFQ's slots: the operator is told what stays (the slot, read back).
+    let keeps = "; BFQ keeps its own slots there (timeout_sync 124 ms): a new container's small read can wait for a \
+                 big reader's whole slot, so weights alone do not bound a read";
+    assert_eq!(leave(&opt_out, &root), format!("leave: opted out ([devices] opt_out){keeps}"));
     let off = DevicesConfig { protect: ProtectMode::Off, ..DevicesConfig::default() };
+    assert_eq!(leave(&off, &root), format!("leave: [devices] protect = \"off\"{keeps}"));
+    // Short slots already, or not BFQ: nothing to add.
+    fs::write(s.join("devices/block/loop3/queue/iosched/timeout_sync"), "32\n").unwrap();
+    assert_eq!(leave(&opt_out, &root), "leave: opted out ([devices] opt_out)");
+    fs::write(s.join("devices/block/loop3/queue/iosched/timeout_sync"), "124\n").unwrap();
+    fs::write(s.join("devices/block/loop3/queue/scheduler"), "[mq-deadline] kyber bfq none\n").unwrap();
     assert_eq!(leave(&off, &root), "leave: [devices] protect = \"off\"");
+    fs::write(s.join("devices/block/loop3/queue/scheduler"), "mq-deadline kyber [bfq] none\n").unwrap();
     let mut own = DevicesConfig::default();
     own.bfq_tunables.entry("loop3".into()).or_default().insert("timeout_sync".into(), tune::TunableValue::Int(20));
     assert_eq!(leave(&own, &root), "leave: the operator's [devices] bfq_tunables decide");
