@@ -318,11 +318,13 @@ fn decide(
     name: &str,
 ) -> Decision {
     let leave = |why: String| Decision::Leave(why);
-    if cfg.protect == ProtectMode::Off {
-        return leave(format!("[devices] protect = \"off\"{}", long_slots_note(sys, name)));
-    }
-    if cfg.opt_out.iter().any(|d| d == name) {
-        return leave(format!("opted out ([devices] opt_out){}", long_slots_note(sys, name)));
+    let opted_out = if cfg.protect == ProtectMode::Off {
+        Some("[devices] protect = \"off\"")
+    } else {
+        cfg.opt_out.iter().any(|d| d == name).then_some("opted out ([devices] opt_out)")
+    };
+    if let Some(why) = opted_out {
+        return leave(format!("{why}{}", long_slots_note(sys, name)));
     }
     match protected {
         Err(e) => return leave(format!("cannot tell which disk backs /, so no device is changed: {e}")),
