@@ -382,7 +382,9 @@ fn long_slots_note(sys: &Path, name: &str) -> String {
     if !scheduler_in(sys, name).is_ok_and(|s| s.active == "bfq") {
         return String::new();
     }
-    let found = QueueFound::read_in(sys, name);
+    // The scheduler is read once above: of the queue's files only the slot is needed here.
+    let found =
+        QueueFound::from_values(|key| if key == TIMEOUT_SYNC { read_tunable(sys, name, key).ok() } else { None });
     if !found.slots_may_be_longer() {
         return String::new();
     }
