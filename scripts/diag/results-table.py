@@ -6,6 +6,9 @@ slowest), STARVED reads (slower than twice the slowest Original read of the case
 agent over Original's, and the agent's reaction. For the README's tables, so that each figure comes from its file.
 
     results-table.py RESULTS.json [RESULTS.json ...]
+    results-table.py --summary RESULTS.json [...]   one row per mode (the README's v2 table): 1 MiB means, 1 and
+                                                    10 MiB against Original, 1 MiB against static best, Experiment
+                                                    2's readers by median and by means, STARVED reads of all cases, background
 """
 import json
 import statistics
@@ -51,19 +54,60 @@ def fmt_rules(r):
     return "-" if r is None else " / ".join(f"{x:.2f}" for x in r)
 
 
+def mode_rows(path):
+    """(file name, mode, {label: variants by name}, background %) for every mode of a results file."""
+    with open(path) as f:
+        run = json.load(f)
+    name = path.rsplit("/", 1)[-1].removesuffix("-results.json").removesuffix("results.json") or path
+    for mode in run["modes"]:
+        blocks = mode.get("background_blocks") or {}
+        bg = "-"
+        if blocks.get("original", {}).get("mib_per_s") and "ddiskqos" in blocks:
+            bg = f"{100 * blocks['ddiskqos']['mib_per_s'] / blocks['original']['mib_per_s']:.0f} %"
+        cases = {row["label"]: {x["variant"]: x for x in row["variants"]} for row in mode["exp1"] + mode["exp2"]}
+        yield name, mode, cases, bg, [row["label"] for row in mode["exp2"]]
+
+
+def summary(paths):
+    print("| file | mode | 1 MiB Alone / Original / dDiskQoS / static best (mean ms) | 1 MiB dDQ/Orig "
+          "| 10 MiB dDQ/Orig | dDQ/static best, 1 MiB | Experiment 2, by median / by means | STARVED (all cases) | background |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for path in paths:
+        for name, mode, cases, bg, exp2 in mode_rows(path):
+            def ratio(label, against):
+                v = cases.get(label, {})
+                if "ddiskqos" not in v or not v.get(against, {}).get("samples"):
+                    return None
+                return rules(by_round(v["ddiskqos"]), by_round(v[against]))
+
+            one = cases.get("1MiB", {})
+            means = " / ".join(
+                fmt_ms(statistics.mean(s["read_ms"] for s in one[n]["samples"])) if one.get(n, {}).get("samples")
+                else "-" for n in VARIANTS)
+            sb = ratio("1MiB", "static-best")
+            e2 = [r for r in (ratio(label, "original") for label in exp2) if r]
+            e2s = " / ".join(f"{min(r[i] for r in e2):.2f}-{max(r[i] for r in e2):.2f}" for i in (0, 1)) if e2 else "-"
+            starved, total = [], 0
+            for label, v in cases.items():
+                if "ddiskqos" not in v or not v.get("original", {}).get("samples"):
+                    continue
+                slow = max(s["read_ms"] for s in v["original"]["samples"])
+                for s in v["ddiskqos"]["samples"]:
+                    total += 1
+                    if s["read_ms"] > 2 * slow:
+                        starved.append(f"{label} {with_unit(s['read_ms'])}")
+            st = f"{len(starved)} of {total}" + (f" ({', '.join(starved)})" if starved else "")
+            print(f"| {name} | {mode['mode']} | {means} | {fmt_rules(ratio('1MiB', 'original'))} "
+                  f"| {fmt_rules(ratio('10MiB', 'original'))} | {'-' if sb is None else f'{sb[0]:.2f} / {sb[1]:.2f}'} "
+                  f"| {e2s} | {st} | {bg} |")
+
+
 def main(paths):
     print("| file | mode | case | Alone / Original / dDiskQoS / static best (mean ms) | dDQ/Orig | dDQ/SB "
           "| STARVED | bg dDQ/Orig | reaction median / p99 |")
     print("|---|---|---|---|---|---|---|---|---|")
     for path in paths:
-        with open(path) as f:
-            run = json.load(f)
-        name = path.rsplit("/", 1)[-1].removesuffix("-results.json").removesuffix("results.json") or path
-        for mode in run["modes"]:
-            blocks = mode.get("background_blocks") or {}
-            bg = "-"
-            if blocks.get("original", {}).get("mib_per_s") and "ddiskqos" in blocks:
-                bg = f"{100 * blocks['ddiskqos']['mib_per_s'] / blocks['original']['mib_per_s']:.0f} %"
+        for name, mode, _, bg, _ in mode_rows(path):
             waits = [s["weight"]["waited_ms"] for row in mode["exp1"] + mode["exp2"] for v in row["variants"]
                      if v["variant"] == "ddiskqos" for s in v["samples"]
                      if s.get("weight") and s["weight"].get("reached")]
@@ -89,6 +133,9 @@ def main(paths):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
+    if len(sys.argv) < 2 or sys.argv[1:] == ["--summary"]:
         sys.exit(__doc__)
-    main(sys.argv[1:])
+    if sys.argv[1] == "--summary":
+        summary(sys.argv[2:])
+    else:
+        main(sys.argv[1:])
