@@ -90,6 +90,10 @@ pub struct CriClient {
 /// How long connecting to a CRI socket may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The largest answer taken from the runtime: the kubelet's own limit (16 MiB), not tonic's default of 4 MiB, which
+/// a node's pod annotations can outgrow (`ListPodSandbox` carries every pod's), leaving pods unmanaged.
+const MAX_ANSWER: usize = 16 << 20;
+
 /// A gRPC channel to the unix socket `path` that connects on first use (so a runtime that is not up yet is not
 /// an error here), with a per-call deadline if `call_timeout` is given. Must be called inside a tokio runtime.
 /// The one way the agent, the bench and the test bed open a CRI socket.
@@ -132,8 +136,10 @@ impl CriClient {
     /// A client of the runtime listening on `socket` (nothing is connected yet).
     pub fn new(socket: &Path) -> Result<Self, DiscoveryError> {
         Ok(Self {
-            rt: RuntimeServiceClient::new(unix_channel(socket, CONNECT_TIMEOUT, Some(CALL_TIMEOUT))),
-            events: RuntimeServiceClient::new(unix_channel(socket, CONNECT_TIMEOUT, None)),
+            rt: RuntimeServiceClient::new(unix_channel(socket, CONNECT_TIMEOUT, Some(CALL_TIMEOUT)))
+                .max_decoding_message_size(MAX_ANSWER),
+            events: RuntimeServiceClient::new(unix_channel(socket, CONNECT_TIMEOUT, None))
+                .max_decoding_message_size(MAX_ANSWER),
             socket: socket.to_path_buf(),
             requests: None,
         })
@@ -265,7 +271,8 @@ mod tests {
         Unimplemented,
     }
 
-    struct TestRuntime(Events);
+    /// The test runtime: its events, and the bytes of annotations its one READY sandbox carries.
+    struct TestRuntime(Events, usize);
 
     type EventStream = Pin<Box<dyn Stream<Item = Result<cri::ContainerEventResponse, Status>> + Send>>;
 
@@ -297,6 +304,15 @@ mod tests {
                     Ok(Response::new(Box::pin(tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(rx))))
                 }
 
+                async fn list_pod_sandbox(
+                    &self,
+                    _: Request<cri::ListPodSandboxRequest>,
+                ) -> Result<Response<cri::ListPodSandboxResponse>, Status> {
+                    let big = std::collections::HashMap::from([("example.com/big".to_string(), "x".repeat(self.1))]);
+                    let pod = cri::PodSandbox { id: "s1".into(), annotations: big, ..Default::default() };
+                    Ok(Response::new(cri::ListPodSandboxResponse { items: vec![pod] }))
+                }
+
                 $(
                     async fn $call(&self, _: Request<cri::$req>) -> Result<Response<cri::$resp>, Status> {
                         Err(Status::unimplemented(stringify!($call)))
@@ -312,7 +328,6 @@ mod tests {
         stop_pod_sandbox(StopPodSandboxRequest) -> StopPodSandboxResponse;
         remove_pod_sandbox(RemovePodSandboxRequest) -> RemovePodSandboxResponse;
         pod_sandbox_status(PodSandboxStatusRequest) -> PodSandboxStatusResponse;
-        list_pod_sandbox(ListPodSandboxRequest) -> ListPodSandboxResponse;
         create_container(CreateContainerRequest) -> CreateContainerResponse;
         start_container(StartContainerRequest) -> StartContainerResponse;
         stop_container(StopContainerRequest) -> StopContainerResponse;
@@ -339,12 +354,16 @@ mod tests {
 
     /// Serves a [`TestRuntime`] on a socket in a fresh directory; returns the directory (kept alive) and socket.
     fn serve(events: Events) -> (tempfile::TempDir, PathBuf) {
+        serve_with(events, 0)
+    }
+
+    fn serve_with(events: Events, annotation_bytes: usize) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("cri.sock");
         let listener = tokio::net::UnixListener::bind(&socket).unwrap();
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(RuntimeServiceServer::new(TestRuntime(events)))
+                .add_service(RuntimeServiceServer::new(TestRuntime(events, annotation_bytes)))
                 .serve_with_incoming(UnixListenerStream::new(listener)),
         );
         (dir, socket)
@@ -374,6 +393,16 @@ mod tests {
         assert_eq!(*end, EventWake::Ended("the runtime closed the stream".into()), "{got:?}");
         assert!((1..=3).contains(&changed.len()), "{got:?}");
         assert!(changed.iter().all(|w| *w == EventWake::Changed), "{got:?}");
+    }
+
+    #[tokio::test]
+    async fn a_listing_larger_than_grpcs_default_4_mib_is_read() {
+        // 6 MiB of one pod's annotations: over tonic's default limit, under the kubelet's 16 MiB.
+        let (_dir, socket) = serve_with(Events::Unimplemented, 6 << 20);
+        let mut client = CriClient::new(&socket).unwrap();
+        let pods = client.ready_sandboxes().await.expect("a 6 MiB answer is taken");
+        assert_eq!(pods.len(), 1);
+        assert_eq!(pods[0].annotations["example.com/big"].len(), 6 << 20);
     }
 
     #[tokio::test]
