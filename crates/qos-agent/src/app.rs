@@ -3,8 +3,10 @@
 //! assembled ([`qos_agent::agent::AgentBuilder`]: connected to the runtime first), then (only then) serves metrics and
 //! the status socket and runs it.
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tokio::signal::unix::{signal, SignalKind};
@@ -12,7 +14,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use qos_agent::agent::{Agent, AgentBuilder, Stopped};
-use qos_agent::config::AgentConfig;
+use qos_agent::config::{ActuatorMode, AgentConfig};
 use qos_agent::daemon::{Command, Summary};
 use qos_agent::ops::metrics::Metrics;
 use qos_agent::ops::{control, http};
@@ -20,8 +22,52 @@ use qos_agent::ops::{control, http};
 /// Below this many descriptors the agent warns at start (the unit sets `LimitNOFILE=65536`).
 const MIN_NOFILE: u64 = 4096;
 
-/// Runs the agent until SIGTERM/SIGINT; `config_path` is re-read on SIGHUP.
-pub(crate) async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Result<Summary> {
+/// What the command line sets over the config file. Laid over the file again at every reload, so a SIGHUP cannot
+/// undo it: an agent started with `--dry-run` stays in dry run whatever the file says.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Overrides {
+    /// `--dry-run`.
+    pub dry_run: bool,
+    /// `--actuator`.
+    pub actuator: Option<ActuatorMode>,
+    /// `--sample-interval`.
+    pub sample_interval: Option<Duration>,
+    /// `--metrics-listen` (also turns metrics on).
+    pub metrics_listen: Option<SocketAddr>,
+    /// `--docker-socket`.
+    pub docker_socket: Option<PathBuf>,
+}
+
+impl Overrides {
+    /// The config file at `path` (without one, the embedded defaults) with these over it, checked.
+    pub(crate) fn load(&self, path: Option<&Path>) -> Result<AgentConfig> {
+        let mut cfg = match path {
+            Some(p) => AgentConfig::load(p)?,
+            None => AgentConfig::default(),
+        };
+        if self.dry_run {
+            cfg.dry_run = true;
+        }
+        if let Some(a) = self.actuator {
+            cfg.actuator = a;
+        }
+        if let Some(d) = self.sample_interval {
+            cfg.sample_interval = d;
+        }
+        if let Some(l) = self.metrics_listen {
+            cfg.metrics.enabled = true;
+            cfg.metrics.listen = l;
+        }
+        if let Some(s) = &self.docker_socket {
+            cfg.docker.socket = s.clone();
+        }
+        cfg.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(cfg)
+    }
+}
+
+/// Runs the agent until SIGTERM/SIGINT; `config_path` is re-read on SIGHUP, with `overrides` over it.
+pub(crate) async fn run(cfg: AgentConfig, config_path: Option<PathBuf>, overrides: Overrides) -> Result<Summary> {
     // The same checks as `check-config`, so the two agree; nothing is written or served before they pass.
     let root = Arc::new(qos_agent::ops::preflight::check(&cfg).context("invalid configuration")?.root);
     // Signals are taken from here on, before anything is changed (device settings, weights) or served: a SIGTERM
@@ -29,7 +75,7 @@ pub(crate) async fn run(cfg: AgentConfig, config_path: Option<PathBuf>) -> Resul
     // (Installed once the control socket was bound, a SIGTERM right after the socket appeared killed the agent
     // with the default action, restoring nothing.)
     let (tx, rx) = mpsc::channel(16);
-    spawn_signal_handlers(tx.clone(), config_path.clone())?;
+    spawn_signal_handlers(tx.clone(), config_path.clone(), overrides)?;
     let commands = (tx, rx);
     // One counter file per container stays open; connections are bounded (`listen`), but a host with many
     // containers needs more than the usual soft limit of 1,024.
@@ -106,7 +152,7 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-fn spawn_signal_handlers(tx: mpsc::Sender<Command>, config_path: Option<PathBuf>) -> Result<()> {
+fn spawn_signal_handlers(tx: mpsc::Sender<Command>, config_path: Option<PathBuf>, overrides: Overrides) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
@@ -120,13 +166,49 @@ fn spawn_signal_handlers(tx: mpsc::Sender<Command>, config_path: Option<PathBuf>
                         warn!("SIGHUP: no config file was given; nothing to reload");
                         continue;
                     };
-                    match AgentConfig::load(path) {
+                    match overrides.load(Some(path)) {
                         Ok(cfg) => { let _ = tx.send(Command::Reload(Box::new(cfg))).await; }
-                        Err(e) => error!(error = %e, "SIGHUP: new config rejected; keeping the old one"),
+                        Err(e) => error!(error = %format!("{e:#}"), "SIGHUP: new config rejected; keeping the old one"),
                     }
                 }
             }
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_stays_over_a_reloaded_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, "dry_run = false\nsample_interval = \"1s\"\n").unwrap();
+        let cli = Overrides {
+            dry_run: true,
+            sample_interval: Some(Duration::from_millis(200)),
+            metrics_listen: Some("127.0.0.1:9999".parse().unwrap()),
+            ..Default::default()
+        };
+        let cfg = cli.load(Some(&path)).unwrap();
+        assert!(cfg.dry_run, "--dry-run is not undone by the file");
+        assert_eq!(cfg.sample_interval, Duration::from_millis(200));
+        assert!(cfg.metrics.enabled);
+        assert_eq!(cfg.metrics.listen, "127.0.0.1:9999".parse::<SocketAddr>().unwrap());
+        // Without overrides the file's values stand.
+        let plain = Overrides::default().load(Some(&path)).unwrap();
+        assert!(!plain.dry_run);
+        assert_eq!(plain.sample_interval, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_bad_file_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, "sample_interval = \"soon\"\n").unwrap();
+        let err = format!("{:#}", Overrides::default().load(Some(&path)).unwrap_err());
+        assert!(err.contains("agent.toml"), "{err}");
+    }
 }

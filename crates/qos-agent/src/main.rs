@@ -186,29 +186,19 @@ fn error_chain(e: &anyhow::Error) -> String {
     out
 }
 
+/// What the command line sets over the config file (again at every reload).
+fn overrides(cli: &Cli) -> app::Overrides {
+    app::Overrides {
+        dry_run: cli.dry_run,
+        actuator: cli.actuator,
+        sample_interval: cli.sample_interval,
+        metrics_listen: cli.metrics_listen,
+        docker_socket: cli.docker_socket.clone(),
+    }
+}
+
 fn load(cli: &Cli) -> anyhow::Result<AgentConfig> {
-    let mut cfg = match &cli.config {
-        Some(p) => AgentConfig::load(p)?,
-        None => AgentConfig::default(),
-    };
-    if cli.dry_run {
-        cfg.dry_run = true;
-    }
-    if let Some(a) = cli.actuator {
-        cfg.actuator = a;
-    }
-    if let Some(d) = cli.sample_interval {
-        cfg.sample_interval = d;
-    }
-    if let Some(l) = cli.metrics_listen {
-        cfg.metrics.enabled = true;
-        cfg.metrics.listen = l;
-    }
-    if let Some(s) = &cli.docker_socket {
-        cfg.docker.socket = s.clone();
-    }
-    cfg.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(cfg)
+    overrides(cli).load(cli.config.as_deref())
 }
 
 fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -294,7 +284,7 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             let cfg = load(&cli)?;
             init_tracing(cli.log_json);
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            let summary = rt.block_on(app::run(cfg, cli.config.clone()))?;
+            let summary = rt.block_on(app::run(cfg, cli.config.clone(), overrides(&cli)))?;
             Ok(if summary.restore_failures == 0 { ExitCode::SUCCESS } else { ExitCode::from(3) })
         }
     }
