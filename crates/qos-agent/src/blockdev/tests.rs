@@ -252,6 +252,39 @@ fn bfq_tunables_after_a_kill_restore_the_first_originals() {
 }
 
 #[test]
+fn after_a_kill_an_original_no_longer_configured_stays_in_the_file_for_devices_restore() {
+    use tune::TunableValue::Int;
+    let sys = fake_sys_bfq();
+    let state = tempfile::tempdir().unwrap();
+    let file = tune::originals_path(&state.path().join("state.json"));
+    let both = tunable_map(&[("loop3", "timeout_sync", Int(8)), ("loop3", "slice_idle", Int(0))]);
+    let tuned = tune::TunedDevices::apply_in(sys.path(), ROOT_ON_VDA, &both, Some(&file)).unwrap();
+    std::mem::forget(tuned); // SIGKILL
+    assert_eq!(iosched_value(sys.path(), "loop3", "slice_idle"), "0");
+
+    // The next agent manages timeout_sync only: slice_idle is not its to touch, but its original is not lost.
+    let one = tunable_map(&[("loop3", "timeout_sync", Int(8))]);
+    let mut next = tune::TunedDevices::apply_in(sys.path(), ROOT_ON_VDA, &one, Some(&file)).unwrap();
+    let text = fs::read_to_string(&file).unwrap();
+    assert!(text.contains("slice_idle") && text.contains("timeout_sync"), "{text}");
+    assert_eq!(next.restore(), 0);
+    assert_eq!(iosched_value(sys.path(), "loop3", "timeout_sync"), "124");
+    assert_eq!(
+        iosched_value(sys.path(), "loop3", "slice_idle"),
+        "0",
+        "not restored by an agent that does not manage it"
+    );
+    let text = fs::read_to_string(&file).expect("the file stays while it holds an original");
+    assert!(text.contains("slice_idle") && !text.contains("timeout_sync"), "{text}");
+
+    // `devices restore` puts it back from the file, and the file goes.
+    let mut from_file = tune::TunedDevices::from_originals_file_in(sys.path(), ROOT_ON_VDA, None, &file).unwrap();
+    assert_eq!(from_file.restore(), 0);
+    assert_eq!(iosched_value(sys.path(), "loop3", "slice_idle"), "8");
+    assert!(!file.exists());
+}
+
+#[test]
 fn bad_bfq_tunables_name_the_key_and_value_and_write_nothing() {
     use tune::TunableValue::{Int, Text};
     let sys = fake_sys_bfq();

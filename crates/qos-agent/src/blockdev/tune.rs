@@ -165,7 +165,11 @@ pub struct TunedDevices {
     /// The cgroup v2 root whose `io.cost.*` files io.cost settings go to (`None` on v1).
     v2_root: Option<PathBuf>,
     tuned: Vec<Tuned>,
-    /// The originals file, removed once everything is restored; `None` in dry run or when nothing was set.
+    /// Originals an earlier agent recorded for settings this one does not manage (no longer configured, opted out):
+    /// not this agent's to put back, so they stay in the originals file for the operator (`devices restore`).
+    kept: BTreeMap<String, BTreeMap<String, String>>,
+    /// The originals file, removed once everything is restored and nothing is kept; `None` in dry run or when
+    /// nothing was set.
     file: Option<PathBuf>,
     restored: bool,
 }
@@ -285,6 +289,7 @@ impl TunedDevices {
             mountinfo: mountinfo.to_string(),
             v2_root: v2_root.map(Path::to_path_buf),
             tuned: Vec::new(),
+            kept: BTreeMap::new(),
             file: None,
             restored: false,
         };
@@ -315,6 +320,21 @@ impl TunedDevices {
             return Ok(me);
         }
         me.file = Some(file.to_path_buf());
+        let configured = |device: &String, key: &String| {
+            map.get(device).is_some_and(|t| t.contains_key(key))
+                || protect.iter().any(|s| &s.device == device && &s.key == key)
+                || adopted(device, key)
+        };
+        for (device, tunables) in &earlier {
+            for (key, original) in tunables.iter().filter(|(k, _)| !configured(device, k)) {
+                // No longer configured, so not this agent's to touch: the operator puts it back.
+                warn!(device = %device, tunable = %key, original = %original, file = %file.display(),
+                      "a device setting an earlier agent made is no longer configured; not restored, its original \
+                       stays in the file: write it back by hand if it is still changed (or run `ddiskqos-agent \
+                       devices restore` once this agent has stopped)");
+                me.kept.entry(device.clone()).or_default().insert(key.clone(), original.clone());
+            }
+        }
         // Adopted first, so they go back last (a scheduler after the tunables it resets).
         for (device, settings) in &earlier {
             let mut keys: Vec<&String> = settings.keys().filter(|k| adopted(device, k)).collect();
@@ -334,19 +354,6 @@ impl TunedDevices {
             }
         }
         me.write_originals()?;
-        for (device, tunables) in &earlier {
-            for (key, original) in tunables {
-                let configured = map.get(device).is_some_and(|t| t.contains_key(key))
-                    || protect.iter().any(|s| &s.device == device && &s.key == key)
-                    || adopted(device, key);
-                if !configured {
-                    // No longer configured, so not this agent's to touch: the operator puts it back.
-                    warn!(device = %device, tunable = %key, original = %original,
-                          "a device setting an earlier agent made is no longer configured; not restored: write the \
-                           original back by hand if it is still changed (or run `ddiskqos-agent devices restore`)");
-                }
-            }
-        }
         let mut allowed: Vec<String> = map.keys().cloned().collect();
         allowed.extend(protect.iter().map(|s| s.device.clone()));
         for (device, tunables) in map {
@@ -468,6 +475,7 @@ impl TunedDevices {
             v2_root: v2_root.map(Path::to_path_buf),
             restored: tuned.is_empty(),
             tuned,
+            kept: BTreeMap::new(),
             file: Some(file.to_path_buf()),
         })
     }
@@ -477,10 +485,20 @@ impl TunedDevices {
         &self.tuned
     }
 
+    /// Writes the originals of what was set and of what is kept.
     fn write_originals(&self) -> Result<(), TuneError> {
+        self.write_records(&self.tuned)
+    }
+
+    fn write_records(&self, tuned: &[Tuned]) -> Result<(), TuneError> {
         let Some(path) = &self.file else { return Ok(()) };
         let mut map: BTreeMap<&str, BTreeMap<&str, &str>> = BTreeMap::new();
-        for t in &self.tuned {
+        for (device, settings) in &self.kept {
+            for (key, original) in settings {
+                map.entry(device).or_default().insert(key, original);
+            }
+        }
+        for t in tuned {
             map.entry(&t.device).or_default().insert(&t.key, &t.original);
         }
         let text = serde_json::to_string_pretty(&map).expect("a map of strings serializes");
@@ -490,7 +508,8 @@ impl TunedDevices {
     }
 
     /// Puts every original back (last set, first restored), logs each, and removes the originals file when all
-    /// went back. Returns how many failed (each is logged with the device, tunable and value).
+    /// went back (or leaves in it only the kept ones). Returns how many failed (each is logged with the device,
+    /// tunable and value).
     pub fn restore(&mut self) -> usize {
         if self.restored {
             return 0;
@@ -518,7 +537,11 @@ impl TunedDevices {
                 }
             }
         }
-        if failures == 0 {
+        if failures == 0 && !self.kept.is_empty() {
+            if let Err(e) = self.write_records(&[]) {
+                warn!(error = %e, "cannot rewrite the device settings' originals file with the kept ones only");
+            }
+        } else if failures == 0 {
             if let Some(path) = &self.file {
                 if let Err(e) = std::fs::remove_file(path) {
                     if e.kind() != std::io::ErrorKind::NotFound {
