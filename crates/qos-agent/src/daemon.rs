@@ -256,6 +256,14 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 if let Some(tr) = self.tracked.get_mut(&info.id) {
                     tr.last_counters = None; // a restarted container's counters start again from zero
                     self.engine.handle_started(&info.id, now());
+                    // Started again without its exit seen (a `die` lost to a runtime restart, or a cgroup watch
+                    // ahead of it): its cgroup is a new one, so the counters' handles are opened again, and the
+                    // weight file, which holds what the runtime wrote there, is checked and written again.
+                    self.counters.detach(&info.id);
+                    self.unattached.remove(&info.id);
+                    if self.attach_counters(&info).await {
+                        self.reconciler.handle_updated(&info.id);
+                    }
                 } else {
                     self.track(info, true).await;
                 }
@@ -302,6 +310,24 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         }
     }
 
+    /// Opens a container's counters; `false` if it is gone already (churn: its removal event follows). One that
+    /// cannot be opened otherwise is tried again every [`REATTACH_EVERY`] rounds.
+    async fn attach_counters(&mut self, info: &ContainerInfo) -> bool {
+        match self.counters.attach(info).await {
+            Ok(()) => true,
+            Err(e) if e.is_vanished() => {
+                debug!(container = %info.id.short(), name = %info.name, error = %e, "container gone before it was tracked");
+                false
+            }
+            Err(e) => {
+                warn!(container = %info.id.short(), name = %info.name, error = %e,
+                      "cannot sample this container's I/O; trying again every {REATTACH_EVERY} rounds");
+                self.unattached.insert(info.id.clone());
+                true
+            }
+        }
+    }
+
     /// Starts tracking a container: fresh ones count their I/O from zero, adopted ones from their first sample.
     async fn track(&mut self, info: ContainerInfo, fresh: bool) {
         let id = info.id.clone();
@@ -319,18 +345,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         for e in label_errors {
             warn!(container = %id.short(), name = %info.name, error = %e, "bad policy label");
         }
-        match self.counters.attach(&info).await {
-            Ok(()) => {}
-            Err(e) if e.is_vanished() => {
-                // Exited between discovery and now (churn): its removal event follows; nothing to track.
-                debug!(container = %id.short(), name = %info.name, error = %e, "container gone before it was tracked");
-                return;
-            }
-            Err(e) => {
-                warn!(container = %id.short(), name = %info.name, error = %e,
-                      "cannot sample this container's I/O; trying again every {REATTACH_EVERY} rounds");
-                self.unattached.insert(id.clone());
-            }
+        if !self.attach_counters(&info).await {
+            return;
         }
         // The state file wins: after a crash the file holds our own stale demotion, not the original.
         let original = match self.originals.get(&id) {

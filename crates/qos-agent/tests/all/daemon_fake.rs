@@ -64,6 +64,8 @@ struct Inner {
     /// Samples taken, by container.
     samples: HashMap<String, usize>,
     attached: BTreeSet<String>,
+    /// Counter attaches, by container (a handle opened each time).
+    attaches: HashMap<String, usize>,
     write_fault: HashMap<String, Fault>,
     sample_fault: HashMap<String, Fault>,
     /// Containers whose weight cannot be read (EIO, EACCES) although the cgroup exists.
@@ -139,6 +141,10 @@ impl World {
         self.with(|w| w.attached.clone())
     }
 
+    fn attaches(&self, id: &str) -> usize {
+        self.with(|w| w.attaches.get(id).copied().unwrap_or(0))
+    }
+
     fn fail_writes(&self, id: &str, fault: Option<Fault>) {
         self.with(|w| match fault {
             Some(f) => w.write_fault.insert(id.into(), f),
@@ -198,6 +204,7 @@ impl CounterSource for FakeCounters {
                 return Err(error(&info.id, Fault::Broken, "attach"));
             }
             w.attached.insert(info.id.to_string());
+            *w.attaches.entry(info.id.to_string()).or_default() += 1;
             Ok(())
         })
     }
@@ -480,6 +487,26 @@ impl LogBuffer {
 }
 
 // ----- discovery and levels -----
+
+#[tokio::test(start_paused = true)]
+async fn a_tracked_container_started_again_is_sampled_and_weighted_anew() {
+    // Its exit was not seen (a `die` a runtime restart did not replay): the new cgroup holds the runtime's weight and
+    // fresh counters, and the handles opened for the old one read a removed cgroup.
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
+    let h = Harness::start(cfg(), &world, vec![]);
+    h.settle().await;
+    h.send(DiscoveryEvent::Started(info("a", &[]))).await;
+    assert_eq!((world.weight("a"), world.attaches("a")), (1000, 1));
+
+    world.add("a", KERNEL_DEFAULT);
+    h.send(DiscoveryEvent::Started(info("a", &[]))).await;
+    h.rounds(1).await;
+    assert_eq!(world.attaches("a"), 2, "its counters opened again");
+    assert_eq!(world.weight("a"), 1000, "the top weight written again over the runtime's");
+    assert_eq!(h.row("a").await.unwrap().weight, Some(1000));
+    h.shutdown().await;
+    assert_eq!(world.weight("a"), KERNEL_DEFAULT, "and its original put back at shutdown");
+}
 
 #[tokio::test(start_paused = true)]
 async fn started_container_gets_the_top_weight_before_any_sampling_round() {
