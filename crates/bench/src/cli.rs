@@ -363,6 +363,10 @@ impl RunArgs {
             if sizes.is_empty() || sizes.contains(&0) {
                 bail!("--sizes must list sizes of at least 1 MiB");
             }
+            // A round reads each size once per variant: a size given twice would be two reads of one round.
+            if let Some(twice) = sizes.iter().enumerate().find_map(|(i, s)| sizes[..i].contains(s).then_some(s)) {
+                bail!("--sizes lists {twice} twice ({sizes:?}): give each size once");
+            }
             let default_reps = |size: u64| plan.exp1.iter().find(|c| c.size_mib == size).map_or(10, |c| c.reps);
             plan.exp1 = sizes.iter().map(|&size_mib| Exp1Case { size_mib, reps: default_reps(size_mib) }).collect();
         }
@@ -492,6 +496,8 @@ mod tests {
         assert_eq!(plan.exp2[2].start, Duration::from_millis(300));
         let cfg = run.common.engine_config().unwrap();
         assert_eq!(cfg.levels.len(), 2);
+        let Cmd::Run(twice) = parse(&["run", "--sizes", "1,10,1"]).command else { panic!() };
+        assert!(twice.plan().unwrap_err().to_string().contains("--sizes lists 1 twice"));
         let Cmd::Run(pinned) = parse(&["run", "--pin-weights", "1000,10"]).command else { panic!() };
         assert_eq!(pinned.common.pin().unwrap(), Some((1000, 10)));
         let Cmd::Run(bad) = parse(&["run", "--pin-weights", "1000,0"]).command else { panic!() };

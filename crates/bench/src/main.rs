@@ -108,8 +108,9 @@ fn dispatch(cmd: Cmd) -> Result<()> {
             Ok(())
         }
         Cmd::Report { json, out } => {
-            let run = report::json::read(&json)?;
+            let mut run = report::json::read(&json)?;
             report::json::check_consistency(&run)?;
+            report::json::complete(&mut run);
             let dir = out.unwrap_or_else(|| json.parent().map(|p| p.to_path_buf()).unwrap_or_default());
             print!("{}", report::table::render(&run));
             std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;

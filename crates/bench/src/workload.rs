@@ -334,6 +334,12 @@ impl Plan {
         }
     }
 
+    /// Whether this is a soak's plan ([`Plan::soak`]): its clock, not its repetitions, ends each case, so a case has
+    /// at most the planned reads.
+    pub fn is_soak(&self) -> bool {
+        self.exp2_reps == SOAK_REPS || self.exp1.iter().any(|c| c.reps == SOAK_REPS)
+    }
+
     /// What a soak reads, for its first line.
     pub fn describe_soak(&self) -> String {
         let sizes: Vec<String> = self.exp1.iter().map(|c| format!("{} MiB", c.size_mib)).collect();

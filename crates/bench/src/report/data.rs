@@ -197,8 +197,8 @@ pub struct CaseReport {
     pub ddiskqos_over_original: Ratios,
     /// dDiskQoS / Alone, from the histograms.
     pub ddiskqos_over_alone: Ratios,
-    /// dDiskQoS / Original per repetition (the two reads of the same round, whose blocks ran back to back): the
-    /// median and range. Targets are judged on its median.
+    /// dDiskQoS / Original per repetition (the two reads of the same round, whose blocks ran in the same rotation
+    /// of the variants): the median and range. Targets are judged on its median.
     #[serde(default)]
     pub reps_over_original: Option<Spread>,
     /// dDiskQoS / Alone per repetition.

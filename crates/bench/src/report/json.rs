@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 use crate::report::data::RunReport;
-use crate::stats::{Latency, Ratios, Summary};
+use crate::stats::{Latency, Ratios, Spread, Summary};
 use crate::workload::Variant;
 
 /// Serializes a duration as milliseconds (`#[serde(serialize_with = "crate::report::json::ser_ms")]`).
@@ -74,15 +74,24 @@ pub fn check_consistency(run: &RunReport) -> Result<()> {
                 None => plan.exp1.iter().find(|c| c.size_mib == row.size_mib).map(|c| u64::from(c.reps)).unwrap_or(0),
                 Some(_) => u64::from(plan.exp2_reps),
             };
+            // A soak's rounds end with its clock, each round with every variant: the same count for all, at most
+            // the planned.
+            let mut round_count = None;
             for &v in &variants {
                 let c = row.variant(v).with_context(|| format!("{m} {}: {} missing", row.label, v.label()))?;
                 let hist = Latency::from_base64(&c.histogram_v2_base64)?;
                 if !summaries_match(&c.summary, &hist.summary()) {
                     bail!("{m} {} {}: summary differs from its histogram", row.label, v.label());
                 }
-                if c.summary.n != want_n || c.samples.len() as u64 != want_n {
-                    bail!("{m} {} {}: {} samples, planned {want_n}", row.label, v.label(), c.summary.n);
+                let n = c.samples.len() as u64;
+                let as_planned =
+                    if plan.is_soak() { n <= want_n && round_count.is_none_or(|r| r == n) } else { n == want_n };
+                if c.summary.n != n || !as_planned {
+                    let (l, v) = (&row.label, v.label());
+                    let at_most = if plan.is_soak() { "at most the other variants' and " } else { "" };
+                    bail!("{m} {l} {v}: {n} samples ({} in its summary), planned {at_most}{want_n}", c.summary.n);
                 }
+                round_count = Some(n);
                 let mut from_samples = Latency::new();
                 for s in &c.samples {
                     from_samples.record(std::time::Duration::from_secs_f64(s.read_ms / 1e3));
@@ -109,9 +118,32 @@ pub fn check_consistency(run: &RunReport) -> Result<()> {
             if !same {
                 bail!("{m} {}: the ratios to static best are not those of the histograms", row.label);
             }
+            // The per-repetition spreads a file stores (older files have none) are those of its samples.
+            let mut fresh = row.clone();
+            fresh.recompute_ratios();
+            for (what, stored, samples) in [
+                ("Original", row.reps_over_original, fresh.reps_over_original),
+                ("Alone", row.reps_over_alone, fresh.reps_over_alone),
+                ("static best", row.reps_over_static_best, fresh.reps_over_static_best),
+            ] {
+                if stored.is_some_and(|s| samples.is_none_or(|f| !spreads_match(&s, &f))) {
+                    bail!("{m} {}: the per-repetition ratios to {what} are not those of the samples", row.label);
+                }
+            }
         }
     }
     Ok(())
+}
+
+/// Fills what a file may lack from its samples (the per-repetition spreads; [`check_consistency`] first).
+pub fn complete(run: &mut RunReport) {
+    for row in run.modes.iter_mut().flat_map(|m| m.exp1.iter_mut().chain(m.exp2.iter_mut())) {
+        row.recompute_ratios();
+    }
+}
+
+fn spreads_match(a: &Spread, b: &Spread) -> bool {
+    a.n == b.n && close(a.median, b.median) && close(a.min, b.min) && close(a.max, b.max)
 }
 
 #[cfg(test)]
@@ -178,8 +210,46 @@ mod tests {
             assert!(row.remove("ddiskqos_over_static_best").is_none() && row.remove("reps_over_static_best").is_none());
             row.remove("reps_over_original");
         }
-        let old: RunReport = serde_json::from_value(old).unwrap();
+        let mut old: RunReport = serde_json::from_value(old).unwrap();
         check_consistency(&old).unwrap();
         assert!(old.modes[0].exp1[0].variant(Variant::StaticBest).is_none());
+        // `report` fills the per-repetition spreads such a file lacks from its samples (the targets judge them).
+        assert!(old.modes[0].exp1[0].reps_over_original.is_none());
+        complete(&mut old);
+        let (filled, fresh) = (old.modes[0].exp1[0].reps_over_original, run.modes[0].exp1[0].reps_over_original);
+        assert!(filled.is_some_and(|f| spreads_match(&f, &fresh.unwrap())), "{filled:?} {fresh:?}");
+    }
+
+    #[test]
+    fn stored_per_repetition_ratios_that_are_not_the_samples_fail_the_check() {
+        let mut run = run_of(vec![fake_mode(BfqMode::Default, 20.0)]);
+        check_consistency(&run).unwrap();
+        let spread = run.modes[0].exp1[1].reps_over_original.as_mut().unwrap();
+        spread.median *= 0.5;
+        let err = check_consistency(&run).unwrap_err().to_string();
+        assert!(err.contains("10MiB: the per-repetition ratios to Original are not those of the samples"), "{err}");
+    }
+
+    #[test]
+    fn a_soak_checks_with_as_many_rounds_as_its_clock_allowed() {
+        let mut run = run_of(vec![fake_mode(BfqMode::Default, 20.0)]);
+        // A soak plans more rounds than it reaches: three of them here.
+        let mut soak = Plan::soak();
+        soak.exp1.retain(|c| [1, 10, 100].contains(&c.size_mib));
+        soak.exp2.clear();
+        assert!(soak.is_soak() && !Plan::quick().is_soak());
+        run.meta.plan = soak;
+        check_consistency(&run).unwrap();
+        // But every variant of a case ran the same rounds.
+        let mut short = run.clone();
+        let orig = short.modes[0].exp1[0].variants.iter_mut().find(|c| c.variant == Variant::Original).unwrap();
+        orig.samples.pop();
+        let err = check_consistency(&short).unwrap_err().to_string();
+        assert!(err.contains("1MiB Original: 2 samples (3 in its summary)"), "{err}");
+        // And a plain run's count is the planned one.
+        let exp1 = [1, 10, 100].into_iter().map(|size_mib| Exp1Case { size_mib, reps: 4 }).collect();
+        run.meta.plan = Plan { exp1, exp2: Vec::new(), exp2_reps: 0 };
+        let err = check_consistency(&run).unwrap_err().to_string();
+        assert!(err.contains("3 samples (3 in its summary), planned 4"), "{err}");
     }
 }
