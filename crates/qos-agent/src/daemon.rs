@@ -584,7 +584,17 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
 
     // ----- control -----
 
-    async fn reload(&mut self, cfg: AgentConfig) {
+    async fn reload(&mut self, mut cfg: AgentConfig) {
+        if self.cfg.dry_run && !cfg.dry_run && !self.originals.is_kept_in_file() {
+            // Started in dry run: no state file, no restore records, no device settings. Written weights would
+            // have no record a crash could be undone from.
+            warn!(
+                "reload: dry_run = false needs a restart; this agent started in dry run, without its state file, \
+                 restore records and device settings, so it stays in dry run (a crash after writing weights would \
+                 leave them with nothing to put them back from)"
+            );
+            cfg.dry_run = true;
+        }
         let restart = self.cfg.needs_restart(&cfg);
         if !restart.is_empty() {
             // Named in the message itself: the one line an operator reads after `systemctl reload`.

@@ -102,6 +102,11 @@ impl OriginalWeights {
         Ok(Self { path: path.map(Path::to_path_buf), originals, _lock: lock, stale: Default::default() })
     }
 
+    /// Whether the originals are kept in a state file (`false`: a dry run's agent, which opened none).
+    pub fn is_kept_in_file(&self) -> bool {
+        self.path.is_some()
+    }
+
     /// The original weight recorded for a container.
     pub fn get(&self, id: &ContainerId) -> Option<Weight> {
         self.originals.get(id).copied()

@@ -1165,11 +1165,33 @@ async fn reload_into_dry_run_still_restores_what_was_written() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn reload_out_of_dry_run_writes_the_decided_weights() {
+async fn reload_out_of_dry_run_without_a_state_file_needs_a_restart() {
+    // As the binary starts in dry run: no state file behind its originals.
     let world = World::with_containers(&["a"], KERNEL_DEFAULT);
+    let logs = LogBuffer::default();
+    let _guard = logs.install();
     let mut dry = cfg();
     dry.dry_run = true;
     let h = Harness::start(dry, &world, vec![info("a", &[])]);
+    h.settle().await;
+    world.set_read("a", 3 * MIB);
+    h.rounds(1).await;
+    h.reload(cfg()).await;
+    h.rounds(2).await;
+    assert_eq!(world.attempts("a"), 0, "nothing written");
+    assert!(h.status().await.dry_run, "still in dry run");
+    assert_eq!(logs.count("dry_run = false needs a restart"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reload_out_of_dry_run_writes_the_decided_weights() {
+    // With its originals kept in a state file (as the bench's agent, which switches by reload).
+    let state = tempfile::tempdir().unwrap();
+    let originals = OriginalWeights::load(Some(&state.path().join("state.json"))).unwrap();
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
+    let mut dry = cfg();
+    dry.dry_run = true;
+    let h = Harness::start_with(dry, &world, vec![info("a", &[])], originals);
     h.settle().await;
     world.set_read("a", 3 * MIB);
     h.rounds(1).await;
