@@ -50,6 +50,20 @@ def rules(num, den):
     )
 
 
+def variant_means(v):
+    """Mean read time of each of VARIANTS in a case (variants by name), formatted, "-" for one that did not run."""
+    return [fmt_ms(statistics.mean(s["read_ms"] for s in v[n]["samples"])) if v.get(n, {}).get("samples") else "-"
+            for n in VARIANTS]
+
+
+def starved_reads(v):
+    """The dDiskQoS reads of a case slower than twice its slowest Original read (none without both)."""
+    if not v.get("ddiskqos", {}).get("samples") or not v.get("original", {}).get("samples"):
+        return []
+    slow = max(s["read_ms"] for s in v["original"]["samples"])
+    return [s["read_ms"] for s in v["ddiskqos"]["samples"] if s["read_ms"] > 2 * slow]
+
+
 def fmt_rules(r):
     return "-" if r is None else " / ".join(f"{x:.2f}" for x in r)
 
@@ -80,22 +94,13 @@ def summary(paths):
                     return None
                 return rules(by_round(v["ddiskqos"]), by_round(v[against]))
 
-            one = cases.get("1MiB", {})
-            means = " / ".join(
-                fmt_ms(statistics.mean(s["read_ms"] for s in one[n]["samples"])) if one.get(n, {}).get("samples")
-                else "-" for n in VARIANTS)
+            means = " / ".join(variant_means(cases.get("1MiB", {})))
             sb = ratio("1MiB", "static-best")
             e2 = [r for r in (ratio(label, "original") for label in exp2) if r]
             e2s = " / ".join(f"{min(r[i] for r in e2):.2f}-{max(r[i] for r in e2):.2f}" for i in (0, 1)) if e2 else "-"
-            starved, total = [], 0
-            for label, v in cases.items():
-                if "ddiskqos" not in v or not v.get("original", {}).get("samples"):
-                    continue
-                slow = max(s["read_ms"] for s in v["original"]["samples"])
-                for s in v["ddiskqos"]["samples"]:
-                    total += 1
-                    if s["read_ms"] > 2 * slow:
-                        starved.append(f"{label} {with_unit(s['read_ms'])}")
+            starved = [f"{label} {with_unit(ms)}" for label, v in cases.items() for ms in starved_reads(v)]
+            total = sum(len(v["ddiskqos"]["samples"]) for v in cases.values()
+                        if v.get("ddiskqos", {}).get("samples") and v.get("original", {}).get("samples"))
             st = f"{len(starved)} of {total}" + (f" ({', '.join(starved)})" if starved else "")
             print(f"| {name} | {mode['mode']} | {means} | {fmt_rules(ratio('1MiB', 'original'))} "
                   f"| {fmt_rules(ratio('10MiB', 'original'))} | {'-' if sb is None else f'{sb[0]:.2f} / {sb[1]:.2f}'} "
@@ -120,14 +125,11 @@ def main(paths):
                 v = {x["variant"]: x for x in row["variants"]}
                 if "ddiskqos" not in v or not v["ddiskqos"]["samples"]:
                     continue
-                means = []
-                for name_v in VARIANTS:
-                    samples = v.get(name_v, {}).get("samples") or []
-                    means.append(fmt_ms(statistics.mean(s["read_ms"] for s in samples)) if samples else "-")
+                means = variant_means(v)
                 d = by_round(v["ddiskqos"])
                 o = by_round(v["original"]) if "original" in v else {}
                 sb = by_round(v["static-best"]) if "static-best" in v and v["static-best"]["samples"] else {}
-                starved = sum(1 for x in d.values() if o and x > 2 * max(o.values()))
+                starved = len(starved_reads(v))
                 print(f"| {name} | {mode['mode']} | {row['label']} | {' / '.join(means)} | {fmt_rules(rules(d, o))} "
                       f"| {fmt_rules(rules(d, sb))} | {starved}/{len(d)} | {bg} | {reaction} |")
 

@@ -264,7 +264,7 @@ impl CaseReport {
     }
 
     /// dDiskQoS / `base` read time per round in which both ran (a round's reads of one case, one per variant).
-    fn per_rep(&self, base: Variant) -> Option<Spread> {
+    pub(crate) fn per_rep(&self, base: Variant) -> Option<Spread> {
         let by_round = |v: Variant| -> BTreeMap<usize, f64> {
             self.variant(v).map(|c| c.samples.iter().map(|s| (s.round, s.read_ms)).collect()).unwrap_or_default()
         };

@@ -55,6 +55,7 @@ fn summaries_match(a: &Summary, b: &Summary) -> bool {
 /// histograms' statistics.
 pub fn check_consistency(run: &RunReport) -> Result<()> {
     let plan = &run.meta.plan;
+    let soak = plan.is_soak();
     for mode in &run.modes {
         let m = mode.mode.name();
         let static_best = mode.exp1.iter().chain(&mode.exp2).any(|row| row.variant(Variant::StaticBest).is_some());
@@ -84,11 +85,10 @@ pub fn check_consistency(run: &RunReport) -> Result<()> {
                     bail!("{m} {} {}: summary differs from its histogram", row.label, v.label());
                 }
                 let n = c.samples.len() as u64;
-                let as_planned =
-                    if plan.is_soak() { n <= want_n && round_count.is_none_or(|r| r == n) } else { n == want_n };
+                let as_planned = if soak { n <= want_n && round_count.is_none_or(|r| r == n) } else { n == want_n };
                 if c.summary.n != n || !as_planned {
                     let (l, v) = (&row.label, v.label());
-                    let at_most = if plan.is_soak() { "at most the other variants' and " } else { "" };
+                    let at_most = if soak { "at most the other variants' and " } else { "" };
                     bail!("{m} {l} {v}: {n} samples ({} in its summary), planned {at_most}{want_n}", c.summary.n);
                 }
                 round_count = Some(n);
@@ -119,14 +119,12 @@ pub fn check_consistency(run: &RunReport) -> Result<()> {
                 bail!("{m} {}: the ratios to static best are not those of the histograms", row.label);
             }
             // The per-repetition spreads a file stores (older files have none) are those of its samples.
-            let mut fresh = row.clone();
-            fresh.recompute_ratios();
-            for (what, stored, samples) in [
-                ("Original", row.reps_over_original, fresh.reps_over_original),
-                ("Alone", row.reps_over_alone, fresh.reps_over_alone),
-                ("static best", row.reps_over_static_best, fresh.reps_over_static_best),
+            for (what, base, stored) in [
+                ("Original", Variant::Original, row.reps_over_original),
+                ("Alone", Variant::Alone, row.reps_over_alone),
+                ("static best", Variant::StaticBest, row.reps_over_static_best),
             ] {
-                if stored.is_some_and(|s| samples.is_none_or(|f| !spreads_match(&s, &f))) {
+                if stored.is_some_and(|s| row.per_rep(base).is_none_or(|f| !spreads_match(&s, &f))) {
                     bail!("{m} {}: the per-repetition ratios to {what} are not those of the samples", row.label);
                 }
             }
