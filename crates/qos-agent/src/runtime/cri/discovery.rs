@@ -14,6 +14,17 @@
 //! The entry's id is the pod uid (stable across sandbox re-creation, and the name of its cgroup), its name
 //! `namespace/name`, its labels the policy `[policy]` decided from the pod's namespace, labels and annotations
 //! ([`crate::policy`]: what was not honoured is logged once per sandbox), its cgroup the pod cgroup.
+//!
+//! A pod's sandbox may die and be made again by the kubelet (same uid, new sandbox id), while the pod cgroup, and the
+//! weight the agent wrote there, stays. A pod is therefore reported `Stopped` only once its cgroup is gone or it
+//! moved to another cgroup, never for its sandbox alone (`Stopped` makes the daemon forget the pod's original weight
+//! without putting it back, right only for a cgroup that is gone):
+//! - a known pod no longer listed READY whose cgroup is still there (between a dead sandbox and the kubelet's next
+//!   one, or a new sandbox not usable yet) stays known as it was;
+//! - a new sandbox of a known pod on the same cgroup is `Started` again with what its sandbox says now (annotations
+//!   may differ): the daemon keeps the original and takes the new policy;
+//! - a new sandbox on another cgroup is `Stopped`, then `Started`;
+//! - after an outage the `Resync` list keeps the same rule: a known pod whose cgroup is there is listed.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::PathBuf;
@@ -166,12 +177,27 @@ impl<S: SandboxSource> CriDiscovery<S> {
         Ok(out)
     }
 
-    /// Re-lists and queues the differences with what is known.
+    /// The pods managed from now on: those listed, and the known ones not listed whose cgroup is still there (see
+    /// the module doc), as they were.
+    async fn list_managed(&mut self) -> Result<BTreeMap<String, (String, ContainerInfo)>, DiscoveryError> {
+        let mut now = self.list().await?;
+        for (uid, (sandbox, info)) in &self.known {
+            if now.contains_key(uid) || !info.cgroup.as_ref().is_some_and(|c| c.path().is_dir()) {
+                continue;
+            }
+            debug!(pod = uid.as_str(), name = %info.name, sandbox = sandbox.as_str(),
+                   "pod not listed READY but its cgroup is there (sandbox being re-created?); kept");
+            now.insert(uid.clone(), (sandbox.clone(), info.clone()));
+        }
+        Ok(now)
+    }
+
+    /// Re-lists and queues the differences with what is known (see the module doc).
     async fn relist(&mut self) -> Result<(), DiscoveryError> {
-        let now = self.list().await?;
-        for (uid, (sandbox, _)) in &self.known {
-            // Gone, or its sandbox re-created (a new sandbox may mean a new cgroup parent): drop it first.
-            if now.get(uid).is_none_or(|(s, _)| s != sandbox) {
+        let now = self.list_managed().await?;
+        for (uid, (_, info)) in &self.known {
+            // Gone, or its sandbox re-created on another cgroup: drop it first.
+            if now.get(uid).is_none_or(|(_, new)| cgroup_path(new) != cgroup_path(info)) {
                 self.queue.push_back(DiscoveryEvent::Stopped(ContainerId::new(uid)));
             }
         }
@@ -188,7 +214,7 @@ impl<S: SandboxSource> CriDiscovery<S> {
     async fn reconnect(&mut self) -> DiscoveryEvent {
         loop {
             self.backoff.wait().await;
-            match self.list().await {
+            match self.list_managed().await {
                 Ok(now) => {
                     self.backoff.reset();
                     self.lost = false;
@@ -250,6 +276,11 @@ impl<S: SandboxSource> CriDiscovery<S> {
             }
         }
     }
+}
+
+/// The cgroup directory of an entry, if it has one.
+fn cgroup_path(info: &ContainerInfo) -> Option<&std::path::Path> {
+    info.cgroup.as_ref().map(|c| c.path())
 }
 
 /// `namespace/name` of a sandbox.
@@ -470,6 +501,16 @@ mod tests {
             self.world.lock().unwrap().sandboxes.retain(|(s, _)| s.id != id);
         }
 
+        /// The kubelet removes a pod's cgroup (after its sandbox is gone).
+        fn rmdir(&self, uid: &str) {
+            std::fs::remove_dir(self.root.path().join(format!("kubepods/burstable/pod{uid}"))).unwrap();
+        }
+
+        /// The next event if one comes within `wait` (of virtual time, several re-lists).
+        async fn within(&mut self, wait: Duration) -> Option<DiscoveryEvent> {
+            tokio::time::timeout(wait, self.discovery.next_event()).await.ok().map(Result::unwrap)
+        }
+
         async fn next(&mut self) -> DiscoveryEvent {
             tokio::time::timeout(Duration::from_secs(30), self.discovery.next_event())
                 .await
@@ -500,21 +541,56 @@ mod tests {
 
         s.add("sb2", &uid(2), &[], true);
         assert_eq!(started_id(&s.next().await), uid(2));
+        // Its sandbox gone, the pod stays while its cgroup is there; it stops once the kubelet removes that.
         s.remove("sb1");
+        assert_eq!(s.within(Duration::from_secs(5)).await, None);
+        s.rmdir(&uid(1));
         assert_eq!(s.next().await, DiscoveryEvent::Stopped(ContainerId::new(uid(1))));
         // Known sandboxes are inspected once, however many re-lists see them.
         assert_eq!(s.world.lock().unwrap().inspected["sb2"], 1);
     }
 
+    fn started(ev: DiscoveryEvent) -> ContainerInfo {
+        match ev {
+            DiscoveryEvent::Started(info) => info,
+            other => panic!("expected Started, got {other:?}"),
+        }
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn a_recreated_sandbox_is_a_stop_then_a_start() {
+    async fn a_sandbox_recreated_on_the_same_cgroup_is_started_again_never_stopped() {
+        let mut s = setup();
+        s.add("old", &uid(1), &[], true);
+        let before = s.discovery.start().await.unwrap().remove(0);
+        // Re-created in one re-list.
+        s.remove("old");
+        s.add("new", &uid(1), &[("ddiskqos.io/weight", "300")], false);
+        let info = started(s.next().await);
+        assert_eq!((&info.id, &info.cgroup), (&before.id, &before.cgroup));
+        assert_eq!(info.labels, BTreeMap::from([("ddiskqos.io/weight".to_string(), "300".to_string())]));
+        // Re-created after re-lists that saw no READY sandbox: the pod stayed, and its new annotations come with
+        // its new sandbox.
+        s.remove("new");
+        assert_eq!(s.within(Duration::from_secs(5)).await, None);
+        s.add("newer", &uid(1), &[("ddiskqos.io/exclude", "true")], false);
+        let info = started(s.next().await);
+        assert_eq!(info.cgroup, before.cgroup);
+        assert_eq!(info.labels, BTreeMap::from([("ddiskqos.io/exclude".to_string(), "true".to_string())]));
+        assert_eq!(s.within(Duration::from_secs(5)).await, None, "nothing else, no Stopped");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sandbox_recreated_on_another_cgroup_is_a_stop_then_a_start() {
         let mut s = setup();
         s.add("old", &uid(1), &[], true);
         assert_eq!(s.discovery.start().await.unwrap().len(), 1);
         s.remove("old");
-        s.add("new", &uid(1), &[], false);
+        let parent = format!("/kubepods/besteffort/pod{}", uid(1));
+        std::fs::create_dir_all(s.root.path().join(&parent[1..])).unwrap();
+        s.world.lock().unwrap().sandboxes.push((sandbox("new", &uid(1), &[]), parent.clone()));
         assert_eq!(s.next().await, DiscoveryEvent::Stopped(ContainerId::new(uid(1))));
-        assert_eq!(started_id(&s.next().await), uid(1));
+        let info = started(s.next().await);
+        assert_eq!(info.cgroup.unwrap().path(), s.root.path().join(&parent[1..]));
     }
 
     #[tokio::test(start_paused = true)]
@@ -538,12 +614,20 @@ mod tests {
     async fn an_unreachable_runtime_is_lost_then_resynced_in_full() {
         let mut s = setup();
         s.add("a", &uid(1), &[], true);
+        s.add("c", &uid(3), &[], true);
+        s.add("d", &uid(4), &[], true);
         s.discovery.start().await.unwrap();
         s.world.lock().unwrap().down = true;
         assert!(matches!(s.next().await, DiscoveryEvent::Lost(m) if m.contains("Unavailable")));
-        // While down, the pod goes and another comes; when the runtime answers, the full list.
+        // While down, a pod goes (its cgroup too) and another comes, a third's sandbox is made again with other
+        // annotations, and a fourth's sandbox dies (its cgroup stays): when the runtime answers, the full list, with
+        // what the new sandbox says.
         s.remove("a");
+        s.rmdir(&uid(1));
         s.add("b", &uid(2), &[], true);
+        s.remove("c");
+        s.add("c2", &uid(3), &[("ddiskqos.io/exclude", "true")], false);
+        s.remove("d");
         let t = tokio::time::Instant::now();
         let resync = {
             let world = s.world.clone();
@@ -555,7 +639,9 @@ mod tests {
         };
         match resync {
             DiscoveryEvent::Resync(list) => {
-                assert_eq!(list.iter().map(|i| i.id.as_str().to_string()).collect::<Vec<_>>(), vec![uid(2)]);
+                let ids: Vec<String> = list.iter().map(|i| i.id.as_str().to_string()).collect();
+                assert_eq!(ids, vec![uid(2), uid(3), uid(4)]);
+                assert_eq!(list[1].labels.get("ddiskqos.io/exclude").map(String::as_str), Some("true"));
             }
             other => panic!("expected Resync, got {other:?}"),
         }
