@@ -9,6 +9,12 @@
 //! back out). This loop feeds both, carries out the reconciler's actions with the [`WeightWriter`] and the
 //! [`OriginalWeights`] file, feeds the results back, and turns its reports into log lines and metrics.
 //!
+//! Discovery's `Stopped` means the cgroup is gone: the container's original is forgotten, not put back. A tracked
+//! container announced as started again (an exit not seen, a pod's sandbox made again on the same cgroup) keeps its
+//! original, whatever its cgroup file holds now; what discovery says of it now is taken in, and labels that ask for
+//! another policy are that policy's decision (one opted out gets its original back). After an outage, a listed
+//! container in another cgroup than before is dropped and tracked anew.
+//!
 //! One clock: tokio's (`tokio::time::Instant`, converted to std for the engine), so paused-time tests see the
 //! same time everywhere.
 
@@ -68,6 +74,8 @@ pub enum DaemonError {
 #[derive(Debug)]
 struct Tracked {
     info: ContainerInfo,
+    /// What its labels ask for, as last given to the engine.
+    policy: Policy,
     labels: ContainerLabels,
     /// This container's `container_bytes` series, kept so a sample does not look it up by its labels.
     bytes: prometheus_client::metrics::gauge::Gauge,
@@ -253,17 +261,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     async fn on_event(&mut self, ev: DiscoveryEvent) {
         match ev {
             DiscoveryEvent::Started(info) => {
-                if let Some(tr) = self.tracked.get_mut(&info.id) {
-                    tr.last_counters = None; // a restarted container's counters start again from zero
-                    self.engine.handle_started(&info.id, now());
-                    // Started again without its exit seen (a `die` lost to a runtime restart, or a cgroup watch
-                    // ahead of it): its cgroup is a new one, so the counters' handles are opened again, and the
-                    // weight file, which holds what the runtime wrote there, is checked and written again.
-                    self.counters.detach(&info.id);
-                    self.unattached.remove(&info.id);
-                    if self.attach_counters(&info).await {
-                        self.reconciler.handle_updated(&info.id);
-                    }
+                if self.tracked.contains_key(&info.id) {
+                    self.started_again(info).await;
                 } else {
                     self.track(info, true).await;
                 }
@@ -298,11 +297,21 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 let gone: Vec<ContainerId> = self.tracked.keys().filter(|id| !alive.contains(*id)).cloned().collect();
                 self.forget_all(&gone).await;
                 for c in list {
-                    if self.tracked.contains_key(&c.id) {
-                        // Its weight may have been changed while the runtime was away.
-                        self.reconciler.handle_updated(&c.id);
-                    } else {
-                        self.track(c, false).await;
+                    match self.tracked.get(&c.id) {
+                        Some(t) if cgroup_path(&t.info) != cgroup_path(&c) => {
+                            // Made again in another cgroup while the runtime was away (a pod's new sandbox): the
+                            // old cgroup, and what the agent wrote there, is gone.
+                            self.forget_all(std::slice::from_ref(&c.id)).await;
+                            self.track(c, false).await;
+                        }
+                        Some(_) => {
+                            let id = c.id.clone();
+                            // A pod's sandbox made again meanwhile may carry other annotations.
+                            self.retake(c);
+                            // Its weight may have been changed while the runtime was away.
+                            self.reconciler.handle_updated(&id);
+                        }
+                        None => self.track(c, false).await,
                     }
                 }
                 self.apply_changes().await;
@@ -328,10 +337,10 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         }
     }
 
-    /// Starts tracking a container: fresh ones count their I/O from zero, adopted ones from their first sample.
-    async fn track(&mut self, info: ContainerInfo, fresh: bool) {
-        let id = info.id.clone();
-        // Docker labels under `[policy] docker_labels` (CRI discovery has applied `[policy]` to pods already).
+    /// The policy a container's labels ask for; what is not honoured is logged. Docker labels go through
+    /// `[policy] docker_labels` (CRI discovery has applied `[policy]` to pods already).
+    fn policy_of(&self, info: &ContainerInfo) -> Policy {
+        let id = &info.id;
         let (policy, label_errors) = if self.cfg.runtime == crate::config::RuntimeKind::Docker {
             let (labels, notes) = self.cfg.policy.decide_docker(&info.labels);
             for n in notes {
@@ -345,6 +354,13 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         for e in label_errors {
             warn!(container = %id.short(), name = %info.name, error = %e, "bad policy label");
         }
+        policy
+    }
+
+    /// Starts tracking a container: fresh ones count their I/O from zero, adopted ones from their first sample.
+    async fn track(&mut self, info: ContainerInfo, fresh: bool) {
+        let id = info.id.clone();
+        let policy = self.policy_of(&info);
         if !self.attach_counters(&info).await {
             return;
         }
@@ -361,7 +377,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         };
         let labels = ContainerLabels { id: id.short().to_string(), name: info.name.clone() };
         let bytes = self.metrics.bytes.get_or_create(&labels).clone();
-        self.tracked.insert(id.clone(), Tracked { info, labels, bytes, last_counters: None });
+        self.tracked.insert(id.clone(), Tracked { info, policy, labels, bytes, last_counters: None });
         self.metrics.containers.set(self.tracked.len() as i64);
         let t = now();
         match policy {
@@ -370,6 +386,52 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         }
         let tracking = if policy == Policy::Excluded { Tracking::Excluded } else { Tracking::Follow };
         self.reconciler.handle_tracked(&id, original, tracking);
+    }
+
+    /// A tracked container started again: one whose exit was not seen (a `die` lost to a runtime restart, or a
+    /// cgroup watch ahead of it), or a pod whose sandbox was made again on the same cgroup. It keeps its entry and
+    /// its original (the cgroup file holds the agent's weight, or the runtime's, never one to restore to): what
+    /// discovery says now is taken in ([`Daemon::retake`]), it goes back to the top as a new one unless its policy
+    /// changed (then that change is the engine's decision), its counters' handles are opened again (its cgroup may
+    /// be a new one) and its weight file is checked and written again.
+    async fn started_again(&mut self, info: ContainerInfo) {
+        let id = info.id.clone();
+        if !self.retake(info) {
+            self.engine.handle_started(&id, now());
+        }
+        let Some(tr) = self.tracked.get_mut(&id) else { return };
+        tr.last_counters = None; // a restarted container's counters may start again from zero
+        let info = tr.info.clone();
+        self.counters.detach(&id);
+        self.unattached.remove(&id);
+        if self.attach_counters(&info).await {
+            self.reconciler.handle_updated(&id);
+        }
+    }
+
+    /// Takes what discovery says now of a tracked container into its entry (name, labels, cgroup: a pod's new
+    /// sandbox may carry other annotations) and gives the engine the policy its labels now ask for, if that changed.
+    /// The engine's decision is carried out like any other: one excluded now is released, so the reconciler puts its
+    /// original back (and keeps it, should the container be managed again). Returns whether the policy changed.
+    fn retake(&mut self, info: ContainerInfo) -> bool {
+        let policy = self.policy_of(&info);
+        let Some(tr) = self.tracked.get_mut(&info.id) else { return false };
+        if tr.info.name != info.name {
+            // Its metric series are named after it.
+            self.metrics.forget(&tr.labels);
+            tr.labels = ContainerLabels { id: info.id.short().to_string(), name: info.name.clone() };
+            tr.bytes = self.metrics.bytes.get_or_create(&tr.labels).clone();
+        }
+        let old = std::mem::replace(&mut tr.policy, policy);
+        tr.info = info;
+        if old == policy {
+            return false;
+        }
+        info!(container = %tr.info.id.short(), name = %tr.info.name, old = ?old, new = ?policy,
+              "container's labels ask for another policy now");
+        let id = tr.info.id.clone();
+        self.engine.set_policy(&id, policy, now());
+        true
     }
 
     /// Drops containers that are gone, with one state-file save for all of them.
@@ -628,6 +690,11 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             let _ = sd_notify::notify(state);
         }
     }
+}
+
+/// The cgroup directory of a container, if it has one.
+fn cgroup_path(info: &ContainerInfo) -> Option<&std::path::Path> {
+    info.cgroup.as_ref().map(|c| c.path())
 }
 
 async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {

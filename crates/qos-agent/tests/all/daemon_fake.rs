@@ -20,10 +20,10 @@ use qos_agent::backend::{
     WeightWriter,
 };
 use qos_agent::blockdev::{DevNum, DeviceFacts, Governor};
-use qos_agent::cgroup::{CgroupError, WeightFileKind};
-use qos_agent::config::{ActuatorMode, AgentConfig};
+use qos_agent::cgroup::{CgroupError, CgroupRoot, CgroupVersion, WeightFileKind};
+use qos_agent::config::{ActuatorMode, AgentConfig, RuntimeKind};
 use qos_agent::daemon::{Actuator, Command, CpuClock, Daemon, DaemonError, PolicyKind, Status, StatusRow, Summary};
-use qos_agent::labels::{EXCLUDE_LABEL, WEIGHT_LABEL};
+use qos_agent::labels::{EXCLUDE_ANNOTATION, EXCLUDE_LABEL, WEIGHT_ANNOTATION, WEIGHT_LABEL};
 use qos_agent::ops::metrics::{Metrics, ReasonLabels};
 use qos_agent::state::OriginalWeights;
 use qos_core::{ByteSize, ContainerId, IoCounters, LevelConfig, Weight};
@@ -506,6 +506,102 @@ async fn a_tracked_container_started_again_is_sampled_and_weighted_anew() {
     assert_eq!(h.row("a").await.unwrap().weight, Some(1000));
     h.shutdown().await;
     assert_eq!(world.weight("a"), KERNEL_DEFAULT, "and its original put back at shutdown");
+}
+
+/// The agent on a Kubernetes node: pods' labels are what CRI discovery decided (`[policy]` applied already).
+fn cri_cfg() -> AgentConfig {
+    let mut c = cfg();
+    c.runtime = RuntimeKind::Cri;
+    c
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_demoted_pod_started_again_keeps_its_original_and_takes_its_new_labels() {
+    // CRI discovery announces a pod whose sandbox was made again on the same cgroup as started again: the cgroup
+    // file holds the agent's demotion, never a weight to restore to.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    let world = World::with_containers(&["p"], 500);
+    let h = Harness::start_with(cri_cfg(), &world, vec![], OriginalWeights::load(Some(&path)).unwrap());
+    h.settle().await;
+    h.send(DiscoveryEvent::Started(info("p", &[]))).await;
+    world.set_read("p", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!(world.weight("p"), 200, "demoted");
+
+    h.send(DiscoveryEvent::Started(info("p", &[]))).await;
+    assert_eq!(world.weight("p"), 1000, "back at the top");
+    assert_eq!(on_file(&path), serde_json::json!({"p": 500}), "the original, not the demotion");
+    // Its next sandbox pins it.
+    h.send(DiscoveryEvent::Started(info("p", &[(WEIGHT_ANNOTATION, "300")]))).await;
+    assert_eq!(world.weight("p"), 300);
+    assert_eq!(h.row("p").await.unwrap().policy, PolicyKind::Pinned);
+    assert_eq!(h.shutdown().await, Summary { restored: 1, restore_failures: 0 });
+    assert_eq!(world.restores_of("p"), vec![500], "the true original put back at shutdown");
+    assert_eq!(on_file(&path), serde_json::json!({}));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_demoted_pod_started_again_opted_out_gets_its_original_back_and_keeps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    let world = World::with_containers(&["p"], 500);
+    let h = Harness::start_with(cri_cfg(), &world, vec![info("p", &[])], OriginalWeights::load(Some(&path)).unwrap());
+    h.settle().await;
+    world.set_read("p", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!(world.weight("p"), 200);
+
+    // Its new sandbox opts out: the original goes back at once and off the file; the pod is left alone.
+    h.send(DiscoveryEvent::Started(info("p", &[(EXCLUDE_ANNOTATION, "true")]))).await;
+    assert_eq!((world.weight("p"), world.restores_of("p")), (500, vec![500]));
+    assert_eq!(h.row("p").await.unwrap().policy, PolicyKind::Excluded);
+    assert_eq!(on_file(&path), serde_json::json!({}));
+    world.read_more("p", 100 * MIB);
+    h.rounds(2).await;
+    assert_eq!(world.writes_to("p"), vec![1000, 200, 500], "nothing written while excluded");
+
+    // Opted in again (and the weight changed meanwhile, by hand): the original read at first is the one kept.
+    world.add("p", 700);
+    h.send(DiscoveryEvent::Started(info("p", &[]))).await;
+    assert_eq!(world.weight("p"), 1000);
+    assert_eq!(on_file(&path), serde_json::json!({"p": 500}));
+    h.shutdown().await;
+    assert_eq!(world.restores_of("p"), vec![500, 500]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_resynced_with_new_labels_takes_them_and_one_in_another_cgroup_is_tracked_anew() {
+    let tmp = tempfile::tempdir().unwrap();
+    for d in ["kubepods/burstable/podq", "kubepods/besteffort/podq"] {
+        std::fs::create_dir_all(tmp.path().join(d)).unwrap();
+    }
+    let root = CgroupRoot::from_dir(CgroupVersion::V2, tmp.path()).unwrap();
+    let in_cgroup = |rel: &str| ContainerInfo { cgroup: Some(root.resolve_relative(rel).unwrap()), ..info("q", &[]) };
+    let world = World::with_containers(&["p", "q"], 500);
+    let initial = vec![info("p", &[]), in_cgroup("kubepods/burstable/podq")];
+    let h = Harness::start(cri_cfg(), &world, initial);
+    h.settle().await;
+    world.set_read("p", 3 * MIB);
+    world.set_read("q", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!((world.weight("p"), world.weight("q")), (200, 200));
+
+    // While the runtime was away, p's new sandbox opted out, and q's new sandbox is in another cgroup, which holds
+    // the kernel's weight.
+    h.send(DiscoveryEvent::Lost("containerd restarting".into())).await;
+    world.add("q", KERNEL_DEFAULT);
+    h.send(DiscoveryEvent::Resync(vec![
+        info("p", &[(EXCLUDE_ANNOTATION, "true")]),
+        in_cgroup("kubepods/besteffort/podq"),
+    ]))
+    .await;
+    assert_eq!((world.weight("p"), world.restores_of("p")), (500, vec![500]));
+    assert_eq!(h.row("p").await.unwrap().policy, PolicyKind::Excluded);
+    assert_eq!(world.weight("q"), 1000, "adopted at the top");
+    assert_eq!(world.forgotten(), vec!["q"], "the old cgroup's entry dropped");
+    h.shutdown().await;
+    assert_eq!(world.weight("q"), KERNEL_DEFAULT, "the new cgroup's own original");
 }
 
 #[tokio::test(start_paused = true)]
