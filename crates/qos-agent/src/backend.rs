@@ -26,6 +26,13 @@ pub struct ContainerInfo {
     pub cgroup: Option<CgroupDir>,
 }
 
+impl ContainerInfo {
+    /// Its cgroup directory, if it has one.
+    pub fn cgroup_path(&self) -> Option<&std::path::Path> {
+        self.cgroup.as_ref().map(|c| c.path())
+    }
+}
+
 /// A change in the set of containers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DiscoveryEvent {

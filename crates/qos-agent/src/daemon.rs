@@ -298,7 +298,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 self.forget_all(&gone).await;
                 for c in list {
                     match self.tracked.get(&c.id) {
-                        Some(t) if cgroup_path(&t.info) != cgroup_path(&c) => {
+                        Some(t) if t.info.cgroup_path() != c.cgroup_path() => {
                             // Made again in another cgroup while the runtime was away (a pod's new sandbox): the
                             // old cgroup, and what the agent wrote there, is gone.
                             self.forget_all(std::slice::from_ref(&c.id)).await;
@@ -690,11 +690,6 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             let _ = sd_notify::notify(state);
         }
     }
-}
-
-/// The cgroup directory of a container, if it has one.
-fn cgroup_path(info: &ContainerInfo) -> Option<&std::path::Path> {
-    info.cgroup.as_ref().map(|c| c.path())
 }
 
 async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {

@@ -261,10 +261,13 @@ impl Engine {
     /// A container was just created or started: it enters the top level at once (before any sample), and its
     /// counters are taken to start from zero, so I/O it does before the first sample counts.
     ///
-    /// Starting a container the engine already knows (a restart) puts it back at the top as a new one.
+    /// Starting a container the engine already knows (a restart) puts it back at the top as a new one, counting
+    /// from its last sample: a cgroup made again reads lower than that, which counts as a reset (from zero), and a
+    /// cgroup that outlived its container (a pod's, across a new sandbox) is not charged its whole history again.
     pub fn handle_started(&mut self, id: &ContainerId, now: Instant) {
-        let policy = self.containers.get(id).map_or(Policy::Managed, |c| c.policy);
-        let old = self.containers.insert(id.clone(), Container::enter(policy, now, Some(IoCounters::default())));
+        let (policy, last) = self.containers.get(id).map_or((Policy::Managed, None), |c| (c.policy, c.last));
+        let last = last.unwrap_or_default();
+        let old = self.containers.insert(id.clone(), Container::enter(policy, now, Some(last)));
         self.announce_entry(id, old, policy);
     }
 

@@ -113,7 +113,9 @@ impl Model {
     pub fn started(&mut self, id: &ContainerId, now: Instant) {
         let old = self.find(id).map(|i| self.entries.remove(i));
         let policy = old.as_ref().map_or(Policy::Managed, |o| o.policy);
-        self.entries.push(Entry::fresh(id, policy, now, Some(IoCounters::default())));
+        // A restart counts from the last sample (a lower counter is a reset), a new container from zero.
+        let last = old.as_ref().and_then(|o| o.baseline).unwrap_or_default();
+        self.entries.push(Entry::fresh(id, policy, now, Some(last)));
         let old_managed = old.filter(|o| o.policy == Policy::Managed).map(|o| (o.level, o.bytes));
         self.announce(id, old_managed, policy);
     }

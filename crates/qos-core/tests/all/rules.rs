@@ -245,6 +245,23 @@ fn restart_of_a_known_container_puts_it_back_at_the_top() {
     assert_eq!(e.container(&id("a"), t).unwrap().total_bytes, mib(1));
 }
 
+#[test]
+fn restart_counts_from_the_last_sample_so_a_cgroup_that_outlived_its_container_is_not_charged_again() {
+    let t = t0();
+    let mut e = Engine::new(no_idle(), t).unwrap();
+    e.handle_started(&id("pod"), t);
+    e.handle_sample(&id("pod"), read(mib(1)), t + ms(500));
+    drain(&mut e);
+    // The pod's sandbox is made again on the same cgroup, whose counters go on from 1 MiB: only the 1.5 MiB read
+    // since counts, which keeps it at the top (the first level's allotment is 2 MiB).
+    e.handle_started(&id("pod"), t + s(1));
+    drain(&mut e);
+    e.handle_sample(&id("pod"), read(mib(1) + mib(3) / 2), t + ms(1500));
+    assert!(drain(&mut e).is_empty(), "charged the cgroup's history again");
+    let view = e.container(&id("pod"), t + ms(1500)).unwrap();
+    assert_eq!((view.level, view.total_bytes), (0, mib(3) / 2));
+}
+
 // ----- policies -----
 
 #[test]

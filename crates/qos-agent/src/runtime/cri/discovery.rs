@@ -197,7 +197,7 @@ impl<S: SandboxSource> CriDiscovery<S> {
         let now = self.list_managed().await?;
         for (uid, (_, info)) in &self.known {
             // Gone, or its sandbox re-created on another cgroup: drop it first.
-            if now.get(uid).is_none_or(|(_, new)| cgroup_path(new) != cgroup_path(info)) {
+            if now.get(uid).is_none_or(|(_, new)| new.cgroup_path() != info.cgroup_path()) {
                 self.queue.push_back(DiscoveryEvent::Stopped(ContainerId::new(uid)));
             }
         }
@@ -276,11 +276,6 @@ impl<S: SandboxSource> CriDiscovery<S> {
             }
         }
     }
-}
-
-/// The cgroup directory of an entry, if it has one.
-fn cgroup_path(info: &ContainerInfo) -> Option<&std::path::Path> {
-    info.cgroup.as_ref().map(|c| c.path())
 }
 
 /// `namespace/name` of a sandbox.
