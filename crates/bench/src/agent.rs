@@ -37,7 +37,7 @@ use qos_agent::blockdev::{DevNum, DeviceTable};
 use qos_agent::cgroup::{CgroupDir, CgroupRoot, CgroupVersion, WeightFile, WeightFileKind};
 use qos_agent::config::RuntimeKind;
 use qos_agent::daemon::Command;
-use qos_agent::files::V2Plan;
+use qos_agent::files::WeightPlan;
 use qos_agent::ops::metrics::{Metrics, ReasonLabels};
 use qos_agent::state::OriginalWeights;
 use qos_agent::AgentConfig;
@@ -107,7 +107,7 @@ impl Backends {
 pub enum WeightProbe {
     /// cgroup v1: the cgroup's weight file (`blkio.bfq.weight`), as the agent opens it.
     V1,
-    /// cgroup v2: the file that acts on the test device, as the agent's own [`V2Plan`] says from the device's
+    /// cgroup v2: the file that acts on the test device, as the agent's own [`WeightPlan`] says from the device's
     /// facts (scheduler, io.cost) when the mode starts; read as its effective value on `dev` (the device's
     /// `MAJ:MIN N` override, else `default N`).
     V2 {
@@ -126,7 +126,7 @@ impl WeightProbe {
             CgroupVersion::V1 => WeightProbe::V1,
             CgroupVersion::V2 => {
                 let governor = DeviceTable::new(root.path()).refresh(dev, Instant::now()).0.governor;
-                let kind = V2Plan::new([(dev, governor)]).files()[0];
+                let kind = WeightPlan::new([(dev, governor)]).files()[0];
                 WeightProbe::V2 { kind, dev }
             }
         }

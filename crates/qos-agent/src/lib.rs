@@ -17,8 +17,9 @@
 //!   its API paths): [`runtime::docker`] (through `bollard`), [`runtime::cri`] (Kubernetes pods) and
 //!   [`runtime::cgroup_dir`] (the children of one cgroup). No runtime imports another's internals.
 //! - [`files`]: the cgroup-file layer every runtime uses: [`files::FileCounters`] (counters read behind a parent
-//!   gate), [`files::FileWriter`] (weights written, read back, restored) and [`files::V2Plan`], the pure
-//!   cgroup-v2 rule of which weight file acts on which device and what to write, check and restore;
+//!   gate), [`files::FileWriter`] (weights written, read back, restored) and [`files::WeightPlan`], the pure
+//!   rule (cgroup v2, v1 BFQ's per-device file) of which weight file acts on which device and what to write, check
+//!   and restore;
 //!   [`files::restore_records`]: the writers' restore log beside the state file.
 //! - [`cgroup`]: runtime-agnostic cgroup v1/v2 file primitives: mount detection (once), confined directories,
 //!   counter-file parsers and reader, weight files with verified writes, errors naming files.
@@ -51,7 +52,7 @@
 //! [`files::FileWriter`] (and [`writer::AgentWriter`], the assembled writer); [`cgroup::CgroupRoot`],
 //! [`cgroup::CgroupDir`] and the [`cgroup::CgroupFs`] seam. The other public modules are public for this
 //! workspace's binary, bench and tests (they measure and test the shipped parts themselves) and may change without
-//! notice; what nothing outside the crate uses is crate-private (`kernel`, `files::v2_plan` behind its re-exports,
+//! notice; what nothing outside the crate uses is crate-private (`kernel`, `files::weight_plan` behind its re-exports,
 //! `systemd::unit`/`units` behind theirs, `ops::readiness`, `runtime::support`, `runtime::cri::config`).
 
 pub mod agent;

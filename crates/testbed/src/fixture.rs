@@ -67,8 +67,9 @@ pub fn make_cgroup(dir: &Path, layout: Layout) {
 /// The kernel's weight-file writes on regular fixture files (give it to a fixture root:
 /// `CgroupRoot::from_dir(..)?.with_fs(Arc::new(FixtureKernel))`). A regular file's write replaces its content;
 /// the kernel instead applies the one line written (`default N`, `MAJ:MIN N`, `MAJ:MIN default`) to the file's
-/// state and shows `default N` first, then the overrides by device. v1 files (a plain number) and anything that does
-/// not parse are written as they are.
+/// state and shows `default N` first, then the overrides by device. In BFQ's files (`io.bfq.weight`,
+/// `blkio.bfq.weight_device`) `default N` also removes every override, as Linux 6.18 does. v1 plain-number files
+/// and anything that does not parse are written as they are.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FixtureKernel;
 
@@ -81,7 +82,7 @@ impl CgroupFs for FixtureKernel {
     }
 }
 
-/// The content a v2 fixture file has after `data` is written to it, or `None` to write `data` as it is.
+/// The content a fixture file with per-device lines has after `data` is written to it, or `None` to write `data` as it is.
 fn merge(path: &Path, data: &[u8]) -> Option<String> {
     let old = fs::read(path).ok()?;
     if !old.windows(7).any(|w| w == b"default") {
@@ -91,7 +92,12 @@ fn merge(path: &Path, data: &[u8]) -> Option<String> {
     let mut fields = std::str::from_utf8(data).ok()?.split_whitespace();
     let (Some(key), Some(value), None) = (fields.next(), fields.next(), fields.next()) else { return None };
     match (key, value) {
-        ("default", v) => lines.default = v.parse().ok()?,
+        ("default", v) => {
+            lines.default = v.parse().ok()?;
+            if path.file_name().is_some_and(|n| n.to_string_lossy().contains(".bfq.")) {
+                lines.devices.clear();
+            }
+        }
         (dev, "default") => {
             lines.devices.remove(&dev.parse().ok()?);
         }

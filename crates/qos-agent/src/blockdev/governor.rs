@@ -74,11 +74,17 @@ impl DeviceFacts {
     pub fn fix(&self) -> String {
         let name = self.disk.as_deref().unwrap_or("DEV");
         format!(
-            "`echo bfq > /sys/block/{name}/queue/scheduler` (or [devices] switch_to_bfq = [\"{name}\"]), or enable \
-             io.cost for it with a model measured from the device: `ddiskqos-agent iocost /dev/{name} --apply` \
-             (writes its io.cost.model and \"{} enable=1 ...\" into /sys/fs/cgroup/io.cost.qos)",
+            "{}, or enable io.cost for it with a model measured from the device: `ddiskqos-agent iocost /dev/{name} \
+             --apply` (writes its io.cost.model and \"{} enable=1 ...\" into /sys/fs/cgroup/io.cost.qos)",
+            self.fix_bfq(),
             self.dev
         )
+    }
+
+    /// The fix that BFQ brings, the only one on cgroup v1 (which has no io.cost).
+    pub fn fix_bfq(&self) -> String {
+        let name = self.disk.as_deref().unwrap_or("DEV");
+        format!("`echo bfq > /sys/block/{name}/queue/scheduler` (or [devices] switch_to_bfq = [\"{name}\"])")
     }
 }
 

@@ -56,6 +56,6 @@ pub use fs::{CgroupFs, RealFs};
 pub use mount::{CgroupRoot, CgroupVersion};
 pub use stat::{parse_blkio_stat, parse_io_stat};
 pub use weight_file::{
-    parse_weight_lines, WeightFile, WeightFileKind, WeightLines, V1_BFQ_WEIGHT, V1_BLKIO_WEIGHT, V2_BFQ_WEIGHT,
-    V2_IO_WEIGHT,
+    parse_weight_lines, WeightFile, WeightFileKind, WeightLines, V1_BFQ_WEIGHT, V1_BFQ_WEIGHT_DEVICE, V1_BLKIO_WEIGHT,
+    V2_BFQ_WEIGHT, V2_IO_WEIGHT,
 };

@@ -16,6 +16,11 @@ use crate::kernel::DevNum;
 
 /// v1 BFQ weight, 1..=1000. Reads `100\n`; accepts a plain number only ("default N" is EINVAL, checked on 6.18).
 pub const V1_BFQ_WEIGHT: &str = "blkio.bfq.weight";
+/// v1 BFQ per-device weights (Linux 5.4 on). Reads like v2's `io.bfq.weight` (`default 100\n` plus `MAJ:MIN N`
+/// overrides, which win over the default on their device) and takes the same lines: `MAJ:MIN N` sets an override,
+/// `MAJ:MIN default` removes one, `default N` (or `N`) sets the default, which `blkio.bfq.weight` then reads, and
+/// removes every override (checked on Linux 6.18).
+pub const V1_BFQ_WEIGHT_DEVICE: &str = "blkio.bfq.weight_device";
 /// v1 CFQ weight, 10..=1000 (kernels before 5.0). Plain number.
 pub const V1_BLKIO_WEIGHT: &str = "blkio.weight";
 /// v2 BFQ weight, 1..=1000. Reads `default 100\n` plus `MAJ:MIN N` overrides; accepts `default N`.
@@ -30,6 +35,9 @@ pub enum WeightFileKind {
     /// v1 `blkio.bfq.weight`.
     #[serde(rename = "blkio.bfq.weight")]
     V1Bfq,
+    /// v1 `blkio.bfq.weight_device`: BFQ's default and per-device weights, in v2's format.
+    #[serde(rename = "blkio.bfq.weight_device")]
+    V1BfqDevice,
     /// v1 `blkio.weight` (CFQ).
     #[serde(rename = "blkio.weight")]
     V1Blkio,
@@ -46,6 +54,7 @@ impl WeightFileKind {
     pub fn file_name(self) -> &'static str {
         match self {
             Self::V1Bfq => V1_BFQ_WEIGHT,
+            Self::V1BfqDevice => V1_BFQ_WEIGHT_DEVICE,
             Self::V1Blkio => V1_BLKIO_WEIGHT,
             Self::V2Bfq => V2_BFQ_WEIGHT,
             Self::V2Io => V2_IO_WEIGHT,
@@ -55,7 +64,7 @@ impl WeightFileKind {
     /// The value this file takes for `weight`.
     pub fn file_value(self, weight: Weight) -> u32 {
         match self {
-            Self::V1Bfq | Self::V2Bfq => weight.to_bfq(),
+            Self::V1Bfq | Self::V1BfqDevice | Self::V2Bfq => weight.to_bfq(),
             Self::V1Blkio => weight.to_v1_blkio_weight(),
             Self::V2Io => weight.to_io_weight(),
         }
@@ -64,7 +73,7 @@ impl WeightFileKind {
     /// The weight a value of this file stands for.
     pub fn weight_of(self, value: u64) -> Result<Weight, WeightError> {
         match self {
-            Self::V1Bfq | Self::V2Bfq | Self::V1Blkio => Weight::new(value),
+            Self::V1Bfq | Self::V1BfqDevice | Self::V2Bfq | Self::V1Blkio => Weight::new(value),
             Self::V2Io => {
                 let value = u32::try_from(value).map_err(|_| WeightError::OutOfRange { value, min: 1, max: 10_000 })?;
                 Weight::from_io_weight(value)
@@ -72,12 +81,21 @@ impl WeightFileKind {
         }
     }
 
-    /// Exactly what is written for file value `value`: v1 files take a plain number, v2 files the documented
-    /// `default N` form (which sets the default and leaves per-device overrides alone).
+    /// Whether writing this file's default also removes its per-device overrides. BFQ's files do: the kernel
+    /// parses `default N` (and a plain `N`) in `io.bfq.weight` and `blkio.bfq.weight_device`, and the plain number
+    /// of `blkio.bfq.weight`, as one "set the cgroup's weight", which resets every device of the cgroup to it (seen
+    /// on Linux 6.18 on v1: `default 40` after `7:0 250` reads back `default 40` alone). io.cost's `io.weight` keeps
+    /// its overrides.
+    pub fn default_clears_overrides(self) -> bool {
+        matches!(self, Self::V1Bfq | Self::V1BfqDevice | Self::V2Bfq)
+    }
+
+    /// Exactly what is written for file value `value`: the plain v1 files take a plain number, the files with
+    /// per-device lines the documented `default N` form.
     fn data(self, value: u32) -> String {
         match self {
             Self::V1Bfq | Self::V1Blkio => format!("{value}\n"),
-            Self::V2Bfq | Self::V2Io => format!("default {value}\n"),
+            Self::V1BfqDevice | Self::V2Bfq | Self::V2Io => format!("default {value}\n"),
         }
     }
 
@@ -95,8 +113,8 @@ const V2_NAMES: &[&str] = &[V2_BFQ_WEIGHT, V2_IO_WEIGHT];
 /// A cgroup's weight file: BFQ's if the kernel offers it (the weights that act on BFQ devices), else the legacy
 /// v1 `blkio.weight` or v2 `io.weight`.
 ///
-/// Only these four file names are ever written, and only inside a [`CgroupDir`] (which is confined to the cgroup
-/// root). Files are opened per operation with `O_NOFOLLOW` and never created: a missing file is an error. Writes
+/// Only these file names (and v1's `blkio.bfq.weight_device`, through [`WeightFile::open_kind`]) are ever written,
+/// and only inside a [`CgroupDir`] (which is confined to the cgroup root). Files are opened per operation with `O_NOFOLLOW` and never created: a missing file is an error. Writes
 /// go through the directory's [`crate::cgroup::CgroupFs`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WeightFile {
@@ -175,18 +193,21 @@ impl WeightFile {
         }
     }
 
-    /// The whole v2 file: the default and every `MAJ:MIN N` override, on the file's own scale.
+    /// The whole file: the default and every `MAJ:MIN N` override (v2's files, v1's `blkio.bfq.weight_device`), on
+    /// the file's own scale.
     pub fn read_lines(&self) -> Result<WeightLines> {
         parse_weight_lines(&self.path, &self.read_bytes()?)
     }
 
-    /// Writes `default VALUE` (v2 files; VALUE on the file's own scale). Overrides are left alone by the kernel.
+    /// Writes `default VALUE` (files with per-device lines; VALUE on the file's own scale). The kernel leaves the
+    /// overrides alone in `io.weight` and removes them in BFQ's files ([`WeightFileKind::default_clears_overrides`]).
     pub fn write_default_value(&self, value: u32) -> Result<()> {
         self.write_data(&format!("default {value}\n"))
     }
 
     /// Writes the override of one device: `MAJ:MIN VALUE`, or with `None` `MAJ:MIN default`, which removes the
-    /// override (both `io.weight` and `io.bfq.weight`, checked on Linux 6.18).
+    /// override (`io.weight`, `io.bfq.weight` and v1's `blkio.bfq.weight_device`, checked on Linux 6.18; a removal
+    /// where there is no override is accepted and changes nothing).
     pub fn write_device(&self, dev: DevNum, value: Option<u32>) -> Result<()> {
         match value {
             Some(v) => self.write_data(&format!("{dev} {v}\n")),
@@ -242,7 +263,7 @@ impl WeightFile {
     }
 }
 
-/// A v2 weight file's content: `default N` and the per-device `MAJ:MIN N` overrides (file scale).
+/// The content of a weight file with per-device lines (v2's, v1's `blkio.bfq.weight_device`): `default N` and the per-device `MAJ:MIN N` overrides (file scale).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WeightLines {

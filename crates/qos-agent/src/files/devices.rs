@@ -1,5 +1,5 @@
-//! [`FileDevices`]: the block devices as the weight files see them on cgroup v2: the device table (what governs
-//! each device), each container's devices and the values in force on them, the warnings about devices no weight
+//! [`FileDevices`]: the block devices as the weight files see them (cgroup v2, and v1 with BFQ's per-device file):
+//! the device table (what governs each device), each container's devices and the values in force on them, the warnings about devices no weight
 //! acts on, and the io.cost rate watch. The [`FileWriter`](super::FileWriter) plans its writes with it; the
 //! daemon ticks it once a round on its own clock and shows it in status, through
 //! [`DeviceMonitor`](crate::backend::DeviceMonitor). One handle, shared: the writer and the daemon hold clones.
@@ -23,16 +23,16 @@ use crate::cgroup::{CgroupError, WeightFileKind, WeightLines};
 use crate::kernel::DevNum;
 use crate::ops::metrics::DeviceWeightEffective;
 
-use super::V2Plan;
+use super::WeightPlan;
 
-/// The devices the weight files act on (cgroup v2), shared by the writer and the daemon. Clones share one state.
+/// The devices the weight files act on (cgroup v2, v1 BFQ), shared by the writer and the daemon. Clones share one state.
 #[derive(Debug, Clone)]
 pub struct FileDevices(Arc<Mutex<DeviceState>>);
 
 #[derive(Debug)]
 struct DeviceState {
     table: DeviceTable,
-    /// `[devices] check` (or the runtime's data disk): always part of a v2 write.
+    /// `[devices] check` (or the runtime's data disk): always part of a planned write.
     configured: Vec<String>,
     /// Configured names already reported as unusable (logged once).
     bad_names: BTreeSet<String>,
@@ -49,6 +49,8 @@ struct DeviceState {
     vrate_read: Option<Instant>,
     /// The daemon's time at its last tick (at creation before the first).
     now: Instant,
+    /// The writes plan v1's `blkio.bfq.weight_device` (v1 has no io.cost): what the logs name.
+    v1: bool,
 }
 
 impl FileDevices {
@@ -66,6 +68,7 @@ impl FileDevices {
             vrate_read: None,
             // Until the daemon's first tick: the one reading of the clock outside the daemon.
             now: Instant::now(),
+            v1: false,
         })))
     }
 
@@ -74,7 +77,7 @@ impl FileDevices {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Devices (names in /sys/block) written and checked on v2 whatever the container's `io.stat` says:
+    /// Devices (names in /sys/block) written and checked on v2 (and v1 BFQ) whatever the container's `io.stat` says:
     /// `[devices] check`.
     pub fn set_configured(&self, names: Vec<String>) {
         self.state().configured = names;
@@ -113,10 +116,18 @@ impl FileDevices {
         }
     }
 
-    /// The plan of a write to container `id` (cgroup `dir`) whose `io.stat` lists `devices`: those and the
-    /// configured ones, each looked up in the table (re-read when stale), ineffective ones reported once.
-    pub(crate) fn plan(&self, id: &ContainerId, dir: &Path, mut devices: BTreeSet<DevNum>) -> V2Plan {
+    /// The plan of a write of the files `kinds` to container `id` (cgroup `dir`) whose counters list `devices`:
+    /// those and the configured ones, each looked up in the table (re-read when stale), ineffective ones reported
+    /// once.
+    pub(crate) fn plan(
+        &self,
+        id: &ContainerId,
+        dir: &Path,
+        kinds: &'static [WeightFileKind],
+        mut devices: BTreeSet<DevNum>,
+    ) -> WeightPlan {
         let mut s = self.state();
+        s.v1 = kinds.contains(&WeightFileKind::V1BfqDevice);
         for name in s.configured.clone() {
             match s.table.dev_of_name(&name) {
                 Ok(dev) => {
@@ -140,7 +151,7 @@ impl FileDevices {
             }
             all.push((dev, governor));
         }
-        let plan = V2Plan::new(all);
+        let plan = WeightPlan::over(kinds, all);
         if !s.devices_of.contains_key(id) {
             s.prune();
         }
@@ -175,7 +186,7 @@ impl FileDevices {
     pub(crate) fn record_effective(&self, id: &ContainerId, files: &[(WeightFileKind, WeightLines)]) {
         let mut s = self.state();
         let Some((_, devices)) = s.devices_of.get_mut(id) else { return };
-        *devices = V2Plan::new(devices.iter().map(|d| (d.dev, d.governor))).device_weights(files);
+        *devices = WeightPlan::new(devices.iter().map(|d| (d.dev, d.governor))).device_weights(files);
     }
 }
 
@@ -255,18 +266,23 @@ impl DeviceState {
         }
         if governor.is_effective() {
             self.warned.remove(&facts.dev);
-            let file = match (governor.bfq, governor.io_cost) {
-                (true, true) => "io.bfq.weight and io.weight act",
-                (true, false) => "io.bfq.weight acts",
-                _ => "io.weight acts",
+            let file = match (self.v1, governor.bfq, governor.io_cost) {
+                (true, _, _) => "cgroup v1: blkio.bfq.weight_device acts",
+                (false, true, true) => "cgroup v2: io.bfq.weight and io.weight act",
+                (false, true, false) => "cgroup v2: io.bfq.weight acts",
+                _ => "cgroup v2: io.weight acts",
             };
             info!(device = %facts.dev, disk = name, governor = %governor, previous = ?before.map(|g| g.as_str()),
-                  "cgroup v2: {file} on this device");
+                  "{file} on this device");
         } else if self.warned.insert(facts.dev) {
+            let (cause, fix) = if self.v1 {
+                ("its scheduler is not bfq (cgroup v1 has no io.cost)", facts.fix_bfq())
+            } else {
+                ("its scheduler is not bfq and io.cost is off for it", facts.fix())
+            };
             warn!(device = %facts.dev, disk = name, scheduler = facts.scheduler.as_deref().unwrap_or("?"),
                   error = facts.error.as_deref().unwrap_or(""),
-                  "BLOCK-I/O WEIGHTS HAVE NO EFFECT ON DEVICE {} ({name}): its scheduler is not bfq and io.cost is \
-                   off for it. Fix: {}", facts.dev, facts.fix());
+                  "BLOCK-I/O WEIGHTS HAVE NO EFFECT ON DEVICE {} ({name}): {cause}. Fix: {fix}", facts.dev);
         }
     }
 

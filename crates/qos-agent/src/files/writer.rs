@@ -1,30 +1,35 @@
 //! [`FileWriter`]: writes a container's cgroup weight file(s) and reads them back.
 //!
-//! On cgroup v1 one file acts (`blkio.bfq.weight`, or the CFQ `blkio.weight` on old kernels) and is written as a
-//! plain number.
-//!
 //! On cgroup v2 each device has its own governor (see [`crate::blockdev::DeviceTable`]): `io.bfq.weight` acts on
-//! BFQ devices, `io.weight` on devices with io.cost enabled, nothing on the others; that rule, the lines to write
-//! and the checks are [`V2Plan`]'s (pure). A write therefore:
-//! 1. lists the devices that matter: the `MAJ:MIN` lines of the container's `io.stat` (read at write time; writes
-//!    are rare) and the devices of `[devices] check`;
-//! 2. writes `default W` into every file that governs one of them (both files when none is governed yet, so a
+//! BFQ devices, `io.weight` on devices with io.cost enabled, nothing on the others. On cgroup v1 with BFQ (Linux 5.4
+//! on) `blkio.bfq.weight_device` acts on BFQ devices: the same format as `io.bfq.weight` (`default N` and `MAJ:MIN
+//! N` overrides, which Docker's `--blkio-weight-device` writes there), its default being what `blkio.bfq.weight`
+//! reads. A per-device override wins over the default, so a write and its check go through the per-device file, as
+//! on v2. The rule, the lines to write and the checks are [`WeightPlan`]'s (pure). A write therefore:
+//! 1. lists the devices that matter: the `MAJ:MIN` lines of the container's `io.stat` (v1:
+//!    `blkio.bfq.io_service_bytes_recursive`, what the agent's v1 counters read; read at write time, writes are
+//!    rare) and the devices of `[devices] check`;
+//! 2. writes `default W` into every file that governs one of them (v2: both files when none is governed yet, so a
 //!    device the container uses later already has it), plus `MAJ:MIN W` for a governed device whose existing
-//!    override would otherwise win;
+//!    override would otherwise win; in BFQ's files the default line removes every override, so the overrides of
+//!    other devices are written back;
 //! 3. reads each file back and checks the *effective* value (override, else default) of every governed device:
 //!    any other value fails the write, naming file, device and values. A disagreement first re-reads the
 //!    disagreeing devices' facts and, if their governor changed, plans the write once more.
 //!
-//! [`FileWriter::read_weight`] (the daemon's `read`, taken before the first change) keeps a snapshot of both
-//! v2 files, overrides included; [`FileWriter::restore_weight`] (the daemon's `restore`, its own operation)
-//! puts the files back exactly as snapshotted: default values, overrides, and the removal of overrides the agent
-//! added (by writing `MAJ:MIN default`, which removes an override in both files, checked on Linux 6.18). A write
-//! is always a write, even of the weight `read` returned: a pinned weight equal to the original must be in force
-//! on every governed device, which the snapshot's overrides need not be.
+//! [`FileWriter::read_weight`] (the daemon's `read`, taken before the first change) keeps a snapshot of the files
+//! (v2: both), overrides included; [`FileWriter::restore_weight`] (the daemon's `restore`, its own operation) puts
+//! the files back exactly as snapshotted: default values, overrides, and the removal of overrides the agent added
+//! (by writing `MAJ:MIN default`, which removes an override in every one of these files, checked on Linux 6.18). A
+//! write is always a write, even of the weight `read` returned: a pinned weight equal to the original must be in
+//! force on every governed device, which the snapshot's overrides need not be.
 //!
 //! The agent's writer keeps the snapshots in a [`RestoreRecords`] file beside the state file
 //! ([`FileWriter::with_records_file`]), so an agent restarted after a crash puts the files back exactly too: an
 //! `io.weight` above 1000 (the engine's scale ends there) and per-device overrides included.
+//!
+//! On v1 without the per-device file (CFQ's `blkio.weight` before Linux 5.0, BFQ before 5.4) one file acts, holds
+//! no override, and is written, checked and restored as a plain number, as before.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -34,9 +39,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
 use crate::blockdev::DeviceTable;
-use crate::cgroup::{CgroupDir, CgroupError, CgroupVersion, WeightFile, WeightFileKind, WeightLines, V2_IO_STAT};
+use crate::cgroup::{
+    CgroupDir, CgroupError, CgroupVersion, WeightFile, WeightFileKind, WeightLines, V1_BFQ_BYTES, V2_IO_STAT,
+};
 use crate::files::restore_records::RestoreRecords;
-use crate::files::{check_restored, restore_lines, FileDevices, Line, Mismatch, V2Plan};
+use crate::files::weight_plan::{V1_FILES, V2_FILES};
+use crate::files::{check_restored, restore_lines, FileDevices, Line, Mismatch, WeightPlan};
 use crate::kernel::DevNum;
 use crate::ops::metrics::DeviceWeightEffective;
 
@@ -49,13 +57,14 @@ pub struct FileWriter {
     /// The devices, shared with the daemon (its [`crate::backend::DeviceMonitor`]) and no other writer: the
     /// agent's other ways of applying weights verify through this writer ([`crate::writer::AgentWriter`]).
     devices: FileDevices,
-    /// v2 files as the first `read` found them, per container: what a restore puts back.
+    /// The planned files (v2's, v1's `blkio.bfq.weight_device`) as the first `read` found them, per container: what
+    /// a restore puts back.
     snapshots: RestoreRecords<Snapshot>,
     /// Map size at which snapshots of vanished cgroups are dropped next.
     prune_at: usize,
 }
 
-/// A container's v2 weight files before the agent changed them.
+/// A container's planned weight files before the agent changed them.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Snapshot {
@@ -120,17 +129,17 @@ impl FileWriter {
         self.devices.record_effective(id, files);
     }
 
-    /// The container's weight now: v1 the file's value; v2 the effective weight on the devices that have a
-    /// governor (the lowest, if they differ), else the default of `io.bfq.weight` (or `io.weight`). On v2 the
-    /// first read of a container also snapshots both files for the restore.
+    /// The container's weight now: the effective weight on the devices that have a governor (the lowest, if they
+    /// differ), else the default of BFQ's file (v2: else `io.weight`'s); v1 without the per-device file, that
+    /// file's value. The first read of a container also snapshots the planned files for the restore.
     pub fn read_weight(&mut self, info: &ContainerInfo) -> Result<Weight, BackendError> {
         let dir = cgroup_of(info)?;
-        if dir.version() == CgroupVersion::V1 {
+        let Some(plan) = self.plan(info, dir)? else {
             return Ok(WeightFile::open(dir)?.read()?);
-        }
-        let plan = self.plan(info, dir)?;
+        };
         let mut files = Vec::new();
-        for kind in [WeightFileKind::V2Bfq, WeightFileKind::V2Io] {
+        // BFQ's file first: its default is the weight when no device is governed.
+        for kind in plan.kinds().iter().rev().copied() {
             if let Some(file) = WeightFile::open_kind(dir, kind)? {
                 files.push((kind, file.read_lines()?, file));
             }
@@ -167,11 +176,10 @@ impl FileWriter {
     /// Writes `weight` into the file(s) that act and verifies the effective value of every governed device.
     pub fn write_weight(&mut self, info: &ContainerInfo, weight: Weight) -> Result<AppliedVia, BackendError> {
         let dir = cgroup_of(info)?;
-        if dir.version() == CgroupVersion::V1 {
+        let Some(plan) = self.plan(info, dir)? else {
             WeightFile::open(dir)?.write_verified(weight)?;
             return Ok(AppliedVia::CgroupFile);
-        }
-        let plan = self.plan(info, dir)?;
+        };
         let err = match write_plan(dir, &plan, weight) {
             Ok(back) => {
                 self.record_effective(&info.id, &back);
@@ -181,7 +189,7 @@ impl FileWriter {
         };
         // A read-back that disagrees may mean a device changed hands (scheduler switched, io.cost toggled).
         if self.recheck(&err) {
-            let plan = self.plan(info, dir)?;
+            let plan = self.replan(info, dir)?;
             let back = write_plan(dir, &plan, weight)?;
             self.record_effective(&info.id, &back);
             return Ok(AppliedVia::CgroupFile);
@@ -189,14 +197,11 @@ impl FileWriter {
         Err(err.into())
     }
 
-    /// Puts the container's original weight back: v1 writes it; v2 puts both files back as the first read found
-    /// them when that read gave `original` (overrides included), else (an original from the state file, the files
-    /// holding a crashed agent's weight) writes `original` like any weight.
+    /// Puts the container's original weight back: the planned files as the first read found them when that read
+    /// gave `original` (overrides included), else (an original from the state file, the files holding a crashed
+    /// agent's weight; v1 without the per-device file) writes `original` like any weight.
     pub fn restore_weight(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
         let dir = cgroup_of(info)?;
-        if dir.version() == CgroupVersion::V1 {
-            return self.write_weight(info, original);
-        }
         let found = self.snapshots.get(&info.id).filter(|s| s.weight == original && s.dir == dir.path()).cloned();
         match found {
             Some(snapshot) => {
@@ -211,25 +216,26 @@ impl FileWriter {
         }
     }
 
-    /// Whether a v2 write to `info`'s cgroup would govern some device (one of its `io.stat` or `[devices] check`
-    /// under BFQ or io.cost). When none is, [`Self::verify_weight`] wants the weight in both files' defaults.
+    /// Whether a planned write to `info`'s cgroup would govern some device (one of its counters' or `[devices]
+    /// check` under BFQ or io.cost). When none is, [`Self::verify_weight`] wants the weight in the files' defaults
+    /// (v2: both). False on v1 without the per-device file.
     pub fn governs_a_device(&mut self, info: &ContainerInfo) -> Result<bool, BackendError> {
         let dir = cgroup_of(info)?;
-        let plan = self.plan(info, dir)?;
+        let Some(plan) = self.plan(info, dir)? else { return Ok(false) };
         Ok(plan.files().iter().any(|k| plan.governed_by(*k).next().is_some()))
     }
 
-    /// Checks, without writing, that `weight` is in force: v1 the file's value; v2 the effective value of every
-    /// governed device in the file that governs it (what `docker update --blkio-weight` must have achieved).
+    /// Checks, without writing, that `weight` is in force: the effective value of every governed device in the file
+    /// that governs it (what `docker update --blkio-weight` must have achieved); v1 without the per-device file,
+    /// that file's value.
     pub fn verify_weight(&mut self, info: &ContainerInfo, weight: Weight) -> Result<(), BackendError> {
         let dir = cgroup_of(info)?;
-        if dir.version() == CgroupVersion::V1 {
+        let Some(plan) = self.plan(info, dir)? else {
             return Ok(WeightFile::open(dir)?.verify(weight)?);
-        }
-        let plan = self.plan(info, dir)?;
+        };
         let back = match verify_plan(dir, &plan, weight) {
             Err(e) if self.recheck(&e) => {
-                let plan = self.plan(info, dir)?;
+                let plan = self.replan(info, dir)?;
                 verify_plan(dir, &plan, weight)?
             }
             other => other?,
@@ -238,10 +244,29 @@ impl FileWriter {
         Ok(())
     }
 
-    /// The plan of a v2 write: the devices of `dir`'s `io.stat` and the configured ones, and what governs each.
-    fn plan(&mut self, info: &ContainerInfo, dir: &CgroupDir) -> Result<V2Plan, CgroupError> {
-        let devices = io_stat_devices(dir)?;
-        Ok(self.devices.plan(&info.id, dir.path(), devices))
+    /// The plan of a write: the devices of `dir`'s counters (v2 `io.stat`, v1 BFQ's) and the configured ones, and
+    /// what governs each. `None` on v1 without `blkio.bfq.weight_device`, where the plain file is all there is.
+    fn plan(&mut self, info: &ContainerInfo, dir: &CgroupDir) -> Result<Option<WeightPlan>, CgroupError> {
+        let (kinds, counters) = match dir.version() {
+            CgroupVersion::V2 => (&V2_FILES[..], V2_IO_STAT),
+            CgroupVersion::V1 => {
+                if WeightFile::open_kind(dir, WeightFileKind::V1BfqDevice)?.is_none() {
+                    return Ok(None);
+                }
+                (&V1_FILES[..], V1_BFQ_BYTES)
+            }
+        };
+        let devices = counter_devices(dir, counters)?;
+        Ok(Some(self.devices.plan(&info.id, dir.path(), kinds, devices)))
+    }
+
+    /// The plan once more after a device's governor changed (a plan was made before, so there is one).
+    fn replan(&mut self, info: &ContainerInfo, dir: &CgroupDir) -> Result<WeightPlan, CgroupError> {
+        let plan = self.plan(info, dir)?;
+        plan.ok_or_else(|| CgroupError::MissingFile {
+            dir: dir.path().to_owned(),
+            candidates: &[crate::cgroup::V1_BFQ_WEIGHT_DEVICE],
+        })
     }
 
     /// Re-reads the facts of the device a failed check names; true if its governor changed.
@@ -272,13 +297,17 @@ fn weight_of(file: &WeightFile, kind: WeightFileKind, value: u32) -> Result<Weig
     })
 }
 
-/// The devices in a v2 cgroup's `io.stat` (first field of each line).
-fn io_stat_devices(dir: &CgroupDir) -> Result<BTreeSet<DevNum>, CgroupError> {
-    let path = dir.path().join(V2_IO_STAT);
+/// The devices in a cgroup's counter file `name` (first field of each line): v2 `io.stat`, v1
+/// `blkio.bfq.io_service_bytes_recursive` (whose `Total` line names none).
+fn counter_devices(dir: &CgroupDir, name: &str) -> Result<BTreeSet<DevNum>, CgroupError> {
+    let path = dir.path().join(name);
     let bytes = std::fs::read(&path).map_err(|e| CgroupError::on_cgroup_file("read", &path, dir.path(), e))?;
     let mut devices = BTreeSet::new();
     for (index, line) in bytes.split(|b| *b == b'\n').enumerate() {
         let Some(first) = line.split(u8::is_ascii_whitespace).find(|f| !f.is_empty()) else { continue };
+        if first == b"Total" {
+            continue;
+        }
         let dev = std::str::from_utf8(first)
             .ok()
             .and_then(|f| f.parse::<DevNum>().ok())
@@ -291,7 +320,7 @@ fn io_stat_devices(dir: &CgroupDir) -> Result<BTreeSet<DevNum>, CgroupError> {
 /// Writes `weight` per the plan (see the module doc), then verifies it; returns the files as read back.
 fn write_plan(
     dir: &CgroupDir,
-    plan: &V2Plan,
+    plan: &WeightPlan,
     weight: Weight,
 ) -> Result<Vec<(WeightFileKind, WeightLines)>, CgroupError> {
     for kind in plan.files() {
@@ -306,7 +335,7 @@ fn write_plan(
 /// defaults of the files a write would touch. Returns the files as read.
 fn verify_plan(
     dir: &CgroupDir,
-    plan: &V2Plan,
+    plan: &WeightPlan,
     weight: Weight,
 ) -> Result<Vec<(WeightFileKind, WeightLines)>, CgroupError> {
     let mut read_back = Vec::new();
@@ -345,18 +374,19 @@ fn open_required(dir: &CgroupDir, kind: WeightFileKind) -> Result<WeightFile, Cg
         dir: dir.path().to_owned(),
         candidates: match kind {
             WeightFileKind::V2Io => &[crate::cgroup::V2_IO_WEIGHT],
+            WeightFileKind::V1BfqDevice => &[crate::cgroup::V1_BFQ_WEIGHT_DEVICE],
             _ => &[crate::cgroup::V2_BFQ_WEIGHT],
         },
     })
 }
 
-/// Puts both v2 files back as snapshotted and checks they read back so; returns them as read back.
+/// Puts the planned files back as snapshotted and checks they read back so; returns them as read back.
 fn restore(dir: &CgroupDir, snapshot: &Snapshot) -> Result<Vec<(WeightFileKind, WeightLines)>, CgroupError> {
     let mut read_back = Vec::new();
     for (kind, want) in &snapshot.files {
         let Some(file) = WeightFile::open_kind(dir, *kind)? else { continue };
         let now = file.read_lines()?;
-        write_lines(&file, &restore_lines(want, &now))?;
+        write_lines(&file, &restore_lines(*kind, want, &now))?;
         let back = file.read_lines()?;
         check_restored(want, &back).map_err(|m| mismatch_error(&file, m))?;
         read_back.push((*kind, back));

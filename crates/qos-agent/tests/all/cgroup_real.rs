@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use qos_agent::backend::ContainerInfo;
 use qos_agent::blockdev;
 use qos_agent::cgroup::{CgroupRoot, CgroupVersion, CounterFileKind, CounterReader, WeightFile, WeightFileKind};
-use qos_agent::files::{FileCounters, FULL_READ_EVERY};
+use qos_agent::files::{FileCounters, FileWriter, FULL_READ_EVERY};
 use qos_core::{ContainerId, IoCounters, Weight};
 use testbed::blkio::{kill_cgroup_procs, run_in_cgroup, CgroupGuard, BLKIO};
 use testbed::loopdev::LoopDevice;
@@ -157,6 +157,69 @@ fn weights_are_written_and_read_back() {
     assert_eq!(wf.read().unwrap(), Weight::new(500).unwrap());
     // The per-device file shows the same default in the "default N" format.
     assert_eq!(fs::read_to_string(dir.path().join("blkio.bfq.weight_device")).unwrap(), "default 500\n");
+}
+
+/// cgroup v1 BFQ's per-device file on the kernel: an override in `blkio.bfq.weight_device` (what Docker's
+/// `--blkio-weight-device` writes on v1) acts on its device whatever `blkio.bfq.weight` says. The writer reads the
+/// weight in force there, writes a demotion that reads back in force on the device, notices an override set after
+/// its write, and restores the override exactly; an override someone added after its first read (found through
+/// the cgroup's BFQ counters, with no configured device) is removed at the restore. Also pins down the kernel's
+/// format: a default line removes every override.
+#[test]
+#[ignore = "needs root, cgroup v1 blkio and a BFQ loop device: run ./scripts/test.sh"]
+fn v1_weight_device_override_is_beaten_and_restored_exactly() {
+    if !require("v1_weight_device_override_is_beaten_and_restored_exactly", WITH_DISK) {
+        return;
+    }
+    let _machine = testbed::exclusive();
+    let disk = LoopDevice::with_bfq(64);
+    let cg = CgroupGuard::new("ddiskqos-wdev");
+    let root = CgroupRoot::detect().unwrap();
+    let dev = &disk.devnum;
+    let per_device = cg.path.join("blkio.bfq.weight_device");
+    let read = |name: &str| fs::read_to_string(cg.path.join(name)).unwrap();
+    let w = |v: u64| Weight::new(v).unwrap();
+    let info = ContainerInfo {
+        id: ContainerId::new("wdev"),
+        name: "wdev".into(),
+        labels: BTreeMap::new(),
+        cgroup: Some(root.resolve_relative(&cg.rel).unwrap()),
+    };
+
+    // The kernel's format: overrides as `MAJ:MIN N` after the default; a default line removes them all.
+    fs::write(&per_device, format!("{dev} 250")).unwrap();
+    assert_eq!(read("blkio.bfq.weight_device"), format!("default 100\n{dev} 250\n"));
+    fs::write(&per_device, "default 40").unwrap();
+    assert_eq!((read("blkio.bfq.weight_device"), read("blkio.bfq.weight")), ("default 40\n".into(), "40\n".into()));
+    fs::write(cg.path.join("blkio.bfq.weight"), "100").unwrap();
+
+    // No I/O yet: the loop device comes from `[devices] check`.
+    fs::write(&per_device, format!("{dev} 300")).unwrap();
+    let mut writer = FileWriter::new(root.path()).with_devices(vec![disk.name.clone()]);
+    assert_eq!(writer.read_weight(&info).unwrap(), w(300), "the override is what acts on the device");
+    writer.write_weight(&info, w(10)).unwrap();
+    assert_eq!(read("blkio.bfq.weight_device"), format!("default 10\n{dev} 10\n"), "the demotion is in force");
+    assert_eq!(read("blkio.bfq.weight"), "10\n");
+    // An override set after the write: blkio.bfq.weight still reads 10, the device does not.
+    fs::write(&per_device, format!("{dev} 300")).unwrap();
+    let err = writer.verify_weight(&info, w(10)).unwrap_err().to_string();
+    assert!(err.contains("blkio.bfq.weight_device") && err.contains(dev.as_str()) && err.contains("300"), "{err}");
+    writer.write_weight(&info, w(10)).unwrap();
+    writer.restore_weight(&info, w(300)).unwrap();
+    assert_eq!(read("blkio.bfq.weight_device"), format!("default 100\n{dev} 300\n"), "put back exactly");
+
+    // The device as the cgroup's counters list it; the first read finds no override.
+    fs::write(&per_device, format!("{dev} default")).unwrap();
+    run_in_cgroup(&cg.path, &format!("dd if={} of=/dev/null bs=64k count=16 iflag=direct status=none", disk.dev_str()));
+    assert!(read("blkio.bfq.io_service_bytes_recursive").contains(&format!("{dev} Read ")));
+    let mut writer = FileWriter::new(root.path());
+    assert_eq!(writer.read_weight(&info).unwrap(), w(100));
+    fs::write(&per_device, format!("{dev} 500")).unwrap();
+    writer.write_weight(&info, w(10)).unwrap();
+    assert_eq!(read("blkio.bfq.weight_device"), format!("default 10\n{dev} 10\n"));
+    writer.restore_weight(&info, w(100)).unwrap();
+    assert_eq!(read("blkio.bfq.weight_device"), "default 100\n", "the override the agent wrote is gone");
+    assert_eq!(read("blkio.bfq.weight"), "100\n");
 }
 
 /// The parent gate of `FileCounters` on the kernel's own aggregation: with one child reading all the time

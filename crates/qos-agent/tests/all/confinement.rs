@@ -101,7 +101,8 @@ idle_promote_after = "off"
     )
 }
 
-/// Runs the agent over the decoy tree: while it runs only `ctr/c*/blkio.bfq.weight` differ from before; the
+/// Runs the agent over the decoy tree: while it runs only `ctr/c*/blkio.bfq.weight_device` (v1 BFQ's per-device
+/// file, which the writer plans with, as the kernel's cgroups have it) differ from before; the
 /// symlinked child, the sibling, the grandchild, the parent, the root and the directory outside are never
 /// touched; after SIGTERM the whole tree (and the outside) is byte for byte what it was.
 #[test]
@@ -110,16 +111,16 @@ fn agent_writes_only_weight_files_of_its_containers() {
     let root = decoy_tree(tmp.path());
     let before = snapshot(tmp.path());
     let mut agent = Agent::start(AGENT, &config(&root, ""));
-    let weight = |c: &str| fs::read_to_string(root.join("ctr").join(c).join("blkio.bfq.weight")).unwrap();
+    let weight = |c: &str| fs::read_to_string(root.join("ctr").join(c).join("blkio.bfq.weight_device")).unwrap();
     let managed = wait_for(Duration::from_secs(5), Duration::from_millis(20), || {
-        ["c1", "c2", "c3", "c4"].iter().all(|c| weight(c) == "1000\n").then_some(())
+        ["c1", "c2", "c3", "c4"].iter().all(|c| weight(c) == "default 1000\n").then_some(())
     });
     assert!(managed.is_some(), "containers not managed:\n{}", agent.log_text());
     // A demotion too, so that more than one value is written.
     std::thread::sleep(Duration::from_millis(200));
     fs::write(root.join("ctr/c1/blkio.bfq.io_service_bytes_recursive"), "8:0 Read 3145728\n").unwrap();
     let demoted =
-        wait_for(Duration::from_secs(5), Duration::from_millis(20), || (weight("c1") == "200\n").then_some(()));
+        wait_for(Duration::from_secs(5), Duration::from_millis(20), || (weight("c1") == "default 200\n").then_some(()));
     assert!(demoted.is_some(), "c1 not demoted:\n{}", agent.log_text());
 
     let table = status(&agent.socket()).expect("status");
@@ -130,8 +131,10 @@ fn agent_writes_only_weight_files_of_its_containers() {
     let during = snapshot(tmp.path());
     let mut diff = changed(&before, &during);
     diff.retain(|p| !p.starts_with("root/ctr/c1/blkio.bfq.io_service_bytes_recursive"));
-    let allowed: Vec<PathBuf> =
-        ["c1", "c2", "c3", "c4"].iter().map(|c| Path::new("root/ctr").join(c).join("blkio.bfq.weight")).collect();
+    let allowed: Vec<PathBuf> = ["c1", "c2", "c3", "c4"]
+        .iter()
+        .map(|c| Path::new("root/ctr").join(c).join("blkio.bfq.weight_device"))
+        .collect();
     assert_eq!(diff, allowed, "files changed while the agent ran");
 
     let code = agent.stop();

@@ -1,6 +1,7 @@
-//! The file writer ([`FileWriter`]) on cgroup v2 fixture files written through testbed's [`FixtureKernel`], which
-//! applies each line written as the kernel does (a `default N` leaves the overrides alone, `MAJ:MIN default` removes
-//! one): per-device overrides written, beaten and restored exactly, also after a crash (from the records file).
+//! The file writer ([`FileWriter`]) on cgroup v2 and v1 BFQ fixture files written through testbed's [`FixtureKernel`],
+//! which applies each line written as the kernel does (a `default N` leaves `io.weight`'s overrides alone and removes
+//! BFQ's, `MAJ:MIN default` removes one): per-device overrides written, beaten and restored exactly, also after a
+//! crash (from the records file).
 //! Moved here from the writer's unit tests (issue 28) when the fixture kernel left the production write path for
 //! the [`qos_agent::cgroup::CgroupFs`] seam; the rest of the writer's tests need no kernel and stay beside it.
 
@@ -183,4 +184,93 @@ fn after_a_crash_the_files_come_back_exactly_from_the_records_file() {
     assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(10), "the re-verifying read sees the agent's weight");
     f.writer.restore_weight(&f.info, w(100)).unwrap();
     assert_eq!(f.file("io.weight"), "default 7000\n");
+}
+
+/// A records file as the agent wrote it before v1's per-device file was planned (one v2 snapshot) still loads and
+/// puts the files back exactly.
+#[test]
+fn a_records_file_of_the_earlier_agent_still_restores() {
+    let mut f = fixture("default 10\n", "default 10\n");
+    let records = f.tmp.path().join("state.json.v2-files.jsonl");
+    let dir = f.tmp.path().join("cg/docker/c1");
+    let line = format!(
+        "{{\"id\":\"c1\",\"record\":{{\"weight\":500,\"dir\":\"{}\",\"files\":[[\"io.bfq.weight\",{{\"default\":100,\
+         \"devices\":{{\"7:3\":500}}}}],[\"io.weight\",{{\"default\":5000,\"devices\":{{}}}}]]}}}}\n",
+        dir.display()
+    );
+    fs::write(&records, line).unwrap();
+    let (sys, cg) = (f.tmp.path().join("sys"), f.tmp.path().join("cg"));
+    f.writer = FileWriter::with_table(DeviceTable::with_sys(&sys, &cg))
+        .with_devices(vec!["loop4".into()])
+        .with_records_file(records.clone());
+    f.writer.restore_weight(&f.info, w(500)).unwrap();
+    assert_eq!(f.file("io.bfq.weight"), "default 100\n7:3 500\n");
+    assert_eq!(f.file("io.weight"), "default 5000\n");
+    assert!(!records.exists(), "the record was used and dropped");
+}
+
+/// A v1 cgroup with BFQ's per-device file (loop3 BFQ, vda mq-deadline, both in its BFQ counters) written through
+/// the fixture kernel; `blkio.bfq.weight` stays as made (the kernel mirrors the default there; nothing reads it).
+fn v1_fixture(weight_device: &str, records: Option<&Path>) -> Fixture {
+    let mut f = fixture("default 100\n", "default 100\n");
+    let (sys, v1) = (f.tmp.path().join("sys"), f.tmp.path().join("blkio"));
+    let c1 = v1.join("docker/c1");
+    fs::create_dir_all(&c1).unwrap();
+    fs::write(c1.join("blkio.bfq.weight"), "100\n").unwrap();
+    fs::write(c1.join("blkio.bfq.weight_device"), weight_device).unwrap();
+    fs::write(
+        c1.join("blkio.bfq.io_service_bytes_recursive"),
+        "7:3 Read 4096\n7:3 Write 0\n7:3 Sync 4096\n7:3 Async 0\n7:3 Discard 0\n7:3 Total 4096\n\
+         254:0 Read 8192\n254:0 Write 0\n254:0 Total 8192\nTotal 12288\n",
+    )
+    .unwrap();
+    let root = CgroupRoot::from_dir(CgroupVersion::V1, &v1).unwrap().with_fs(Arc::new(FixtureKernel));
+    f.info.cgroup = Some(root.resolve_relative("docker/c1").unwrap());
+    let writer = FileWriter::with_table(DeviceTable::with_sys(&sys, &v1));
+    f.writer = match records {
+        Some(path) => writer.with_records_file(path.to_owned()),
+        None => writer,
+    };
+    f
+}
+
+impl Fixture {
+    fn v1_file(&self) -> String {
+        fs::read_to_string(self.tmp.path().join("blkio/docker/c1/blkio.bfq.weight_device")).unwrap()
+    }
+}
+
+/// cgroup v1: an override in `blkio.bfq.weight_device` (Docker's `--blkio-weight-device`) wins over
+/// `blkio.bfq.weight` on its device, so the writer writes, checks and restores through the per-device file, also
+/// after a crash (the v1 records file); an override someone added after the first read is removed at the restore.
+#[test]
+fn v1_a_weight_device_override_is_beaten_and_restored_exactly() {
+    let mut f = v1_fixture("default 100\n7:3 300\n", None);
+    assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(300), "loop3's override is what acts there");
+    f.writer.write_weight(&f.info, w(10)).unwrap();
+    assert_eq!(f.v1_file(), "default 10\n7:3 10\n");
+    assert_eq!(devices_of(&f), ["7:3=bfq blkio.bfq.weight_device:10", "254:0=none"]);
+    f.writer.verify_weight(&f.info, w(10)).unwrap();
+    f.writer.restore_weight(&f.info, w(300)).unwrap();
+    assert_eq!(f.v1_file(), "default 100\n7:3 300\n");
+
+    // A check of the plain file alone would pass here; the per-device file says the demotion is not in force.
+    fs::write(f.tmp.path().join("blkio/docker/c1/blkio.bfq.weight_device"), "default 10\n7:3 300\n").unwrap();
+    let err = f.writer.verify_weight(&f.info, w(10)).unwrap_err().to_string();
+    assert!(err.contains("blkio.bfq.weight_device") && err.contains("7:3") && err.contains("300"), "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("state.json.v1-files.jsonl");
+    let mut f = v1_fixture("default 100\n", Some(&records));
+    assert_eq!(f.writer.read_weight(&f.info).unwrap(), w(100));
+    fs::write(f.tmp.path().join("blkio/docker/c1/blkio.bfq.weight_device"), "default 100\n7:3 500\n").unwrap();
+    f.writer.write_weight(&f.info, w(10)).unwrap();
+    assert_eq!(f.v1_file(), "default 10\n7:3 10\n", "the later override is beaten too");
+    // The crash: a new writer restores from the records file.
+    let sys = f.tmp.path().join("sys");
+    f.writer = FileWriter::with_table(DeviceTable::with_sys(&sys, &f.tmp.path().join("blkio")))
+        .with_records_file(records.clone());
+    f.writer.restore_weight(&f.info, w(100)).unwrap();
+    assert_eq!(f.v1_file(), "default 100\n", "the override the agent wrote is removed");
+    assert!(!records.exists());
 }

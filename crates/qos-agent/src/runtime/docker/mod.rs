@@ -70,7 +70,7 @@ impl Assembly {
     ) -> Result<RuntimeBackends<DockerDiscovery, DockerCounters, FileWriter, FileDevices>, DiscoveryError> {
         let check =
             if cfg.devices.check.is_empty() { self.data_disk.into_iter().collect() } else { cfg.devices.check.clone() };
-        let records = crate::files::records_file(cfg);
+        let records = crate::files::records_file(cfg, root.version());
         backends(self.docker, root, check, records, metrics).await
     }
 }

@@ -1,11 +1,14 @@
-//! [`V2Plan`]: on cgroup v2, which weight file acts on which device and what to write to set or restore a weight.
-//! Pure: device facts and file contents in; lines to write, values expected and mismatches out. No I/O, so the
-//! writer ([`super::FileWriter`]) and the bench's weight probe share one rule.
+//! [`WeightPlan`]: which weight file acts on which device and what to write to set or restore a weight, on cgroup v2
+//! and on v1 with BFQ's per-device file. Pure: device facts and file contents in; lines to write, values expected
+//! and mismatches out. No I/O, so the writer ([`super::FileWriter`]) and the bench's weight probe share one rule.
 //!
-//! The kernel's rule (Linux 6.x): `io.bfq.weight` acts on a device whose scheduler is BFQ, `io.weight` on a device
-//! with io.cost enabled (both may hold); on a device with neither no weight acts. In each file a `MAJ:MIN N` line
-//! overrides the `default N` line on that device. Writing `default N` sets the default and leaves the overrides
-//! alone, `MAJ:MIN N` sets an override, `MAJ:MIN default` removes one (checked on Linux 6.18).
+//! The kernel's rule (Linux 6.x): on v2 `io.bfq.weight` acts on a device whose scheduler is BFQ, `io.weight` on a
+//! device with io.cost enabled (both may hold); on v1 `blkio.bfq.weight_device` acts on BFQ devices (v1 has no
+//! io.cost); on a device with none of these no weight acts. In each file a `MAJ:MIN N` line overrides the
+//! `default N` line on that device. `MAJ:MIN N` sets an override, `MAJ:MIN default` removes one; writing
+//! `default N` sets the default and, in BFQ's files, removes every override
+//! ([`WeightFileKind::default_clears_overrides`]; `io.weight` keeps them). The lines planned here reach the same
+//! file whether or not a default removes the overrides, so a kernel that kept them would be served too.
 
 use std::collections::BTreeSet;
 
@@ -20,7 +23,10 @@ use crate::kernel::DevNum;
 /// writes) rather than a BFQ override.
 pub const V2_FILES: [WeightFileKind; 2] = [WeightFileKind::V2Io, WeightFileKind::V2Bfq];
 
-/// One line to write into a v2 weight file, on the file's own scale.
+/// The v1 weight file planned like v2's: BFQ's `blkio.bfq.weight_device` (its default is `blkio.bfq.weight`).
+pub const V1_FILES: [WeightFileKind; 1] = [WeightFileKind::V1BfqDevice];
+
+/// One line to write into a weight file with per-device lines, on the file's own scale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Line {
     /// `default N`.
@@ -56,26 +62,39 @@ impl Mismatch {
 /// Whether `kind` acts on a device with governor `g`.
 pub fn governs(g: Governor, kind: WeightFileKind) -> bool {
     match kind {
-        WeightFileKind::V2Bfq => g.bfq,
+        WeightFileKind::V2Bfq | WeightFileKind::V1BfqDevice => g.bfq,
         WeightFileKind::V2Io => g.io_cost,
         _ => false,
     }
 }
 
-/// The devices of one cgroup's weight write and what governs each.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct V2Plan {
+/// The devices of one cgroup's weight write, what governs each, and the files the write manages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightPlan {
     /// Every device of the write, by device number, with its governor ([`Governor::NONE`] included).
     devices: Vec<(DevNum, Governor)>,
+    /// The files of the hierarchy: [`V2_FILES`] or [`V1_FILES`].
+    kinds: &'static [WeightFileKind],
 }
 
-impl V2Plan {
-    /// A plan over these devices (a device named twice counts once, with its first governor).
+impl WeightPlan {
+    /// A cgroup-v2 plan over these devices (a device named twice counts once, with its first governor).
     pub fn new(devices: impl IntoIterator<Item = (DevNum, Governor)>) -> Self {
+        Self::over(&V2_FILES, devices)
+    }
+
+    /// A plan of the files `kinds` ([`V2_FILES`], [`V1_FILES`]) over these devices (a device named twice counts
+    /// once, with its first governor).
+    pub fn over(kinds: &'static [WeightFileKind], devices: impl IntoIterator<Item = (DevNum, Governor)>) -> Self {
         let mut seen = BTreeSet::new();
         let mut devices: Vec<_> = devices.into_iter().filter(|(d, _)| seen.insert(*d)).collect();
         devices.sort_by_key(|(d, _)| *d);
-        Self { devices }
+        Self { devices, kinds }
+    }
+
+    /// The files of the hierarchy, whether a write touches them or not.
+    pub fn kinds(&self) -> &'static [WeightFileKind] {
+        self.kinds
     }
 
     /// Every device and its governor, by device number.
@@ -88,25 +107,29 @@ impl V2Plan {
         self.devices.iter().filter(move |(_, g)| governs(*g, kind)).map(|(d, _)| *d)
     }
 
-    /// The files a write touches: those acting on some device; both when none does, so a device the cgroup uses
-    /// later already has the weight. In [`V2_FILES`] order.
+    /// The files a write touches: those acting on some device; all of them (v2: both) when none does, so a device
+    /// the cgroup uses later already has the weight. In [`Self::kinds`] order.
     pub fn files(&self) -> Vec<WeightFileKind> {
-        let some: Vec<_> = V2_FILES.into_iter().filter(|k| self.governed_by(*k).next().is_some()).collect();
+        let some: Vec<_> = self.kinds.iter().copied().filter(|k| self.governed_by(*k).next().is_some()).collect();
         if some.is_empty() {
-            V2_FILES.to_vec()
+            self.kinds.to_vec()
         } else {
             some
         }
     }
 
     /// The lines that set `weight` in file `kind`, which holds `current`: `default W`, plus `MAJ:MIN W` for each
-    /// governed device whose override would otherwise win. Other devices' overrides are left alone.
+    /// governed device whose override would otherwise win. Other devices' overrides are left as they are: where
+    /// the default line removes them (BFQ's files) they are written back.
     pub fn write_lines(&self, kind: WeightFileKind, weight: Weight, current: &WeightLines) -> Vec<Line> {
         let value = kind.file_value(weight);
         let mut lines = vec![Line::Default(value)];
-        for dev in self.governed_by(kind) {
-            if current.devices.get(&dev).is_some_and(|v| *v != value) {
-                lines.push(Line::Device(dev, Some(value)));
+        for (dev, v) in &current.devices {
+            let governed = self.governed_by(kind).any(|d| d == *dev);
+            if governed && *v != value {
+                lines.push(Line::Device(*dev, Some(value)));
+            } else if !governed && kind.default_clears_overrides() {
+                lines.push(Line::Device(*dev, Some(*v)));
             }
         }
         lines
@@ -117,7 +140,7 @@ impl V2Plan {
     pub fn expected(&self, weight: Weight) -> Vec<(DevNum, WeightFileKind, u32)> {
         let mut out = Vec::new();
         for (dev, g) in &self.devices {
-            for kind in V2_FILES.into_iter().filter(|k| governs(*g, *k)) {
+            for kind in self.kinds.iter().copied().filter(|k| governs(*g, *k)) {
                 out.push((*dev, kind, kind.file_value(weight)));
             }
         }
@@ -172,10 +195,12 @@ impl V2Plan {
     }
 }
 
-/// The lines that turn a file holding `now` back into `want` (a snapshot): the default if it differs, the removal
-/// of overrides `want` does not have, and every override of `want` that `now` does not hold.
-pub fn restore_lines(want: &WeightLines, now: &WeightLines) -> Vec<Line> {
+/// The lines that turn file `kind` holding `now` back into `want` (a snapshot): the default if it differs, the
+/// removal of overrides `want` does not have, and every override of `want` that `now` does not hold, or, where the
+/// default line removes the overrides (BFQ's files), every override of `want`.
+pub fn restore_lines(kind: WeightFileKind, want: &WeightLines, now: &WeightLines) -> Vec<Line> {
     let mut lines = Vec::new();
+    let rewrite_all = now.default != want.default && kind.default_clears_overrides();
     if now.default != want.default {
         lines.push(Line::Default(want.default));
     }
@@ -183,7 +208,7 @@ pub fn restore_lines(want: &WeightLines, now: &WeightLines) -> Vec<Line> {
         lines.push(Line::Device(*dev, None));
     }
     for (dev, v) in &want.devices {
-        if now.devices.get(dev) != Some(v) {
+        if rewrite_all || now.devices.get(dev) != Some(v) {
             lines.push(Line::Device(*dev, Some(*v)));
         }
     }
