@@ -48,8 +48,12 @@ pub enum DiscoveryEvent {
     /// are any): their weights are read again and written again where the runtime's manager put the files back
     /// (systemd does, at runc's own `SetUnitProperties`).
     StillStarting(Vec<ContainerId>),
-    /// A container stopped or was removed: its state is dropped.
+    /// A container stopped (its cgroup is gone; the container may still exist, stopped): its state is dropped,
+    /// except that a writer whose weights outlive the cgroup ([`WeightWriter::persists`]) first puts the original
+    /// back into the container's configuration.
     Stopped(ContainerId),
+    /// A container no longer exists (Docker's `destroy`): nothing of it is left to restore, its state is dropped.
+    Removed(ContainerId),
     /// The event stream was lost and re-established: this is the full list of running containers now. Containers
     /// not in it are dropped; new ones are adopted.
     Resync(Vec<ContainerInfo>),
@@ -133,12 +137,25 @@ pub enum BackendError {
     /// The container has no cgroup directory this backend can use.
     #[error("container {0} has no reachable cgroup directory")]
     NoCgroup(ContainerId),
+    /// The runtime no longer knows the container (it was removed).
+    #[error("container {id} no longer exists: {detail}")]
+    NoContainer {
+        /// The container.
+        id: ContainerId,
+        /// The runtime's answer.
+        detail: String,
+    },
 }
 
 impl BackendError {
-    /// The container's cgroup disappeared (it stopped): not a fault, treat as removal.
+    /// The container's cgroup disappeared (it stopped), or the runtime no longer knows it (removed): not a fault,
+    /// treat as removal.
     pub fn is_vanished(&self) -> bool {
-        matches!(self, BackendError::Cgroup(e) if e.is_vanished())
+        match self {
+            BackendError::Cgroup(e) => e.is_vanished(),
+            BackendError::NoContainer { .. } => true,
+            BackendError::Runtime { .. } | BackendError::NoCgroup(_) => false,
+        }
     }
 }
 
@@ -203,6 +220,26 @@ pub trait WeightWriter: Send {
         info: &ContainerInfo,
         original: Weight,
     ) -> impl Future<Output = Result<AppliedVia, BackendError>> + Send;
+    /// Whether a weight this writer sets outlives the container's cgroup: kept in the runtime's own configuration of
+    /// the container, which gives it to the container again at its next start (`docker update` keeps it in the
+    /// container's `hostconfig.json`). A container such a writer may have changed that stops gets its original put
+    /// back there ([`WeightWriter::restore_exited`]) before the original is forgotten. The files' writers: no.
+    fn persists(&self) -> bool {
+        false
+    }
+    /// Puts the original weight back into the configuration of a container that stopped (its cgroup is gone) and
+    /// verifies it there, not in the files, which are gone with the cgroup. Called only if
+    /// [`WeightWriter::persists`]. An error for which [`BackendError::is_vanished`] holds means that the runtime no
+    /// longer knows the container: nothing is left to restore. The default, for a writer that keeps nothing beyond
+    /// the cgroup, answers so.
+    fn restore_exited(
+        &mut self,
+        id: &ContainerId,
+        _original: Weight,
+    ) -> impl Future<Output = Result<AppliedVia, BackendError>> + Send {
+        let detail = "this writer keeps nothing of a container beyond its cgroup".to_string();
+        std::future::ready(Err(BackendError::NoContainer { id: id.clone(), detail }))
+    }
     /// Drops what the writer keeps about a container that is gone (a restore snapshot, a unit's own properties),
     /// so what it keeps does not grow with every container ever seen. The daemon calls it when it drops one.
     fn forget(&mut self, _id: &ContainerId) {}

@@ -152,7 +152,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         Ok(Self {
             pacer,
             cpu_clock: CpuClock::thread(),
-            reconciler: Reconciler::new(cfg.dry_run),
+            reconciler: Reconciler::new(cfg.dry_run).with_persisting_writer(writer.persists()),
             actuator: Actuator { configured: cfg.actuator, in_use: None },
             cfg,
             discovery: Some(discovery),
@@ -205,7 +205,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         }
         // One batch for all of them: one state-file save before their writes.
         self.apply_changes().await;
-        self.reset_leftovers();
+        self.reset_leftovers().await;
         self.sd_notify(&[sd_notify::NotifyState::Ready]);
 
         // `next_event` runs inside this stream, which keeps a half-done call across loop iterations: when the tick
@@ -268,7 +268,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 }
                 self.apply_changes().await;
             }
-            DiscoveryEvent::Stopped(id) => self.forget_all(&[id]).await,
+            DiscoveryEvent::Stopped(id) => self.drop_exited(&[id]).await,
+            DiscoveryEvent::Removed(id) => self.forget_all(&[id]).await,
             DiscoveryEvent::Updated(id) => {
                 self.reconciler.handle_updated(&id);
                 self.drive().await;
@@ -294,8 +295,10 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 info!(containers = list.len(), "container runtime reachable again; resynchronising");
                 self.metrics.runtime_up.set(1);
                 let alive: std::collections::HashSet<ContainerId> = list.iter().map(|c| c.id.clone()).collect();
+                // Stopped or removed meanwhile: a writer whose weights outlive the cgroup learns which when it
+                // puts a stopped one's original back.
                 let gone: Vec<ContainerId> = self.tracked.keys().filter(|id| !alive.contains(*id)).cloned().collect();
-                self.forget_all(&gone).await;
+                self.drop_exited(&gone).await;
                 for c in list {
                     match self.tracked.get(&c.id) {
                         Some(t) if t.info.cgroup_path() != c.cgroup_path() => {
@@ -434,7 +437,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         true
     }
 
-    /// Drops containers that are gone, with one state-file save for all of them.
+    /// Drops containers that no longer exist, with one state-file save for all of them.
     async fn forget_all(&mut self, ids: &[ContainerId]) {
         if ids.is_empty() {
             return;
@@ -443,6 +446,20 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             self.drop_tracked(id);
         }
         self.reconciler.handle_removed(ids);
+        self.drive().await;
+    }
+
+    /// Drops containers that stopped (their cgroups are gone), with one state-file save for all of them; with a
+    /// writer whose weights outlive the cgroup, each one the agent changed first gets its original back in its
+    /// configuration (the reconciler's rules).
+    async fn drop_exited(&mut self, ids: &[ContainerId]) {
+        if ids.is_empty() {
+            return;
+        }
+        for id in ids {
+            self.drop_tracked(id);
+        }
+        self.reconciler.handle_exited(ids);
         self.drive().await;
     }
 
@@ -476,13 +493,26 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         }
     }
 
-    /// After a crash: containers a previous agent recorded but that no longer run are dropped from the state file.
-    fn reset_leftovers(&mut self) {
-        let stale: Vec<ContainerId> =
-            self.originals.ids().filter(|id| !self.tracked.contains_key(*id)).cloned().collect();
-        if let Err(e) = self.originals.forget_all(&stale) {
-            warn!(error = %e, containers = stale.len(), "cannot drop containers that no longer run from the state file");
+    /// After a crash: containers a previous agent recorded but that no longer run are dropped from the state file,
+    /// in one save; with a writer whose weights outlive the cgroup, each first gets its original back in its
+    /// configuration, where that agent's weight may still be (the reconciler's rules).
+    async fn reset_leftovers(&mut self) {
+        let stale: Vec<(ContainerId, qos_core::Weight)> = self
+            .originals
+            .ids()
+            .filter(|id| !self.tracked.contains_key(*id))
+            .filter_map(|id| Some((id.clone(), self.originals.get(id)?)))
+            .collect();
+        if !stale.is_empty() {
+            info!(
+                containers = stale.len(),
+                restored_first = self.writer.persists(),
+                "forgetting the originals on file of containers not running (restored first where the writer's \
+                   weights outlive the cgroup: in the containers' configuration)"
+            );
         }
+        self.reconciler.handle_leftovers(&stale);
+        self.drive().await;
     }
 
     // ----- sampling and deciding -----
@@ -555,7 +585,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             }
         }
         self.samples = samples;
-        self.forget_all(&vanished).await;
+        self.drop_exited(&vanished).await;
         if self.engine.poll_timeout().is_some_and(|d| d <= t) {
             self.engine.handle_timeout(t);
         }
@@ -622,6 +652,10 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                         Some(t) => self.writer.restore(&t.info, weight).await,
                         None => Err(BackendError::NoCgroup(id.clone())),
                     };
+                    self.reconciler.handle_write_result(&id, result);
+                }
+                Output::RestoreExited { id, weight } => {
+                    let result = self.writer.restore_exited(&id, weight).await;
                     self.reconciler.handle_write_result(&id, result);
                 }
                 Output::SaveOriginals(items) => {

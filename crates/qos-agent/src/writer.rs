@@ -123,6 +123,23 @@ impl WeightWriter for AgentWriter {
         self.apply(info, original, true).await
     }
 
+    /// Docker's API keeps the weight in the container's configuration; the files and systemd's runtime unit
+    /// properties go with the cgroup.
+    fn persists(&self) -> bool {
+        matches!(self.way, Way::DockerApi(_))
+    }
+
+    async fn restore_exited(&mut self, id: &ContainerId, original: Weight) -> Result<AppliedVia, BackendError> {
+        match &mut self.way {
+            Way::DockerApi(api) => api.restore_exited(id, original).await,
+            Way::Files | Way::SystemdUnits(_) => Err(BackendError::NoContainer {
+                id: id.clone(),
+                detail: "the files and systemd's runtime properties keep nothing of a container beyond its cgroup"
+                    .into(),
+            }),
+        }
+    }
+
     fn forget(&mut self, id: &ContainerId) {
         if let Way::SystemdUnits(units) = &mut self.way {
             units.forget(id);

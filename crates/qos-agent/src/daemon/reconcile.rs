@@ -11,7 +11,19 @@
 //! - a failed read or write is retried on the next round ([`Reconciler::handle_round`]) and reported once per
 //!   container until one works again ([`Report::ApplyFailed`] says which failure is the first); a failed sample
 //!   likewise ([`Report::SampleFailed`]);
-//! - a vanished cgroup is a removal ([`Report::Gone`]);
+//! - a vanished cgroup is a container that stopped ([`Report::Gone`], and the next rule);
+//! - a container that stopped ([`Reconciler::handle_exited`]) is dropped and its original forgotten, as a removed one
+//!   ([`Reconciler::handle_removed`]) is: its cgroup, and every weight the agent wrote there, is gone. Not so with a
+//!   writer whose weights outlive the cgroup ([`Reconciler::with_persisting_writer`]: Docker's API keeps them in the
+//!   stopped container's configuration, which gives them to it again at its next start): a stopped container the
+//!   agent (or a crashed agent, its original on file) may have changed gets its original put back there
+//!   ([`Output::RestoreExited`], verified by the writer in that configuration, its files being gone), then
+//!   forgotten; the runtime no longer knowing the container (removed) forgets it too; a restore that fails keeps
+//!   the original on file and is retried every round (reported like a failed write), at shutdown and on entering
+//!   dry run with the other restores. Until then the container waits, untracked by the engine; started again, it is
+//!   tracked afresh with the original known here (its cgroup holds what its configuration gave it). Originals on
+//!   file of containers not running when the agent starts ([`Reconciler::handle_leftovers`]) are such containers
+//!   with a persisting writer, and forgotten otherwise;
 //! - a released container gets its original back only if the agent wrote something; an excluded container whose
 //!   original is on file (a previous agent changed it) gets it back whatever the file holds; a restore that fails
 //!   keeps the original wanted, retried and on file;
@@ -28,18 +40,19 @@
 //!   works ([`Report::SavesResumed`]) writes what the engine wants again.
 //!
 //! Methods come in three groups:
-//! - getters: [`Reconciler::applied`], [`Reconciler::original`], [`Reconciler::is_tracked`],
+//! - getters: [`Reconciler::applied`], [`Reconciler::original`], [`Reconciler::is_tracked`], [`Reconciler::is_exited`],
 //!   [`Reconciler::len`], [`Reconciler::dry_run`], [`Reconciler::is_shut_down`];
 //! - inputs: [`Reconciler::handle_tracked`], [`Reconciler::handle_decisions`], [`Reconciler::handle_round`],
 //!   [`Reconciler::handle_read_result`], [`Reconciler::handle_write_result`], [`Reconciler::handle_updated`],
 //!   [`Reconciler::handle_save_result`], [`Reconciler::handle_sample_ok`], [`Reconciler::handle_sample_failed`],
-//!   [`Reconciler::handle_removed`], [`Reconciler::handle_reload`], [`Reconciler::handle_shutdown`];
+//!   [`Reconciler::handle_removed`], [`Reconciler::handle_exited`], [`Reconciler::handle_leftovers`],
+//!   [`Reconciler::handle_reload`], [`Reconciler::handle_shutdown`];
 //! - output: [`Reconciler::poll_output`].
 //!
 //! The rule for drivers: after every input (or a run of inputs given back to back, as a round gives its decisions
 //! and then [`Reconciler::handle_round`]), call [`Reconciler::poll_output`] until it returns `None`. Carry out
-//! each action as it comes; a [`Output::ReadWeight`], [`Output::Write`], [`Output::Restore`] or
-//! [`Output::SaveOriginals`] must have its
+//! each action as it comes; a [`Output::ReadWeight`], [`Output::Write`], [`Output::Restore`],
+//! [`Output::RestoreExited`] or [`Output::SaveOriginals`] must have its
 //! result fed back ([`Reconciler::handle_read_result`], [`Reconciler::handle_write_result`],
 //! [`Reconciler::handle_save_result`]) before the next poll (at most one is outstanding: until its result arrives,
 //! `poll_output` returns `None`). [`Output::ForgetOriginals`] needs no answer: an original left on file by a failed
@@ -92,6 +105,9 @@ struct Entry {
     /// While its runtime set it up, the runtime's manager put its weight back once (runc sets a scope's unit
     /// properties once, in `runc create`): it is not checked again until it settles.
     put_back_while_starting: bool,
+    /// The container stopped (its cgroup is gone) and the persisting writer's configuration of it may hold a
+    /// weight the agent wrote: only its original's restore there is left (`desired`, `restoring`), then it goes.
+    exited: bool,
 }
 
 impl Entry {
@@ -116,6 +132,7 @@ impl Entry {
             sample_failure_reported: false,
             rewrite: false,
             put_back_while_starting: false,
+            exited: false,
         }
     }
 
@@ -142,6 +159,8 @@ enum InFlight {
     BatchRestore(ContainerId, Weight),
     /// Saves are failing: the original put back.
     HeldRestore(ContainerId, Weight),
+    /// The original put back into the configuration of a container that stopped.
+    ExitRestore(ContainerId, Weight),
     /// A save of these originals.
     Save(Vec<ContainerId>),
 }
@@ -153,7 +172,8 @@ impl InFlight {
             | InFlight::Reverify(id, _)
             | InFlight::Write(id, _)
             | InFlight::BatchRestore(id, _)
-            | InFlight::HeldRestore(id, _) => Some(id),
+            | InFlight::HeldRestore(id, _)
+            | InFlight::ExitRestore(id, _) => Some(id),
             InFlight::Save(_) => None,
         }
     }
@@ -198,12 +218,21 @@ pub struct Reconciler {
     held: bool,
     /// While held: a save is tried again (set every round).
     retry_save: bool,
+    /// The writer's weights outlive the cgroup: a container that stops gets its original back (see the module doc).
+    persisting: bool,
 }
 
 impl Reconciler {
     /// An empty reconciler; `dry_run` as configured at start.
     pub fn new(dry_run: bool) -> Self {
         Self { dry_run, ..Self::default() }
+    }
+
+    /// Says whether the writer's weights outlive the container's cgroup (`WeightWriter::persists`): then a
+    /// container that stops gets its original put back ([`Reconciler::handle_exited`]).
+    pub fn with_persisting_writer(mut self, persisting: bool) -> Self {
+        self.persisting = persisting;
+        self
     }
 
     // ----- getters -----
@@ -218,12 +247,17 @@ impl Reconciler {
         self.entries.get(id).and_then(|e| e.original)
     }
 
-    /// Whether the container is tracked.
+    /// Whether the container is tracked (a stopped one waiting for its original's restore is).
     pub fn is_tracked(&self, id: &ContainerId) -> bool {
         self.entries.contains_key(id)
     }
 
-    /// Containers tracked.
+    /// Whether the container stopped and waits for its original's restore ([`Reconciler::handle_exited`]).
+    pub fn is_exited(&self, id: &ContainerId) -> bool {
+        self.entries.get(id).is_some_and(|e| e.exited)
+    }
+
+    /// Containers tracked (stopped ones waiting for their original's restore included).
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -251,12 +285,19 @@ impl Reconciler {
     // ----- inputs -----
 
     /// A container starts being tracked (ignored if it already is). An excluded one whose original is on file
-    /// gets that original back.
+    /// gets that original back. One that stopped and still waits for its original's restore started again: it is
+    /// tracked afresh, but with the original known here, whatever `original` says (its files hold what its
+    /// configuration gave it, maybe the agent's weight), and as changed by the agent.
     pub fn handle_tracked(&mut self, id: &ContainerId, original: Original, tracking: Tracking) {
-        if self.shut_down || self.entries.contains_key(id) {
+        if self.shut_down || self.entries.get(id).is_some_and(|e| !e.exited) {
             return;
         }
-        self.entries.insert(id.clone(), Entry::new(original));
+        let mut entry = Entry::new(original);
+        if let Some(old) = self.entries.remove(id) {
+            (entry.original, entry.on_file, entry.changed_by_agent) = (old.original, old.on_file, true);
+            entry.queued = old.queued; // it may be in `dirty` still
+        }
+        self.entries.insert(id.clone(), entry);
         if tracking == Tracking::Excluded && matches!(original, Original::OnFile(_)) {
             self.start_restore(id, true);
         }
@@ -270,7 +311,7 @@ impl Reconciler {
         }
         for change in changes {
             let id = change.id.clone();
-            let Some(e) = self.entries.get_mut(&id) else { continue };
+            let Some(e) = self.entries.get_mut(&id).filter(|e| !e.exited) else { continue };
             match change.weight {
                 Some(weight) if change.reason != Reason::Released => {
                     e.restoring = false;
@@ -374,12 +415,17 @@ impl Reconciler {
         }
     }
 
-    /// The answer to an [`Output::Write`] or an [`Output::Restore`]. A result nobody asked for is ignored.
+    /// The answer to an [`Output::Write`], an [`Output::Restore`] or an [`Output::RestoreExited`]. A result nobody
+    /// asked for is ignored.
     pub fn handle_write_result(&mut self, id: &ContainerId, result: Result<AppliedVia, BackendError>) {
         let (weight, batch, held) = match self.in_flight {
             Some(InFlight::Write(ref i, w)) if i == id => (w, false, false),
             Some(InFlight::BatchRestore(ref i, w)) if i == id => (w, true, false),
             Some(InFlight::HeldRestore(ref i, w)) if i == id => (w, false, true),
+            Some(InFlight::ExitRestore(ref i, w)) if i == id => {
+                self.in_flight = None;
+                return self.exit_restore_result(id, w, result);
+            }
             _ => return,
         };
         self.in_flight = None;
@@ -537,6 +583,53 @@ impl Reconciler {
         self.out.push_back(Output::ForgetOriginals(ids.to_vec()));
     }
 
+    /// Containers that stopped: their cgroups are gone, the containers may not be. Dropped and forgotten from the
+    /// state file like removed ones ([`Reconciler::handle_removed`]), except, with a persisting writer, those the
+    /// agent may have changed: each gets its original put back into its configuration ([`Output::RestoreExited`]),
+    /// then is dropped and forgotten (see the module doc).
+    pub fn handle_exited(&mut self, ids: &[ContainerId]) {
+        let mut removed = Vec::new();
+        for id in ids {
+            let owed =
+                self.persisting && !self.shut_down && self.entries.get(id).is_some_and(|e| e.held_restore().is_some());
+            if !owed {
+                removed.push(id.clone());
+                continue;
+            }
+            if self.in_flight.as_ref().and_then(InFlight::id) == Some(id) {
+                self.in_flight = None; // a result for the running container, if it still comes, is stale
+            }
+            self.starting_checks.remove(id);
+            self.mark_exited(id);
+        }
+        self.handle_removed(&removed);
+    }
+
+    /// Originals on file of containers that are not running when the agent starts (an earlier agent recorded
+    /// them; the caller leaves out those it tracks). Forgotten from the file in one save; with a persisting writer
+    /// each is a container that stopped with that agent's weight maybe in its configuration, which gets its
+    /// original put back there first ([`Reconciler::handle_exited`]).
+    pub fn handle_leftovers(&mut self, originals: &[(ContainerId, Weight)]) {
+        if self.shut_down {
+            return;
+        }
+        let mut forget = Vec::new();
+        for (id, original) in originals {
+            if self.entries.contains_key(id) {
+                continue;
+            }
+            if !self.persisting {
+                forget.push(id.clone());
+                continue;
+            }
+            self.entries.insert(id.clone(), Entry::new(Original::OnFile(*original)));
+            self.mark_exited(id);
+        }
+        if !forget.is_empty() {
+            self.out.push_back(Output::ForgetOriginals(forget));
+        }
+    }
+
     /// The configuration was reloaded. Entering dry run first puts back every original the agent changed (nothing
     /// written from now on could be restored at shutdown); entering or leaving it forgets what is applied, so
     /// every container's weight is decided (dry run) or written (leaving it) afresh.
@@ -552,7 +645,8 @@ impl Reconciler {
         for id in ids {
             let e = self.entries.get_mut(&id).expect("listed just now");
             e.applied = None;
-            if dry_run && e.restoring {
+            // A stopped container's restore is part of the batch too, but stays wanted until it works.
+            if dry_run && e.restoring && !e.exited {
                 // Its restore is part of the batch just started.
                 e.restoring = false;
                 e.desired = None;
@@ -587,8 +681,11 @@ impl Reconciler {
             }
             if let Some(batch) = &mut self.batch {
                 if let Some((id, weight)) = batch.queue.pop_front() {
-                    if self.entries.contains_key(&id) {
+                    if let Some(e) = self.entries.get(&id) {
                         self.in_flight = Some(InFlight::BatchRestore(id.clone(), weight));
+                        if e.exited {
+                            return Some(Output::RestoreExited { id, weight });
+                        }
                         return Some(Output::Restore { id, weight });
                     }
                     continue;
@@ -612,6 +709,13 @@ impl Reconciler {
             let id = self.dirty.pop_front()?;
             let Some(e) = self.entries.get_mut(&id) else { continue };
             e.queued = false;
+            if e.exited {
+                // Only its original is owed, which needs no save (it is on file, or was read and is written back
+                // as it was); in dry run it waits, like every other write.
+                let Some(original) = e.original.filter(|_| !e.blocked && !self.dry_run) else { continue };
+                self.in_flight = Some(InFlight::ExitRestore(id.clone(), original));
+                return Some(Output::RestoreExited { id, weight: original });
+            }
             if self.held && !self.dry_run {
                 // Saves fail: only the original goes back, nothing else is written until a save works.
                 if let Some(original) = e.held_restore().filter(|_| !e.blocked) {
@@ -662,7 +766,7 @@ impl Reconciler {
     /// Notes a container about to be written whose original must go on file first.
     fn note_unsaved(&mut self, id: &ContainerId) {
         let Some(e) = self.entries.get(id) else { return };
-        if !self.dry_run && e.original.is_some() && !e.on_file && e.wants_write() {
+        if !self.dry_run && e.original.is_some() && !e.on_file && e.wants_write() && !e.exited {
             self.unsaved.push(id.clone());
         }
     }
@@ -752,10 +856,38 @@ impl Reconciler {
         self.out.push_back(Output::Report(Report::ApplyFailed { id: id.clone(), weight, step, first, error }));
     }
 
-    /// The cgroup vanished under a read or write: a removal.
+    /// The cgroup vanished under a read or write: the container stopped (or was removed).
     fn gone(&mut self, id: &ContainerId) {
-        self.handle_removed(std::slice::from_ref(id));
+        self.handle_exited(std::slice::from_ref(id));
         self.out.push_back(Output::Report(Report::Gone { id: id.clone() }));
+    }
+
+    /// The container stopped, and the persisting writer's configuration of it may hold the agent's weight: only
+    /// its original's restore is left, made dirty (see the module doc).
+    fn mark_exited(&mut self, id: &ContainerId) {
+        let e = self.entries.get_mut(id).expect("called for tracked containers");
+        if std::mem::replace(&mut e.sample_failure_reported, false) {
+            self.sample_failures_reported -= 1;
+        }
+        e.exited = true;
+        (e.desired, e.restoring, e.applied, e.pending) = (e.original, true, None, None);
+        (e.rewrite, e.put_back_while_starting, e.apply_failure_reported) = (false, false, false);
+        self.make_dirty(id);
+    }
+
+    /// The answer to an [`Output::RestoreExited`].
+    fn exit_restore_result(&mut self, id: &ContainerId, weight: Weight, result: Result<AppliedVia, BackendError>) {
+        match result {
+            Ok(via) => {
+                self.out.push_back(Output::Report(Report::Written { id: id.clone(), weight, via }));
+                self.out.push_back(Output::Report(Report::OriginalRestored { id: id.clone(), weight }));
+                self.handle_removed(std::slice::from_ref(id));
+            }
+            // The runtime no longer knows it: nothing left to restore.
+            Err(e) if e.is_vanished() => self.handle_removed(std::slice::from_ref(id)),
+            // Kept, on file, and tried again next round.
+            Err(error) => self.failed(id, weight, FailedStep::RestoreExited, error),
+        }
     }
 
     /// Restores of every original the agent changed, none in dry run.
@@ -816,6 +948,12 @@ impl Reconciler {
     fn finish_batch(&mut self) {
         let batch = self.batch.take().expect("called with a batch");
         for id in &batch.done {
+            if self.entries.get(id).is_some_and(|e| e.exited) {
+                // Its original is back (or it is removed): nothing of it is left.
+                let e = self.entries.remove(id).expect("looked up just now");
+                self.sample_failures_reported -= usize::from(e.sample_failure_reported);
+                continue;
+            }
             if let Some(e) = self.entries.get_mut(id) {
                 (e.on_file, e.applied, e.changed_by_agent) = (false, None, false);
             }

@@ -45,6 +45,10 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                         FailedStep::ReadOriginal => error!(container = %id.short(), %name, weight = weight.get(),
                             error = %error, "cannot read the current weight, so it could not be restored: not \
                             changing it; will retry every round"),
+                        FailedStep::RestoreExited => error!(container = %id.short(), weight = weight.get(),
+                            error = %error, "cannot put the original weight back into the configuration of a \
+                            container that stopped (it would start again with the agent's weight): keeping the \
+                            original on file; will retry every round"),
                     }
                 }
             }

@@ -78,6 +78,15 @@ struct Inner {
     device_table: Vec<DeviceFacts>,
     /// When the daemon ticked the device monitor (its clock).
     ticks: Vec<std::time::Instant>,
+    /// The writer's weights outlive the cgroup, like Docker's API's: each write also lands in the container's
+    /// "configuration" (`configs`), which a container that stops keeps.
+    persists: bool,
+    /// The weight in each container's configuration, by container id (a persisting writer's).
+    configs: HashMap<String, u32>,
+    /// Every successful restore into a stopped container's configuration, in order.
+    exit_restores: Vec<(String, u32)>,
+    /// Containers the runtime no longer knows (removed).
+    removed: HashSet<String>,
 }
 
 /// The shared state behind the three fake backends.
@@ -123,6 +132,14 @@ impl World {
 
     fn restores_of(&self, id: &str) -> Vec<u32> {
         self.with(|w| w.restores.iter().filter(|(i, _)| i == id).map(|(_, v)| *v).collect())
+    }
+
+    fn exit_restores_of(&self, id: &str) -> Vec<u32> {
+        self.with(|w| w.exit_restores.iter().filter(|(i, _)| i == id).map(|(_, v)| *v).collect())
+    }
+
+    fn config(&self, id: &str) -> Option<u32> {
+        self.with(|w| w.configs.get(id).copied())
     }
 
     fn forgotten(&self) -> Vec<String> {
@@ -241,6 +258,9 @@ impl FakeWriter {
                 return Err(error(&info.id, *f, "write"));
             }
             w.weights.insert(id.clone(), weight.get());
+            if w.persists {
+                w.configs.insert(id.clone(), weight.get());
+            }
             w.writes.push((id.clone(), weight.get()));
             if restore {
                 w.restores.push((id, weight.get()));
@@ -274,6 +294,26 @@ impl WeightWriter for FakeWriter {
 
     fn forget(&mut self, id: &ContainerId) {
         self.0.with(|w| w.forgotten.push(id.to_string()));
+    }
+
+    fn persists(&self) -> bool {
+        self.0.with(|w| w.persists)
+    }
+
+    /// Like Docker's: into the container's configuration, failing as its writes are made to fail.
+    async fn restore_exited(&mut self, id: &ContainerId, original: Weight) -> Result<AppliedVia, BackendError> {
+        self.0.with(|w| {
+            *w.write_attempts.entry(id.to_string()).or_default() += 1;
+            if w.removed.contains(id.as_str()) {
+                return Err(BackendError::NoContainer { id: id.clone(), detail: "No such container".into() });
+            }
+            if let Some(f) = w.write_fault.get(id.as_str()) {
+                return Err(error(id, *f, "restore into the configuration"));
+            }
+            w.configs.insert(id.to_string(), original.get());
+            w.exit_restores.push((id.to_string(), original.get()));
+            Ok(AppliedVia::DockerApi)
+        })
     }
 }
 
@@ -676,6 +716,80 @@ async fn stopped_container_is_dropped() {
     // Nothing to restore for a container that is gone.
     assert_eq!(h.shutdown().await.restored, 1);
     assert_eq!(world.writes_to("a"), vec![1000]);
+}
+
+/// With a writer whose weights outlive the cgroup (Docker's API keeps them in the container's configuration), a
+/// demoted container that stops gets its original put back there before it is forgotten from the state file; one
+/// whose restore fails keeps its original on file, is retried every round, and, started again meanwhile, keeps
+/// the original on file rather than the demoted weight its configuration gave it.
+#[tokio::test(start_paused = true)]
+async fn a_demoted_container_that_stops_gets_its_original_back_through_a_persisting_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    let world = World::with_containers(&["a", "b"], KERNEL_DEFAULT);
+    world.with(|w| w.persists = true);
+    let originals = OriginalWeights::load(Some(&path)).unwrap();
+    let h = Harness::start_with(cfg(), &world, vec![info("a", &[]), info("b", &[])], originals);
+    h.settle().await;
+    world.set_read("a", 3 * MIB);
+    world.set_read("b", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!((world.config("a"), world.config("b")), (Some(200), Some(200)), "demoted, in the configuration too");
+    assert_eq!(on_file(&path), serde_json::json!({"a": 100, "b": 100}));
+
+    // `docker stop a`: its original goes back into its configuration, then it is forgotten.
+    h.send(DiscoveryEvent::Stopped(ContainerId::new("a"))).await;
+    assert_eq!(world.exit_restores_of("a"), vec![KERNEL_DEFAULT]);
+    assert_eq!(world.config("a"), Some(KERNEL_DEFAULT));
+    assert_eq!(on_file(&path), serde_json::json!({"b": 100}));
+    assert_eq!(h.ids().await, vec!["b"]);
+
+    // b's restore fails: kept on file, retried every round, not written again once it works.
+    world.fail_writes("b", Some(Fault::Broken));
+    let before = world.attempts("b");
+    h.send(DiscoveryEvent::Stopped(ContainerId::new("b"))).await;
+    h.rounds(2).await;
+    assert_eq!(world.attempts("b"), before + 3, "at once, then every round");
+    assert_eq!((world.config("b"), on_file(&path)), (Some(200), serde_json::json!({"b": 100})));
+    assert_eq!(h.metrics.write_failures.get(), 3);
+    // Started again before it worked: its cgroup holds what its configuration gave it, the agent's 200.
+    world.fail_writes("b", None);
+    world.add("b", 200);
+    h.send(DiscoveryEvent::Started(info("b", &[]))).await;
+    assert_eq!(world.weight("b"), 1000, "at the top");
+    assert_eq!(on_file(&path), serde_json::json!({"b": 100}), "the original on file, not the 200 it came back with");
+    h.send(DiscoveryEvent::Stopped(ContainerId::new("b"))).await;
+    assert_eq!(world.exit_restores_of("b"), vec![KERNEL_DEFAULT]);
+    assert_eq!((world.config("b"), on_file(&path)), (Some(KERNEL_DEFAULT), serde_json::json!({})));
+    h.rounds(2).await;
+    assert_eq!(world.exit_restores_of("b").len(), 1, "then left alone");
+    assert_eq!(h.shutdown().await, Summary::default(), "nothing left to restore at shutdown");
+}
+
+/// An agent that starts with originals on file of containers that are not running (stopped while no agent ran,
+/// their configuration holding the last agent's weight) puts them back there with a persisting writer; one the
+/// runtime no longer knows is only forgotten.
+#[tokio::test(start_paused = true)]
+async fn originals_on_file_of_stopped_containers_go_back_into_their_configuration_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    std::fs::write(&path, r#"{"version":1,"originals":{"a":100,"stopped":300,"removed":500}}"#).unwrap();
+    let world = World::default();
+    world.add("a", 10);
+    world.with(|w| {
+        w.persists = true;
+        w.configs.insert("stopped".into(), 10);
+        w.removed.insert("removed".into());
+    });
+    let originals = OriginalWeights::load(Some(&path)).unwrap();
+    let h = Harness::start_with(cfg(), &world, vec![info("a", &[])], originals);
+    h.settle().await;
+    assert_eq!(world.exit_restores_of("stopped"), vec![300]);
+    assert_eq!(world.exit_restores_of("removed"), Vec::<u32>::new());
+    assert_eq!(world.attempts("removed"), 1, "asked once; the runtime no longer knows it");
+    assert_eq!(on_file(&path), serde_json::json!({"a": 100}));
+    assert_eq!(h.shutdown().await.restored, 1);
+    assert_eq!(world.config("a"), Some(100));
 }
 
 #[tokio::test(start_paused = true)]

@@ -56,6 +56,16 @@ pub enum Output {
         /// Its original weight.
         weight: Weight,
     },
+    /// Put the original weight back into the configuration of a container that stopped (its cgroup is gone), which
+    /// the writer keeps beyond the cgroup (`WeightWriter::restore_exited`), and verify it there; answer with
+    /// [`Reconciler::handle_write_result`](super::Reconciler::handle_write_result). An error for which
+    /// `BackendError::is_vanished` holds means the runtime no longer knows the container.
+    RestoreExited {
+        /// The container.
+        id: ContainerId,
+        /// Its original weight.
+        weight: Weight,
+    },
     /// Drop these containers from the state file, in one save.
     ForgetOriginals(Vec<ContainerId>),
     /// Something worth a log line or a metric.
@@ -91,6 +101,8 @@ pub enum FailedStep {
     ReadOriginal,
     /// Writing the weight.
     Write,
+    /// Putting the original back into the configuration of a container that stopped ([`Output::RestoreExited`]).
+    RestoreExited,
 }
 
 /// A fact for the driver's logs and metrics.
@@ -192,8 +204,10 @@ pub enum Report {
         /// Why.
         error: BackendError,
     },
-    /// The container's cgroup vanished during a read or write: it is no longer tracked here; the driver drops it
-    /// too (its state-file entry is forgotten by an [`Output::ForgetOriginals`] before this).
+    /// The container's cgroup vanished during a read or write: it stopped, and is no longer followed here; the
+    /// driver drops it too (its state-file entry is forgotten by an [`Output::ForgetOriginals`] before this, or,
+    /// with a persisting writer, once its original is back in its configuration, see
+    /// [`Reconciler::handle_exited`](super::Reconciler::handle_exited)).
     Gone {
         /// The container.
         id: ContainerId,

@@ -28,6 +28,11 @@ fn vanished(id: &ContainerId) -> BackendError {
     })
 }
 
+/// What a runtime answers about a container it no longer knows (removed).
+fn no_container(id: &ContainerId) -> BackendError {
+    BackendError::NoContainer { id: id.clone(), detail: "No such container".into() }
+}
+
 fn unsaveable() -> crate::state::StateError {
     crate::state::StateError::Io {
         path: PathBuf::from("/fake/state.json"),
@@ -56,6 +61,8 @@ enum Did {
     Write(String, u32),
     /// An original put back ([`Output::Restore`]).
     Restore(String, u32),
+    /// An original put back into a stopped container's configuration ([`Output::RestoreExited`]).
+    RestoreExited(String, u32),
     Forget(Vec<String>),
 }
 
@@ -72,6 +79,11 @@ struct Sim {
     put_back: BTreeSet<ContainerId>,
     /// Saves of the state file fail.
     broken_saves: bool,
+    /// What a persisting writer keeps of each container beyond its cgroup (Docker: its configuration): every
+    /// weight written while the reconciler says its writer persists.
+    configs: BTreeMap<ContainerId, Weight>,
+    /// Containers the runtime no longer knows (removed): a restore into their configuration finds none.
+    removed_from_runtime: BTreeSet<ContainerId>,
     did: Vec<Did>,
     reports: Vec<Report>,
     /// The time passed in to the reconciler's rounds; tests move it.
@@ -89,6 +101,8 @@ impl Default for Sim {
             vanished: BTreeSet::new(),
             put_back: BTreeSet::new(),
             broken_saves: false,
+            configs: BTreeMap::new(),
+            removed_from_runtime: BTreeSet::new(),
             did: Vec::new(),
             reports: Vec::new(),
             now: Instant::now(),
@@ -99,6 +113,11 @@ impl Default for Sim {
 impl Sim {
     fn new(dry_run: bool) -> Self {
         Self { r: Reconciler::new(dry_run), ..Self::default() }
+    }
+
+    /// Over a writer whose weights outlive the cgroup (Docker's API).
+    fn persisting() -> Self {
+        Self { r: Reconciler::new(false).with_persisting_writer(true), ..Self::default() }
     }
 
     /// A container whose file holds `file`, tracked with `original` (the usual: read at discovery).
@@ -150,6 +169,18 @@ impl Sim {
                     let result = self.put(&id, weight, true);
                     self.r.handle_write_result(&id, result);
                 }
+                Output::RestoreExited { id, weight } => {
+                    self.did.push(Did::RestoreExited(id.to_string(), weight.get()));
+                    let result = if self.removed_from_runtime.contains(&id) {
+                        Err(no_container(&id))
+                    } else if self.broken_writes.contains(&id) {
+                        Err(broken(&id))
+                    } else {
+                        self.configs.insert(id.clone(), weight);
+                        Ok(AppliedVia::DockerApi)
+                    };
+                    self.r.handle_write_result(&id, result);
+                }
                 Output::SaveOriginals(items) => {
                     let list = items.iter().map(|(i, w)| (i.to_string(), w.get())).collect();
                     if self.broken_saves {
@@ -183,6 +214,9 @@ impl Sim {
             return Err(broken(id));
         }
         self.files.insert(id.clone(), weight);
+        if self.r.persisting {
+            self.configs.insert(id.clone(), weight);
+        }
         if restore {
             self.put_back.insert(id.clone());
         } else {
@@ -197,6 +231,10 @@ impl Sim {
 
     fn file(&self, c: &str) -> u32 {
         self.files[&id(c)].get()
+    }
+
+    fn config(&self, c: &str) -> Option<u32> {
+        self.configs.get(&id(c)).map(|w| w.get())
     }
 
     fn on_file(&self, c: &str) -> Option<u32> {
@@ -221,6 +259,10 @@ fn write(c: &str, v: u32) -> Did {
 
 fn restore(c: &str, v: u32) -> Did {
     Did::Restore(c.into(), v)
+}
+
+fn restore_exited(c: &str, v: u32) -> Did {
+    Did::RestoreExited(c.into(), v)
 }
 
 fn save(items: &[(&str, u32)]) -> Did {
@@ -605,6 +647,190 @@ fn a_release_does_not_cancel_a_restore_still_wanted() {
     s.broken_writes.clear();
     s.round();
     assert_eq!((s.file("x"), s.on_file("x")), (400, None));
+}
+
+// ----- containers that stop, with a writer whose weights outlive the cgroup -----
+
+/// Demoted through a persisting writer: "a" (original 100) holds 200 in its cgroup and in its configuration.
+fn demoted_persisting() -> Sim {
+    let mut s = Sim::persisting();
+    s.managed("a", 100);
+    s.decide(vec![decision("a", Some(1000), Reason::New)]);
+    s.decide(vec![decision("a", Some(200), Reason::Demoted)]);
+    s.take();
+    assert_eq!((s.config("a"), s.on_file("a")), (Some(200), Some(100)));
+    s
+}
+
+#[test]
+fn a_stopped_container_gets_its_original_back_in_its_configuration_then_is_forgotten() {
+    let mut s = demoted_persisting();
+    s.r.handle_exited(&[id("a")]);
+    s.drain();
+    assert_eq!(s.take(), vec![restore_exited("a", 100), forget(&["a"])], "put back before it is forgotten");
+    assert_eq!((s.config("a"), s.on_file("a")), (Some(100), None));
+    assert_eq!(
+        s.count(|r| matches!(r, Report::OriginalRestored { id, weight } if id.as_str() == "a" && weight.get() == 100)),
+        1
+    );
+    assert!(!s.r.is_tracked(&id("a")));
+    s.round();
+    s.r.handle_shutdown();
+    s.drain();
+    assert_eq!(s.take(), vec![], "nothing more for it, not even at shutdown");
+}
+
+#[test]
+fn a_stopped_container_is_only_forgotten_without_a_persisting_writer_or_a_change_of_the_agent() {
+    // The files' writers: the cgroup, and the agent's weight in it, is gone.
+    let mut s = Sim::new(false);
+    s.managed("a", 100);
+    s.decide(vec![decision("a", Some(200), Reason::New)]);
+    s.take();
+    s.r.handle_exited(&[id("a")]);
+    s.drain();
+    assert_eq!(s.take(), vec![forget(&["a"])]);
+    // A persisting writer that never wrote the container: nothing of the agent's is in its configuration.
+    let mut s = Sim::persisting();
+    s.managed("b", 100);
+    s.r.handle_exited(&[id("b")]);
+    s.drain();
+    assert_eq!(s.take(), vec![forget(&["b"])]);
+    assert_eq!(s.config("b"), None);
+}
+
+#[test]
+fn a_failed_restore_of_a_stopped_container_keeps_the_original_on_file_and_is_retried_every_round() {
+    let mut s = demoted_persisting();
+    s.broken_writes.insert(id("a"));
+    s.r.handle_exited(&[id("a")]);
+    s.drain();
+    s.round();
+    s.round();
+    assert_eq!(s.take(), vec![restore_exited("a", 100); 3], "tried at once, then every round; nothing forgotten");
+    assert_eq!((s.config("a"), s.on_file("a")), (Some(200), Some(100)), "the original stays on file");
+    let failures: Vec<bool> = s
+        .reports
+        .iter()
+        .filter_map(|r| match r {
+            Report::ApplyFailed { step: FailedStep::RestoreExited, first, weight, .. } if weight.get() == 100 => {
+                Some(*first)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failures, vec![true, false, false], "every failure is reported, the first marked");
+    s.decide(vec![decision("a", Some(1000), Reason::Boosted)]);
+    assert_eq!(s.take(), vec![], "a decision the engine still had for it is not a write");
+
+    s.broken_writes.clear();
+    s.round();
+    assert_eq!(s.take(), vec![restore_exited("a", 100), forget(&["a"])]);
+    assert_eq!((s.config("a"), s.on_file("a")), (Some(100), None));
+    s.round();
+    assert_eq!(s.take(), vec![], "then left alone");
+}
+
+#[test]
+fn a_stopped_container_whose_restore_still_fails_at_shutdown_stays_on_file_for_the_next_agent() {
+    let mut s = demoted_persisting();
+    s.broken_writes.insert(id("a"));
+    s.r.handle_exited(&[id("a")]);
+    s.drain();
+    s.take();
+    s.r.handle_shutdown();
+    s.drain();
+    assert_eq!(s.take(), vec![restore_exited("a", 100)], "tried once more, nothing forgotten");
+    assert_eq!(s.summary(), Some(Summary { restored: 0, restore_failures: 1 }));
+    assert_eq!(s.on_file("a"), Some(100), "kept for the next agent");
+}
+
+#[test]
+fn a_stopped_container_the_runtime_no_longer_knows_is_forgotten() {
+    let mut s = demoted_persisting();
+    s.removed_from_runtime.insert(id("a"));
+    s.r.handle_exited(&[id("a")]);
+    s.drain();
+    assert_eq!(s.take(), vec![restore_exited("a", 100), forget(&["a"])]);
+    assert_eq!(s.count(|r| matches!(r, Report::ApplyFailed { .. } | Report::OriginalRestored { .. })), 0);
+    assert!(!s.r.is_tracked(&id("a")));
+    // Removed outright (Docker's `destroy`) while a failed restore waits: forgotten, not tried again.
+    let mut s = demoted_persisting();
+    s.broken_writes.insert(id("a"));
+    s.r.handle_exited(&[id("a")]);
+    s.drain();
+    s.take();
+    s.r.handle_removed(&[id("a")]);
+    s.round();
+    assert_eq!(s.take(), vec![forget(&["a"])]);
+}
+
+#[test]
+fn a_cgroup_that_vanishes_under_a_write_is_a_stopped_container_for_a_persisting_writer() {
+    let mut s = demoted_persisting();
+    s.vanished.insert(id("a"));
+    s.decide(vec![decision("a", Some(40), Reason::Demoted)]);
+    assert_eq!(s.take(), vec![write("a", 40), restore_exited("a", 100), forget(&["a"])]);
+    assert_eq!(s.count(|r| matches!(r, Report::Gone { id } if id.as_str() == "a")), 1);
+    assert_eq!(s.config("a"), Some(100));
+}
+
+#[test]
+fn a_stopped_container_started_again_before_its_restore_keeps_its_original() {
+    let mut s = demoted_persisting();
+    s.broken_writes.insert(id("a"));
+    s.r.handle_exited(&[id("a")]);
+    s.drain();
+    s.take();
+    // Started again: its configuration gave its new cgroup the agent's 200, which a read would take for its own.
+    s.broken_writes.clear();
+    s.files.insert(id("a"), w(200));
+    s.r.handle_tracked(&id("a"), Original::Read(w(200)), Tracking::Follow);
+    s.drain();
+    assert!(!s.r.is_exited(&id("a")));
+    assert_eq!(s.r.original(&id("a")), Some(w(100)));
+    s.decide(vec![decision("a", Some(1000), Reason::New)]);
+    s.r.handle_shutdown();
+    s.drain();
+    assert_eq!(s.take(), vec![write("a", 1000), restore("a", 100), forget(&["a"])]);
+    assert_eq!(s.config("a"), Some(100));
+}
+
+#[test]
+fn leftovers_on_file_at_start_are_put_back_with_a_persisting_writer_and_only_forgotten_otherwise() {
+    let leftovers = [(id("x"), w(100)), (id("y"), w(500))];
+    let mut s = Sim::persisting();
+    s.state_file.extend(leftovers.iter().cloned());
+    s.removed_from_runtime.insert(id("y"));
+    s.r.handle_leftovers(&leftovers);
+    s.drain();
+    assert_eq!(s.take(), vec![restore_exited("x", 100), forget(&["x"]), restore_exited("y", 500), forget(&["y"])]);
+    assert_eq!((s.config("x"), s.on_file("x"), s.on_file("y")), (Some(100), None, None));
+
+    let mut s = Sim::new(false);
+    s.state_file.extend(leftovers.iter().cloned());
+    s.r.handle_leftovers(&leftovers);
+    s.drain();
+    assert_eq!(s.take(), vec![forget(&["x", "y"])], "one save");
+    assert!(s.state_file.is_empty());
+}
+
+#[test]
+fn entering_dry_run_puts_a_stopped_containers_original_back_and_a_failed_one_waits_until_it_ends() {
+    let mut s = demoted_persisting();
+    s.broken_writes.insert(id("a"));
+    s.r.handle_exited(&[id("a")]);
+    s.drain();
+    s.take();
+    s.r.handle_reload(true);
+    s.drain();
+    s.round();
+    assert_eq!(s.take(), vec![restore_exited("a", 100)], "tried with the other restores, not in dry run");
+    assert_eq!(s.on_file("a"), Some(100));
+    s.broken_writes.clear();
+    s.r.handle_reload(false);
+    s.drain();
+    assert_eq!(s.take(), vec![restore_exited("a", 100), forget(&["a"])]);
 }
 
 // ----- dry run -----
@@ -1031,6 +1257,8 @@ mod model {
                         on_file.remove(&id(c));
                     }
                 }
+                // The model runs a writer whose weights go with the cgroup.
+                Did::RestoreExited(c, _) => prop_assert!(false, "a restore into {}'s configuration", c),
                 Did::Write(c, v) | Did::Restore(c, v) => {
                     if matches!(d, Did::Restore(..)) {
                         let original = originals.get(&id(c)).copied().flatten().map(|o| o.get());

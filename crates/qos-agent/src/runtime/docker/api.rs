@@ -7,8 +7,16 @@
 //! transient; the files hold them for the cgroup's life and no longer. (On a systemd host the units' weights go
 //! through systemd's runtime properties, see [`crate::systemd::UnitWriter`], which do not persist either.)
 //!
-//! `docker` is for an operator who wants Docker's own view to show the weight, and accepts that persistence: the
-//! restore at stop writes the original back through Docker too. On cgroup v2 Docker 20.10 writes `io.bfq.weight`
+//! `docker` is for an operator who wants Docker's own view to show the weight, and accepts that persistence: every
+//! restore writes the original back through Docker too, that of a container that stopped included. A container
+//! stops with the agent's weight in its configuration, and would start again with it (and a later agent read it as
+//! its original): so when one the agent may have changed stops (Docker's `die`), its original goes back into its
+//! configuration ([`DockerApiWriter::restore_exited`]; `docker update` works on a stopped container) before it is
+//! forgotten from the state file; one Docker no longer knows (removed) has nothing left to restore; a failed restore
+//! keeps the original on file and is tried again every round (the reconciler's rules,
+//! [`crate::daemon::reconcile`]), and an agent that starts puts back the originals on file of containers not
+//! running. A stopped container's cgroup files are gone, so that restore is verified in what Docker keeps and
+//! applies at the next start, `HostConfig.BlkioWeight` of `docker inspect`. On cgroup v2 Docker 20.10 writes `io.bfq.weight`
 //! (`default N`) and never `io.weight`, so its weight reaches BFQ devices only; the check after `docker update` is
 //! the file writer's per-device one, and a weight not in force is an error. A container seen at its cgroup's
 //! creation is still starting, and dockerd answers a `docker update` for it only once the start completed (it holds
@@ -18,7 +26,7 @@
 
 use bollard::models::ContainerUpdateBody;
 use bollard::Docker;
-use qos_core::Weight;
+use qos_core::{ContainerId, Weight};
 
 use crate::backend::{AppliedVia, BackendError, ContainerInfo};
 use crate::cgroup::{CgroupError, V2_IO_WEIGHT};
@@ -49,19 +57,7 @@ impl DockerApiWriter {
         weight: Weight,
         files: &mut FileWriter,
     ) -> Result<AppliedVia, BackendError> {
-        if weight.get() < 10 {
-            return Err(BackendError::Runtime {
-                id: info.id.clone(),
-                what: "docker update --blkio-weight",
-                detail: format!("Docker accepts weights 10..=1000 only, not {weight}"),
-            });
-        }
-        let body = ContainerUpdateBody { blkio_weight: Some(weight.to_docker()), ..Default::default() };
-        self.docker.update_container(info.id.as_str(), body).await.map_err(|e| BackendError::Runtime {
-            id: info.id.clone(),
-            what: "docker update --blkio-weight",
-            detail: e.to_string(),
-        })?;
+        self.update(&info.id, weight).await?;
         // Trust only the kernel's files: Docker 20.10 answers success and discards the weight on BFQ-only v1
         // kernels, and on v2 writes only io.bfq.weight, which does not act on io.cost devices.
         if let Err(e) = files.verify_weight(info, weight) {
@@ -88,6 +84,53 @@ impl DockerApiWriter {
             });
         }
         Ok(AppliedVia::DockerApi)
+    }
+
+    /// Puts `original` back into the configuration of container `id`, which stopped, and verifies it there: its
+    /// cgroup files are gone, so what is read back is `HostConfig.BlkioWeight` of `docker inspect`, the weight
+    /// dockerd gives the container when it starts again. A container Docker no longer knows is
+    /// [`BackendError::NoContainer`].
+    pub async fn restore_exited(&mut self, id: &ContainerId, original: Weight) -> Result<AppliedVia, BackendError> {
+        self.update(id, original).await?;
+        let what = "docker inspect (HostConfig.BlkioWeight)";
+        let inspected = self.docker.inspect_container(id.as_str(), None).await.map_err(|e| api_error(id, what, e))?;
+        let kept = inspected.host_config.and_then(|h| h.blkio_weight);
+        if kept != Some(original.to_docker()) {
+            return Err(BackendError::Runtime {
+                id: id.clone(),
+                what,
+                detail: format!(
+                    "dockerd answered docker update --blkio-weight {original} with success but the container's \
+                     configuration holds {}",
+                    kept.map_or_else(|| "no weight".to_string(), |w| w.to_string())
+                ),
+            });
+        }
+        Ok(AppliedVia::DockerApi)
+    }
+
+    /// `docker update --blkio-weight`, nothing verified.
+    async fn update(&self, id: &ContainerId, weight: Weight) -> Result<(), BackendError> {
+        let what = "docker update --blkio-weight";
+        if weight.get() < 10 {
+            return Err(BackendError::Runtime {
+                id: id.clone(),
+                what,
+                detail: format!("Docker accepts weights 10..=1000 only, not {weight}"),
+            });
+        }
+        let body = ContainerUpdateBody { blkio_weight: Some(weight.to_docker()), ..Default::default() };
+        self.docker.update_container(id.as_str(), body).await.map_err(|e| api_error(id, what, e))
+    }
+}
+
+/// A failed call about container `id`: one Docker does not know (404) is [`BackendError::NoContainer`].
+fn api_error(id: &ContainerId, what: &'static str, e: bollard::errors::Error) -> BackendError {
+    match e {
+        bollard::errors::Error::DockerResponseServerError { status_code: 404, message } => {
+            BackendError::NoContainer { id: id.clone(), detail: format!("{what}: {message}") }
+        }
+        e => BackendError::Runtime { id: id.clone(), what, detail: e.to_string() },
     }
 }
 

@@ -389,13 +389,15 @@ impl Discovery for DockerDiscovery {
                         return Ok(DiscoveryEvent::Started(info));
                     }
                 }
+                // A container that died still exists, and its configuration with it (a weight `docker update` put
+                // there included); one destroyed does not.
                 Some("die") => {
                     self.cgroups.died(&cid);
                     return Ok(DiscoveryEvent::Stopped(cid));
                 }
                 Some("destroy") => {
                     self.cgroups.destroyed(&cid);
-                    return Ok(DiscoveryEvent::Stopped(cid));
+                    return Ok(DiscoveryEvent::Removed(cid));
                 }
                 Some("update") => return Ok(DiscoveryEvent::Updated(cid)),
                 _ => {}
