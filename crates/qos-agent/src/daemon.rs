@@ -9,7 +9,9 @@
 //! back out). This loop feeds both, carries out the reconciler's actions with the [`WeightWriter`] and the
 //! [`OriginalWeights`] file, feeds the results back, and turns its reports into log lines and metrics.
 //!
-//! Discovery's `Stopped` means the cgroup is gone: the container's original is forgotten, not put back. A tracked
+//! Discovery's `Stopped` means the cgroup is gone: the container's original is forgotten, not put back (with a
+//! writer whose weights outlive the cgroup, Docker's API, it is first put back into the container's configuration,
+//! see the reconciler); `Removed`, the container is gone too: forgotten. A tracked
 //! container announced as started again (an exit not seen, a pod's sandbox made again on the same cgroup) keeps its
 //! original, whatever its cgroup file holds now; what discovery says of it now is taken in, and labels that ask for
 //! another policy are that policy's decision (one opted out gets its original back). After an outage, a listed
@@ -205,8 +207,10 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         }
         // One batch for all of them: one state-file save before their writes.
         self.apply_changes().await;
-        self.reset_leftovers().await;
+        // Ready first: with Docker's API as the writer each leftover is a `docker update` and an inspect, one after
+        // another, which after a crash with many stopped containers could outlast the unit's start timeout.
         self.sd_notify(&[sd_notify::NotifyState::Ready]);
+        self.reset_leftovers().await;
 
         // `next_event` runs inside this stream, which keeps a half-done call across loop iterations: when the tick
         // or a command wins the select below, an `inspect` of a just-started container or a reconnect backoff is
@@ -303,16 +307,19 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                     match self.tracked.get(&c.id) {
                         Some(t) if t.info.cgroup_path() != c.cgroup_path() => {
                             // Made again in another cgroup while the runtime was away (a pod's new sandbox): the
-                            // old cgroup, and what the agent wrote there, is gone.
-                            self.forget_all(std::slice::from_ref(&c.id)).await;
+                            // old cgroup, and what the agent wrote there, is gone; a writer whose weights outlive
+                            // it puts the original back first, and tracking it anew keeps that original.
+                            self.drop_exited(std::slice::from_ref(&c.id)).await;
                             self.track(c, false).await;
                         }
                         Some(_) => {
                             let id = c.id.clone();
                             // A pod's sandbox made again meanwhile may carry other annotations.
                             self.retake(c);
-                            // Its weight may have been changed while the runtime was away.
-                            self.reconciler.handle_updated(&id);
+                            // Its cgroup may be a new one at the same path (a runtime restarted without
+                            // live-restore starts its containers again), and its weight may have been changed
+                            // while the runtime was away.
+                            self.reopen(&id).await;
                         }
                         None => self.track(c, false).await,
                     }
@@ -402,13 +409,19 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         if !self.retake(info) {
             self.engine.handle_started(&id, now());
         }
-        let Some(tr) = self.tracked.get_mut(&id) else { return };
+        self.reopen(&id).await;
+    }
+
+    /// A tracked container whose cgroup may be a new one at the same path: its counters' handles are opened again
+    /// (the old ones read a removed cgroup) and its weight file is checked and written again.
+    async fn reopen(&mut self, id: &ContainerId) {
+        let Some(tr) = self.tracked.get_mut(id) else { return };
         tr.last_counters = None; // a restarted container's counters may start again from zero
         let info = tr.info.clone();
-        self.counters.detach(&id);
-        self.unattached.remove(&id);
+        self.counters.detach(id);
+        self.unattached.remove(id);
         if self.attach_counters(&info).await {
-            self.reconciler.handle_updated(&id);
+            self.reconciler.handle_updated(id);
         }
     }
 

@@ -429,6 +429,13 @@ impl Reconciler {
             _ => return,
         };
         self.in_flight = None;
+        if self.persisting && result.is_err() {
+            // Docker's API may have kept the weight in the container's configuration before the check after it
+            // failed (or its answer was lost): from now on the agent owes the original there too.
+            if let Some(e) = self.entries.get_mut(id) {
+                e.changed_by_agent = true;
+            }
+        }
         if batch {
             return self.batch_write_result(id, weight, result);
         }

@@ -1460,6 +1460,23 @@ async fn lost_runtime_is_reported_and_weights_stay() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_container_resynced_after_an_outage_has_its_counters_opened_again_and_its_weight_checked() {
+    // Review finding of 2026-11-29: a runtime restarted without live-restore starts its containers again, in new
+    // cgroups at the same paths; the Resync kept the handles opened for the removed ones.
+    let world = World::with_containers(&["a"], KERNEL_DEFAULT);
+    let h = Harness::start(cfg(), &world, vec![info("a", &[])]);
+    h.settle().await;
+    let attached = world.attaches("a");
+    h.send(DiscoveryEvent::Lost("connection refused".into())).await;
+    world.add("a", KERNEL_DEFAULT); // the new cgroup holds the runtime's weight
+    h.send(DiscoveryEvent::Resync(vec![info("a", &[])])).await;
+    h.rounds(1).await;
+    assert_eq!(world.attaches("a"), attached + 1, "its counters opened again");
+    assert_eq!(world.weight("a"), 1000, "the top weight written again over the runtime's");
+    assert_eq!(h.row("a").await.unwrap().weight, Some(1000));
+}
+
+#[tokio::test(start_paused = true)]
 async fn weight_changed_behind_the_agents_back_is_rewritten_on_update() {
     let world = World::with_containers(&["a"], KERNEL_DEFAULT);
     let h = Harness::start(cfg(), &world, vec![info("a", &[])]);

@@ -84,6 +84,9 @@ struct Sim {
     configs: BTreeMap<ContainerId, Weight>,
     /// Containers the runtime no longer knows (removed): a restore into their configuration finds none.
     removed_from_runtime: BTreeSet<ContainerId>,
+    /// Writes a persisting writer keeps in the configuration but whose check after it fails (Docker took the
+    /// update, the files do not hold it).
+    kept_but_failed: BTreeSet<ContainerId>,
     did: Vec<Did>,
     reports: Vec<Report>,
     /// The time passed in to the reconciler's rounds; tests move it.
@@ -103,6 +106,7 @@ impl Default for Sim {
             broken_saves: false,
             configs: BTreeMap::new(),
             removed_from_runtime: BTreeSet::new(),
+            kept_but_failed: BTreeSet::new(),
             did: Vec::new(),
             reports: Vec::new(),
             now: Instant::now(),
@@ -209,6 +213,10 @@ impl Sim {
     fn put(&mut self, id: &ContainerId, weight: Weight, restore: bool) -> Result<AppliedVia, BackendError> {
         if self.vanished.contains(id) {
             return Err(vanished(id));
+        }
+        if self.kept_but_failed.contains(id) {
+            self.configs.insert(id.clone(), weight);
+            return Err(broken(id));
         }
         if self.broken_writes.contains(id) {
             return Err(broken(id));
@@ -678,6 +686,27 @@ fn a_stopped_container_gets_its_original_back_in_its_configuration_then_is_forgo
     s.r.handle_shutdown();
     s.drain();
     assert_eq!(s.take(), vec![], "nothing more for it, not even at shutdown");
+}
+
+#[test]
+fn a_persisting_writers_failed_write_may_have_kept_the_weight_so_the_original_is_owed_at_stop_and_at_shutdown() {
+    // Docker took the demotion into the configuration, the check after it failed: no write ever succeeded.
+    let mut s = Sim::persisting();
+    s.managed("a", 100);
+    s.managed("b", 100);
+    s.kept_but_failed.extend([id("a"), id("b")]);
+    s.decide(vec![decision("a", Some(200), Reason::Demoted), decision("b", Some(200), Reason::Demoted)]);
+    assert_eq!((s.config("a"), s.config("b")), (Some(200), Some(200)));
+    s.take();
+    s.r.handle_exited(&[id("a")]);
+    s.drain();
+    assert_eq!(s.take(), vec![restore_exited("a", 100), forget(&["a"])], "a stopped one gets it back");
+    assert_eq!(s.config("a"), Some(100));
+    s.kept_but_failed.clear();
+    s.r.handle_shutdown();
+    s.drain();
+    assert!(s.take().contains(&Did::Restore("b".into(), 100)), "a running one gets it back at shutdown");
+    assert_eq!(s.config("b"), Some(100));
 }
 
 #[test]

@@ -88,21 +88,35 @@ impl DockerApiWriter {
 
     /// Puts `original` back into the configuration of container `id`, which stopped, and verifies it there: its
     /// cgroup files are gone, so what is read back is `HostConfig.BlkioWeight` of `docker inspect`, the weight
-    /// dockerd gives the container when it starts again. A container Docker no longer knows is
-    /// [`BackendError::NoContainer`].
+    /// dockerd gives the container when it starts again. A container Docker no longer knows, or is removing (`--rm`,
+    /// `docker rm -f`: its configuration goes with it, and dockerd refuses to update it with an error that is no
+    /// 404), is [`BackendError::NoContainer`]. Docker holds weights 10..=1000: an original below 10 (BFQ's 1..=9,
+    /// written into the files by someone else) goes back as 10, the nearest it holds, and is said so.
     pub async fn restore_exited(&mut self, id: &ContainerId, original: Weight) -> Result<AppliedVia, BackendError> {
-        self.update(id, original).await?;
+        let inspect = "docker inspect";
+        let found = self.docker.inspect_container(id.as_str(), None).await.map_err(|e| api_error(id, inspect, e))?;
+        if let Some(why) = removing(&found) {
+            return Err(BackendError::NoContainer { id: id.clone(), detail: why });
+        }
+        let kept = original.to_docker();
+        if u32::from(kept) != original.get() {
+            tracing::warn!(container = %id.short(), original = original.get(), kept,
+                           "original below Docker's least weight; the container's configuration gets the least");
+        }
+        let what = "docker update --blkio-weight";
+        let body = ContainerUpdateBody { blkio_weight: Some(kept), ..Default::default() };
+        self.docker.update_container(id.as_str(), body).await.map_err(|e| api_error(id, what, e))?;
         let what = "docker inspect (HostConfig.BlkioWeight)";
         let inspected = self.docker.inspect_container(id.as_str(), None).await.map_err(|e| api_error(id, what, e))?;
-        let kept = inspected.host_config.and_then(|h| h.blkio_weight);
-        if kept != Some(original.to_docker()) {
+        let have = inspected.host_config.and_then(|h| h.blkio_weight);
+        if have != Some(kept) {
             return Err(BackendError::Runtime {
                 id: id.clone(),
                 what,
                 detail: format!(
-                    "dockerd answered docker update --blkio-weight {original} with success but the container's \
+                    "dockerd answered docker update --blkio-weight {kept} with success but the container's \
                      configuration holds {}",
-                    kept.map_or_else(|| "no weight".to_string(), |w| w.to_string())
+                    have.map_or_else(|| "no weight".to_string(), |w| w.to_string())
                 ),
             });
         }
@@ -122,6 +136,21 @@ impl DockerApiWriter {
         let body = ContainerUpdateBody { blkio_weight: Some(weight.to_docker()), ..Default::default() };
         self.docker.update_container(id.as_str(), body).await.map_err(|e| api_error(id, what, e))
     }
+}
+
+/// Why a container's configuration is going away with it (`docker inspect` of a stopped container), if it is.
+fn removing(found: &bollard::models::ContainerInspectResponse) -> Option<String> {
+    use bollard::models::ContainerStateStatusEnum as Status;
+    let status = found.state.as_ref().and_then(|s| s.status);
+    if let Some(status @ (Status::REMOVING | Status::DEAD)) = status {
+        return Some(format!("docker inspect: the container is {status}"));
+    }
+    found
+        .host_config
+        .as_ref()
+        .and_then(|h| h.auto_remove)
+        .unwrap_or(false)
+        .then(|| "docker inspect: the container was run with --rm and is removed once it stops".to_string())
 }
 
 /// A failed call about container `id`: one Docker does not know (404) is [`BackendError::NoContainer`].
@@ -153,6 +182,28 @@ mod tests {
 
     fn w(n: u64) -> Weight {
         Weight::new(n).unwrap()
+    }
+
+    /// What `docker inspect` answers for a stopped container in `status`, run with `--rm` or not.
+    fn inspected(status: &str, auto_remove: bool) -> bollard::models::ContainerInspectResponse {
+        serde_json::from_value(serde_json::json!({
+            "State": {"Status": status},
+            "HostConfig": {"AutoRemove": auto_remove, "BlkioWeight": 10}
+        }))
+        .unwrap()
+    }
+
+    /// Review finding of 2026-11-29: a `--rm` or `docker rm -f` container's restore hit dockerd while it removed
+    /// the container, which refuses with an error that is no 404, and was tried every round until `destroy`.
+    #[test]
+    fn a_container_being_removed_has_no_configuration_to_restore() {
+        assert_eq!(removing(&inspected("exited", false)), None);
+        assert_eq!(removing(&inspected("created", false)), None);
+        for status in ["removing", "dead"] {
+            let why = removing(&inspected(status, false)).expect(status);
+            assert!(why.contains(status), "{why}");
+        }
+        assert!(removing(&inspected("exited", true)).expect("--rm").contains("--rm"));
     }
 
     /// A dockerd that fails every call (it accepts the connection and closes it), and how often it was asked.
