@@ -452,27 +452,25 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
 
     /// Drops containers that no longer exist, with one state-file save for all of them.
     async fn forget_all(&mut self, ids: &[ContainerId]) {
-        if ids.is_empty() {
-            return;
-        }
-        for id in ids {
-            self.drop_tracked(id);
-        }
-        self.reconciler.handle_removed(ids);
-        self.drive().await;
+        self.drop_all(ids, Reconciler::handle_removed).await;
     }
 
     /// Drops containers that stopped (their cgroups are gone), with one state-file save for all of them; with a
     /// writer whose weights outlive the cgroup, each one the agent changed first gets its original back in its
     /// configuration (the reconciler's rules).
     async fn drop_exited(&mut self, ids: &[ContainerId]) {
+        self.drop_all(ids, Reconciler::handle_exited).await;
+    }
+
+    /// Drops containers from everything but the reconciler, then tells it with `tell`.
+    async fn drop_all(&mut self, ids: &[ContainerId], tell: fn(&mut Reconciler, &[ContainerId])) {
         if ids.is_empty() {
             return;
         }
         for id in ids {
             self.drop_tracked(id);
         }
-        self.reconciler.handle_exited(ids);
+        tell(&mut self.reconciler, ids);
         self.drive().await;
     }
 
