@@ -537,6 +537,28 @@ fn docker_mode_weights_a_starting_container_before_its_start_event_where_docker_
         -before_event_ms,
         agent.log_text()
     );
+    // A reader demoted through Docker, then stopped: Docker keeps the demotion in its configuration, so its
+    // original goes back there (a container that starts again must not come back demoted).
+    let reader_cmd = format!("dd if={} of=/dev/null bs=1M count=16 iflag=direct; sleep 600", bfq.dev);
+    let reader = containers.run(&["--device", &bfq.dev, IMAGE, "sh", "-c", &reader_cmd]);
+    let demoted = poll(patience(Duration::from_secs(30)), || {
+        let w: u32 = blkio_weight(&reader).parse().ok()?;
+        (w > 0 && w < 1000).then_some(w)
+    });
+    let Some((demoted, _)) = demoted else {
+        panic!("the reader was not demoted through Docker: BlkioWeight {}\n{}", blkio_weight(&reader), agent.log_text())
+    };
+    run(DOCKER, &["stop", "-t", "1", &reader]);
+    let original = before.trim().strip_prefix("default ").unwrap_or(before.trim()).to_string();
+    let put_back = poll(patience(Duration::from_secs(30)), || (blkio_weight(&reader) == original).then_some(()));
+    assert!(
+        put_back.is_some(),
+        "the stopped reader's configuration holds BlkioWeight {} (demoted to {demoted}), not its original {original}\n{}",
+        blkio_weight(&reader),
+        agent.log_text()
+    );
+    eprintln!("reader demoted to {demoted} through Docker, stopped: its configuration holds {original} again");
+
     let log = agent.log_text();
     assert!(!log.contains("not in force"), "a weight sent through Docker was not in force:\n{log}");
 
