@@ -76,8 +76,6 @@ pub enum DaemonError {
 #[derive(Debug)]
 struct Tracked {
     info: ContainerInfo,
-    /// What its labels ask for, as last given to the engine.
-    policy: Policy,
     labels: ContainerLabels,
     /// This container's `container_bytes` series, kept so a sample does not look it up by its labels.
     bytes: prometheus_client::metrics::gauge::Gauge,
@@ -385,9 +383,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 }
             },
         };
-        let labels = ContainerLabels { id: id.short().to_string(), name: info.name.clone() };
-        let bytes = self.metrics.bytes.get_or_create(&labels).clone();
-        self.tracked.insert(id.clone(), Tracked { info, policy, labels, bytes, last_counters: None });
+        let (labels, bytes) = self.series(&info);
+        self.tracked.insert(id.clone(), Tracked { info, labels, bytes, last_counters: None });
         self.metrics.containers.set(self.tracked.len() as i64);
         let t = now();
         match policy {
@@ -431,14 +428,16 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     /// original back (and keeps it, should the container be managed again). Returns whether the policy changed.
     fn retake(&mut self, info: ContainerInfo) -> bool {
         let policy = self.policy_of(&info);
+        // The engine holds the policy the labels asked for last (nothing else sets one).
+        let old = self.engine.container(&info.id, now()).map_or(Policy::Managed, |c| c.policy);
+        let renamed = self.tracked.get(&info.id).is_some_and(|t| t.info.name != info.name);
+        let series = renamed.then(|| self.series(&info));
         let Some(tr) = self.tracked.get_mut(&info.id) else { return false };
-        if tr.info.name != info.name {
+        if let Some((labels, bytes)) = series {
             // Its metric series are named after it.
-            self.metrics.forget(&tr.labels);
-            tr.labels = ContainerLabels { id: info.id.short().to_string(), name: info.name.clone() };
-            tr.bytes = self.metrics.bytes.get_or_create(&tr.labels).clone();
+            self.metrics.forget(&std::mem::replace(&mut tr.labels, labels));
+            tr.bytes = bytes;
         }
-        let old = std::mem::replace(&mut tr.policy, policy);
         tr.info = info;
         if old == policy {
             return false;
@@ -448,6 +447,13 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         let id = tr.info.id.clone();
         self.engine.set_policy(&id, policy, now());
         true
+    }
+
+    /// A container's metric labels and its `container_bytes` series.
+    fn series(&self, info: &ContainerInfo) -> (ContainerLabels, prometheus_client::metrics::gauge::Gauge) {
+        let labels = ContainerLabels { id: info.id.short().to_string(), name: info.name.clone() };
+        let bytes = self.metrics.bytes.get_or_create(&labels).clone();
+        (labels, bytes)
     }
 
     /// Drops containers that no longer exist, with one state-file save for all of them.

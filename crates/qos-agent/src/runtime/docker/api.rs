@@ -32,6 +32,9 @@ use crate::backend::{AppliedVia, BackendError, ContainerInfo};
 use crate::cgroup::{CgroupError, V2_IO_WEIGHT};
 use crate::files::FileWriter;
 
+/// The call that sets a container's weight, as errors name it.
+const UPDATE: &str = "docker update --blkio-weight";
+
 /// Applies weights through `docker update --blkio-weight`; every write is verified by reading the cgroup files
 /// back through the agent's one [`FileWriter`], which the caller lends.
 pub struct DockerApiWriter {
@@ -57,7 +60,14 @@ impl DockerApiWriter {
         weight: Weight,
         files: &mut FileWriter,
     ) -> Result<AppliedVia, BackendError> {
-        self.update(&info.id, weight).await?;
+        if weight.get() < 10 {
+            return Err(BackendError::Runtime {
+                id: info.id.clone(),
+                what: UPDATE,
+                detail: format!("Docker accepts weights 10..=1000 only, not {weight}"),
+            });
+        }
+        self.update(&info.id, weight.to_docker()).await?;
         // Trust only the kernel's files: Docker 20.10 answers success and discards the weight on BFQ-only v1
         // kernels, and on v2 writes only io.bfq.weight, which does not act on io.cost devices.
         if let Err(e) = files.verify_weight(info, weight) {
@@ -76,7 +86,7 @@ impl DockerApiWriter {
             };
             return Err(BackendError::Runtime {
                 id: info.id.clone(),
-                what: "docker update --blkio-weight",
+                what: UPDATE,
                 detail: format!(
                     "dockerd answered success but the weight is not in force ({why}; actuator \"auto\" writes the \
                      files): {e}"
@@ -93,8 +103,7 @@ impl DockerApiWriter {
     /// 404), is [`BackendError::NoContainer`]. Docker holds weights 10..=1000: an original below 10 (BFQ's 1..=9,
     /// written into the files by someone else) goes back as 10, the nearest it holds, and is said so.
     pub async fn restore_exited(&mut self, id: &ContainerId, original: Weight) -> Result<AppliedVia, BackendError> {
-        let inspect = "docker inspect";
-        let found = self.docker.inspect_container(id.as_str(), None).await.map_err(|e| api_error(id, inspect, e))?;
+        let found = self.inspect(id, "docker inspect").await?;
         if let Some(why) = removing(&found) {
             return Err(BackendError::NoContainer { id: id.clone(), detail: why });
         }
@@ -103,12 +112,9 @@ impl DockerApiWriter {
             tracing::warn!(container = %id.short(), original = original.get(), kept,
                            "original below Docker's least weight; the container's configuration gets the least");
         }
-        let what = "docker update --blkio-weight";
-        let body = ContainerUpdateBody { blkio_weight: Some(kept), ..Default::default() };
-        self.docker.update_container(id.as_str(), body).await.map_err(|e| api_error(id, what, e))?;
+        self.update(id, kept).await?;
         let what = "docker inspect (HostConfig.BlkioWeight)";
-        let inspected = self.docker.inspect_container(id.as_str(), None).await.map_err(|e| api_error(id, what, e))?;
-        let have = inspected.host_config.and_then(|h| h.blkio_weight);
+        let have = self.inspect(id, what).await?.host_config.and_then(|h| h.blkio_weight);
         if have != Some(kept) {
             return Err(BackendError::Runtime {
                 id: id.clone(),
@@ -123,18 +129,19 @@ impl DockerApiWriter {
         Ok(AppliedVia::DockerApi)
     }
 
-    /// `docker update --blkio-weight`, nothing verified.
-    async fn update(&self, id: &ContainerId, weight: Weight) -> Result<(), BackendError> {
-        let what = "docker update --blkio-weight";
-        if weight.get() < 10 {
-            return Err(BackendError::Runtime {
-                id: id.clone(),
-                what,
-                detail: format!("Docker accepts weights 10..=1000 only, not {weight}"),
-            });
-        }
-        let body = ContainerUpdateBody { blkio_weight: Some(weight.to_docker()), ..Default::default() };
-        self.docker.update_container(id.as_str(), body).await.map_err(|e| api_error(id, what, e))
+    /// `docker update --blkio-weight` with Docker's value (10..=1000), nothing verified.
+    async fn update(&self, id: &ContainerId, blkio_weight: u16) -> Result<(), BackendError> {
+        let body = ContainerUpdateBody { blkio_weight: Some(blkio_weight), ..Default::default() };
+        self.docker.update_container(id.as_str(), body).await.map_err(|e| api_error(id, UPDATE, e))
+    }
+
+    /// `docker inspect` of container `id`; `what` names the call in an error.
+    async fn inspect(
+        &self,
+        id: &ContainerId,
+        what: &'static str,
+    ) -> Result<bollard::models::ContainerInspectResponse, BackendError> {
+        self.docker.inspect_container(id.as_str(), None).await.map_err(|e| api_error(id, what, e))
     }
 }
 
