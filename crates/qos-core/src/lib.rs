@@ -12,6 +12,7 @@
 //!
 //! ## Layout
 //! - [`engine`]: [`Engine`], the state machine in the handle/poll shape, and its outputs ([`WeightChange`]).
+//! - [`cap`]: [`Cap`], the throughput cap of a container settled at the bottom level, and its output [`CapChange`].
 //! - [`config`]: [`Config`] with the paper's defaults, and validation.
 //! - [`weight`]: [`Weight`] (BFQ scale 1..=1000) and conversions to every kernel file and Docker.
 //! - [`units`]: byte sizes, counters, durations as written in config files.
@@ -33,12 +34,14 @@
 //! let _wake_at = engine.poll_timeout();
 //! ```
 
+pub mod cap;
 pub mod config;
 pub mod engine;
 pub mod id;
 pub mod units;
 pub mod weight;
 
+pub use cap::{Cap, CapChange};
 pub use config::{Config, ConfigError, CountMode, LevelConfig, MAX_LEVELS};
 pub use engine::{ContainerView, Engine, Policy, Reason, WeightChange};
 pub use id::ContainerId;

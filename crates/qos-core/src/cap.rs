@@ -1,0 +1,31 @@
+//! [`Cap`]: the throughput cap the engine puts on a container that has settled at the bottom level, and
+//! [`CapChange`], the engine's output that sets or lifts one.
+//!
+//! Why a cap besides the weight: on a device that one big reader keeps saturated, a small read that arrives waits
+//! behind the device's queue whatever its weight (the weight decides who goes next, not how long the queue in front
+//! of the scheduler is). Held a few percent under its own rate, the big reader leaves the device a little idle time,
+//! and a small read is served at once (on the bench's throttled disk, cgroup v1, BFQ: a 1 MiB read beside a QD32
+//! reader capped at 95 % of its rate took 1.29 ms mean against 15.4 uncapped and 1.16 alone;
+//! `crates/bench/results/2026-11-29/headroom-ab-*`).
+
+use serde::Serialize;
+
+use crate::id::ContainerId;
+
+/// Bytes per second a container may read and write (`None`: that direction is not capped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct Cap {
+    /// Read bytes per second.
+    pub read_bps: Option<u64>,
+    /// Written bytes per second.
+    pub write_bps: Option<u64>,
+}
+
+/// One decision about a container's cap: set it (`Some`) or lift it (`None`: put back what the container had).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CapChange {
+    /// The container.
+    pub id: ContainerId,
+    /// The cap to apply, or `None` to lift the one applied.
+    pub cap: Option<Cap>,
+}
