@@ -48,6 +48,8 @@ pub enum CountMode {
 /// boost_all_every = "off"
 /// share_window = "1s"
 /// share_floor_percent = 10
+/// bottom_cap_window = "1s"
+/// bottom_cap_percent = 95
 /// levels = [
 ///   { weight = 1000, threshold = "2MiB" },
 ///   { weight = 200,  threshold = "8MiB" },
@@ -86,6 +88,16 @@ pub struct Config {
     pub share_window: Option<Duration>,
     /// See `share_window`: 1..=100.
     pub share_floor_percent: u8,
+    /// Headroom at the bottom: a managed container that has read or written at the bottom level for this long
+    /// without a pause (every sample counted I/O) is capped at `bottom_cap_percent` % of the rate it had over that
+    /// time ([`crate::Cap`]), until it leaves the bottom (a boost, the fair-share floor, an idle promotion, a policy
+    /// change): a big reader that keeps a device saturated leaves it a little idle time, and small reads that arrive
+    /// are served at once instead of behind its queue. Each stay at the bottom measures the rate afresh. `"off"`
+    /// disables it.
+    #[serde(with = "crate::units::opt_duration")]
+    pub bottom_cap_window: Option<Duration>,
+    /// See `bottom_cap_window`: 50..=99.
+    pub bottom_cap_percent: u8,
 }
 
 impl Default for Config {
@@ -103,6 +115,8 @@ impl Default for Config {
             boost_all_every: None,
             share_window: Some(Duration::from_secs(1)),
             share_floor_percent: 10,
+            bottom_cap_window: Some(Duration::from_secs(1)),
+            bottom_cap_percent: 95,
         }
     }
 }
@@ -172,6 +186,16 @@ impl Config {
         }
         if !(1..=100).contains(&self.share_floor_percent) {
             return Err(invalid("share_floor_percent", self.share_floor_percent, "must be 1..=100 (a percentage)"));
+        }
+        if let Some(d) = self.bottom_cap_window {
+            check_duration("bottom_cap_window", d)?;
+        }
+        if !(50..=99).contains(&self.bottom_cap_percent) {
+            return Err(invalid(
+                "bottom_cap_percent",
+                self.bottom_cap_percent,
+                "must be 50..=99 (a percentage of the container's own rate; bottom_cap_window = \"off\" disables the cap)",
+            ));
         }
         Ok(())
     }

@@ -4,17 +4,21 @@
 //! - getters: [`Engine::config`], [`Engine::container`], [`Engine::containers`], [`Engine::len`];
 //! - inputs, each taking `now`: [`Engine::handle_started`], [`Engine::handle_sample`], [`Engine::handle_removed`],
 //!   [`Engine::handle_timeout`], [`Engine::set_policy`], [`Engine::reconfigure`];
-//! - outputs: [`Engine::poll_change`] (drain until `None`) and [`Engine::poll_timeout`];
+//! - outputs: [`Engine::poll_change`] and [`Engine::poll_cap_change`] (drain each until `None`) and
+//!   [`Engine::poll_timeout`];
 //! - nothing else: the engine never reads a clock, does no I/O and logs nothing.
 //!
-//! The rule for drivers: after every input, drain [`Engine::poll_change`] until it returns `None`, then ask
-//! [`Engine::poll_timeout`] when to call [`Engine::handle_timeout`] next.
+//! The rule for drivers: after every input, drain [`Engine::poll_change`] and then [`Engine::poll_cap_change`]
+//! until they return `None`, then ask [`Engine::poll_timeout`] when to call [`Engine::handle_timeout`] next. A
+//! cap is only ever set on a container at the bottom level, and lifted (a [`CapChange`] with `None`) before or
+//! with the weight change that takes it elsewhere.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::cap::{Cap, CapChange};
 use crate::config::{Config, ConfigError, CountMode};
 use crate::id::ContainerId;
 use crate::units::IoCounters;
@@ -113,6 +117,8 @@ pub struct ContainerView {
     pub total_bytes: u64,
     /// Time spent at the current level.
     pub time_at_level: Duration,
+    /// The cap set on it at the bottom level, if any (`bottom_cap_window`).
+    pub cap: Option<Cap>,
 }
 
 #[derive(Debug, Clone)]
@@ -142,6 +148,10 @@ struct Container {
     /// its last sample: the next sample's I/O is counted at the new level only for the part of its interval after
     /// the move (see `handle_sample`).
     promoted_at: Option<Instant>,
+    /// Where the measurement of its rate at the bottom began (time, counters), while it has no cap yet.
+    cap_from: Option<(Instant, IoCounters)>,
+    /// The cap set on it at the bottom (`bottom_cap_window`).
+    cap: Option<Cap>,
 }
 
 impl Container {
@@ -160,10 +170,21 @@ impl Container {
             active: false,
             sampled_at: None,
             promoted_at: None,
+            cap_from: None,
+            cap: None,
         }
     }
 
-    /// Back to the top with a fresh allotment (the fair-share floor).
+    /// Stops measuring its rate and lifts its cap, if it has one (queued in `caps`): it left the bottom level or
+    /// the rules changed.
+    fn lift_cap(&mut self, id: &ContainerId, caps: &mut VecDeque<CapChange>) {
+        self.cap_from = None;
+        if self.cap.take().is_some() {
+            caps.push_back(CapChange { id: id.clone(), cap: None });
+        }
+    }
+
+    /// Back to the top with a fresh allotment (the fair-share floor); the caller lifts its cap.
     fn back_to_top(&mut self, now: Instant) {
         self.level = 0;
         self.entered_level = now;
@@ -179,6 +200,7 @@ pub struct Engine {
     config: Config,
     containers: BTreeMap<ContainerId, Container>,
     changes: VecDeque<WeightChange>,
+    caps: VecDeque<CapChange>,
     /// Earliest time a timer may fire; may be earlier than the true next deadline (a spurious wake-up costs one
     /// scan), never later.
     next_deadline: Option<Instant>,
@@ -195,6 +217,7 @@ impl Engine {
             config,
             containers: BTreeMap::new(),
             changes: VecDeque::new(),
+            caps: VecDeque::new(),
             next_deadline: None,
             last_periodic_boost: now,
             share_check: None,
@@ -245,6 +268,7 @@ impl Engine {
             bytes_at_level: c.bytes_at_level,
             total_bytes: c.total_bytes,
             time_at_level: now.saturating_duration_since(c.entered_level),
+            cap: c.cap,
         }
     }
 
@@ -267,7 +291,10 @@ impl Engine {
     pub fn handle_started(&mut self, id: &ContainerId, now: Instant) {
         let (policy, last) = self.containers.get(id).map_or((Policy::Managed, None), |c| (c.policy, c.last));
         let last = last.unwrap_or_default();
-        let old = self.containers.insert(id.clone(), Container::enter(policy, now, Some(last)));
+        let mut old = self.containers.insert(id.clone(), Container::enter(policy, now, Some(last)));
+        if let Some(old) = old.as_mut() {
+            old.lift_cap(id, &mut self.caps);
+        }
         self.announce_entry(id, old, policy);
     }
 
@@ -289,6 +316,8 @@ impl Engine {
         let (sampled_at, promoted_at) = (c.sampled_at.replace(now), c.promoted_at.take());
         c.active = delta > 0;
         if delta == 0 {
+            // A pause: the rate measured so far would understate what it asks for.
+            c.cap_from = None;
             return;
         }
         // I/O done before a timer moved it up was done at its old weight: of a sample whose interval spans the
@@ -314,6 +343,10 @@ impl Engine {
         while c.level < bottom && c.bytes_at_level > self.config.levels[c.level].threshold.0 {
             c.bytes_at_level -= self.config.levels[c.level].threshold.0;
             c.level += 1;
+        }
+        let cap = (c.level == bottom).then(|| measure_cap(&self.config, c, counters, now)).flatten();
+        if let Some(cap) = cap {
+            self.caps.push_back(CapChange { id: id.clone(), cap: Some(cap) });
         }
         if c.level != old_level {
             c.entered_level = now;
@@ -341,6 +374,7 @@ impl Engine {
         if c.policy == policy {
             return;
         }
+        c.lift_cap(id, &mut self.caps);
         let old_policy = std::mem::replace(&mut c.policy, policy);
         let old_level = (old_policy == Policy::Managed).then_some(c.level);
         let used = c.bytes_at_level;
@@ -397,7 +431,7 @@ impl Engine {
             self.last_periodic_boost = now;
         }
         let mut next: Option<Instant> = self.periodic_deadline();
-        let (config, changes) = (&self.config, &mut self.changes);
+        let (config, changes, caps) = (&self.config, &mut self.changes, &mut self.caps);
         for (id, c) in self.containers.iter_mut() {
             // Only managed containers below the top have timers.
             if c.policy != Policy::Managed || c.level == 0 {
@@ -427,6 +461,7 @@ impl Engine {
                     if c.level == 0 {
                         c.left_top = None;
                     }
+                    c.lift_cap(id, caps);
                     changes.push_back(level_change(config, id, old, c.level, reason, used));
                     deadline_of(config, c)
                 }
@@ -486,6 +521,7 @@ impl Engine {
             let c = self.containers.get_mut(&id).expect("listed above");
             let (old, used) = (c.level, c.bytes_at_level);
             c.back_to_top(now);
+            c.lift_cap(&id, &mut self.caps);
             self.push_level_change(&id, old, 0, Reason::ShareBoosted, used);
         }
         self.containers.values_mut().for_each(|c| {
@@ -513,8 +549,15 @@ impl Engine {
             });
         }
         let bottom = self.config.bottom();
+        // New levels or a new cap rule: every cap is measured afresh under them.
+        let recap = old.levels != self.config.levels
+            || old.bottom_cap_window != self.config.bottom_cap_window
+            || old.bottom_cap_percent != self.config.bottom_cap_percent;
         let mut moves = Vec::new();
         for (id, c) in self.containers.iter_mut() {
+            if recap {
+                c.lift_cap(id, &mut self.caps);
+            }
             if c.policy != Policy::Managed {
                 continue;
             }
@@ -546,6 +589,11 @@ impl Engine {
     /// Next decision to carry out, oldest first. Drain until `None` after every input.
     pub fn poll_change(&mut self) -> Option<WeightChange> {
         self.changes.pop_front()
+    }
+
+    /// Next cap to set or lift, oldest first. Drain until `None` after every input, after [`Engine::poll_change`].
+    pub fn poll_cap_change(&mut self) -> Option<CapChange> {
+        self.caps.pop_front()
     }
 
     /// When [`Engine::handle_timeout`] must be called next; `None` if no timer is pending. May be earlier than
@@ -635,6 +683,47 @@ fn deadline_of(config: &Config, c: &Container) -> Option<Instant> {
     }
     let (boost, idle) = timers(config, c);
     earliest(boost, idle)
+}
+
+/// Counters below this rate (bytes per second, each direction) are not capped: such a container leaves the device
+/// idle most of the time anyway.
+pub const MIN_CAP_BPS: u64 = 1 << 20;
+
+/// The cap rule for a managed container at the bottom with no cap yet, at a sample of `counters` at `now` that
+/// counted I/O: starts measuring its rate, or, `bottom_cap_window` after the start, sets its cap at
+/// `bottom_cap_percent` % of the rate of each direction that did at least [`MIN_CAP_BPS`] (and measures afresh if
+/// neither did). A counter that went down (a cgroup made again) starts the measurement again.
+fn measure_cap(config: &Config, c: &mut Container, counters: IoCounters, now: Instant) -> Option<Cap> {
+    let window = config.bottom_cap_window?;
+    if c.policy != Policy::Managed || c.cap.is_some() {
+        return None;
+    }
+    let Some((from, base)) = c.cap_from else {
+        c.cap_from = Some((now, counters));
+        return None;
+    };
+    let elapsed = now.saturating_duration_since(from);
+    if counters.read < base.read || counters.write < base.write {
+        c.cap_from = Some((now, counters));
+        return None;
+    }
+    if elapsed < window {
+        return None;
+    }
+    let rate = |bytes: u64| {
+        let bps = u128::from(bytes) * 1_000_000_000 / elapsed.as_nanos().max(1);
+        let bps = u64::try_from(bps).unwrap_or(u64::MAX);
+        (bps >= MIN_CAP_BPS)
+            .then(|| u64::try_from(u128::from(bps) * u128::from(config.bottom_cap_percent) / 100).unwrap_or(u64::MAX))
+    };
+    let cap = Cap { read_bps: rate(counters.read - base.read), write_bps: rate(counters.write - base.write) };
+    if cap.read_bps.is_none() && cap.write_bps.is_none() {
+        c.cap_from = Some((now, counters));
+        return None;
+    }
+    c.cap_from = None;
+    c.cap = Some(cap);
+    Some(cap)
 }
 
 /// Bytes counted between two samples; a counter that went down restarted from zero.

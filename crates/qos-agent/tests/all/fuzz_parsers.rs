@@ -259,6 +259,8 @@ fn config_text() -> impl Strategy<Value = String> {
         Just("boost_all_every"),
         Just("share_window"),
         Just("share_floor_percent"),
+        Just("bottom_cap_window"),
+        Just("bottom_cap_percent"),
         Just("bogus"),
     ];
     let section = prop_oneof![
@@ -348,9 +350,18 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
         prop::option::of(duration(1, year)),
         prop::option::of(duration(1, year)),
         (prop::option::of(duration(1, year)), 1u8..=100),
+        (prop::option::of(duration(1, year)), 50u8..=99),
     )
         .prop_map(
-            |(levels, count, boost_after, idle_promote_after, boost_all_every, (share_window, share_floor_percent))| {
+            |(
+                levels,
+                count,
+                boost_after,
+                idle_promote_after,
+                boost_all_every,
+                (share_window, share_floor_percent),
+                (bottom_cap_window, bottom_cap_percent),
+            )| {
                 qos_core::Config {
                     levels,
                     count,
@@ -359,6 +370,8 @@ fn valid_config() -> impl Strategy<Value = AgentConfig> {
                     boost_all_every,
                     share_window,
                     share_floor_percent,
+                    bottom_cap_window,
+                    bottom_cap_percent,
                 }
             },
         );

@@ -230,6 +230,8 @@ fn config_round_trips_through_toml() {
             boost_all_every: Some(Duration::new(1, 1)),
             share_window: None,
             share_floor_percent: 35,
+            bottom_cap_window: None,
+            bottom_cap_percent: 80,
         },
     ];
     for config in configs {

@@ -1,5 +1,6 @@
 //! qos-core's tests, one binary with a module per area (one link instead of seven).
 //!
+//! - `caps`: the bottom level's throughput cap: when it is set, from what rate, and every way it is lifted.
 //! - `rules`: one test (or a few) per rule of the engine, on a hand-stepped clock.
 //! - `config`: validation (every error names field and value) and TOML parsing.
 //! - `units`: byte sizes and durations as written in config files.
@@ -10,6 +11,7 @@
 //! - `sim`: a deterministic disk simulator (virtual clock, proportional-share disk, seeded workloads) driving the
 //!   engine the way the agent does; `sim::paper` replays the paper's experiments on it (Tables 3-5).
 
+mod caps;
 mod common;
 mod config;
 mod model;

@@ -367,6 +367,8 @@ impl Model {
                 bytes_at_level: e.bytes,
                 total_bytes: e.total,
                 time_at_level: now.saturating_duration_since(e.entered),
+                // Caps are not modelled: the driver checks them on their own (`ops`).
+                cap: None,
             })
             .collect()
     }

@@ -82,9 +82,18 @@ pub fn valid_config() -> impl Strategy<Value = Config> {
         prop::option::weighted(0.7, millis(100..=20_000)),
         prop::option::weighted(0.2, millis(500..=60_000)),
         (prop::option::weighted(0.7, millis(100..=5_000)), 1u8..=100),
+        (prop::option::weighted(0.7, millis(100..=3_000)), 50u8..=99),
     )
         .prop_map(
-            |(levels, count, boost_after, idle_promote_after, boost_all_every, (share_window, share_floor_percent))| {
+            |(
+                levels,
+                count,
+                boost_after,
+                idle_promote_after,
+                boost_all_every,
+                (share_window, share_floor_percent),
+                (bottom_cap_window, bottom_cap_percent),
+            )| {
                 Config {
                     levels,
                     count,
@@ -93,6 +102,8 @@ pub fn valid_config() -> impl Strategy<Value = Config> {
                     boost_all_every,
                     share_window,
                     share_floor_percent,
+                    bottom_cap_window,
+                    bottom_cap_percent,
                 }
             },
         )
@@ -212,6 +223,8 @@ pub struct Run {
     counters: [IoCounters; IDS],
     pins: BTreeMap<ContainerId, Weight>,
     observed: BTreeMap<ContainerId, Observed>,
+    /// The caps the engine's outputs set and have not lifted.
+    capped: BTreeMap<ContainerId, qos_core::Cap>,
     pub record: Vec<Record>,
 }
 
@@ -231,6 +244,7 @@ impl Run {
             counters: [IoCounters::default(); IDS],
             pins: BTreeMap::new(),
             observed: BTreeMap::new(),
+            capped: BTreeMap::new(),
             record: Vec::new(),
         }
     }
@@ -389,10 +403,13 @@ impl Run {
         if !self.chaos {
             self.check_starvation_bound();
         }
+        self.check_caps(now, &config);
         if let Some(model) = self.model.as_mut() {
             let expected = model.drain();
             assert_eq!(changes, expected, "changes differ from the model's at {:?}", now - self.start);
-            let views: Vec<_> = self.engine.containers(now).collect();
+            // Caps are checked on their own (`check_caps`); the model does not have them.
+            let views: Vec<_> =
+                self.engine.containers(now).map(|v| qos_core::ContainerView { cap: None, ..v }).collect();
             assert_eq!(views, model.views(now), "views differ from the model's");
             assert_eq!(self.engine.len(), model.len());
             assert_eq!(self.engine.config(), &model.config);
@@ -405,6 +422,41 @@ impl Run {
                     got.map(|d| d - self.start),
                     deadline - self.start
                 );
+            }
+        }
+    }
+
+    /// The caps: set only on a managed container at the bottom with no cap, lifted only where one is set, at least
+    /// `bottom_cap_percent` % of [`qos_core::engine::MIN_CAP_BPS`] in each capped direction, never with the rule
+    /// off; and after every input, exactly the containers the outputs left capped have a cap in their view, each
+    /// at the bottom and managed.
+    fn check_caps(&mut self, now: Instant, config: &Config) {
+        let min = qos_core::engine::MIN_CAP_BPS * u64::from(config.bottom_cap_percent) / 100;
+        while let Some(change) = self.engine.poll_cap_change() {
+            match change.cap {
+                Some(cap) => {
+                    assert!(config.bottom_cap_window.is_some(), "a cap with the rule off: {change:?}");
+                    assert!(cap.read_bps.is_some() || cap.write_bps.is_some(), "an empty cap: {change:?}");
+                    for bps in [cap.read_bps, cap.write_bps].into_iter().flatten() {
+                        assert!(bps >= min, "a cap under the least rate capped: {change:?}");
+                    }
+                    let view = self.engine.container(&change.id, now).expect("a cap for a known container");
+                    assert_eq!((view.policy, view.level), (Policy::Managed, config.bottom()), "{change:?}");
+                    let old = self.capped.insert(change.id.clone(), cap);
+                    assert_eq!(old, None, "capped twice without a lift: {change:?}");
+                }
+                None => {
+                    assert!(self.capped.remove(&change.id).is_some(), "a lift of no cap: {change:?}");
+                }
+            }
+        }
+        // A removed container's cap goes with its cgroup: no output.
+        let engine = &self.engine;
+        self.capped.retain(|id, _| engine.container(id, now).is_some());
+        for view in self.engine.containers(now) {
+            assert_eq!(view.cap, self.capped.get(&view.id).copied(), "the view's cap is not what the outputs say");
+            if view.cap.is_some() {
+                assert_eq!((view.policy, view.level), (Policy::Managed, config.bottom()), "{view:?}");
             }
         }
     }

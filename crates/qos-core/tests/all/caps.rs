@@ -1,0 +1,218 @@
+//! The bottom level's cap (`bottom_cap_window`, `bottom_cap_percent`): when it is set, from what, and every way it
+//! is lifted.
+
+use std::time::Instant;
+
+use qos_core::{Cap, CapChange, Config, Engine, IoCounters, Policy, Reason};
+
+use crate::common::{drain, id, mib, ms, no_idle, read, s, t0, w};
+
+/// Every pending cap change.
+fn caps(engine: &mut Engine) -> Vec<CapChange> {
+    std::iter::from_fn(|| engine.poll_cap_change()).collect()
+}
+
+/// A reader that reads `rate` MiB per 100 ms round from `from` for `rounds` rounds, starting at `start` bytes;
+/// returns its counter and clock after the last round.
+fn read_steadily(e: &mut Engine, name: &str, start: u64, from: Instant, rounds: u64, rate: u64) -> (u64, Instant) {
+    let mut bytes = start;
+    let mut now = from;
+    for _ in 0..rounds {
+        now += ms(100);
+        bytes += mib(rate);
+        e.handle_sample(&id(name), read(bytes), now);
+    }
+    (bytes, now)
+}
+
+/// Started at `t`, read 200 MiB in one sample at `t + 100 ms`: at the bottom (the paper's four levels).
+fn at_bottom(e: &mut Engine, name: &str, t: Instant) -> (u64, Instant) {
+    e.handle_started(&id(name), t);
+    e.handle_sample(&id(name), read(mib(200)), t + ms(100));
+    assert_eq!(e.container(&id(name), t + ms(100)).unwrap().level, 3);
+    drain(e);
+    (mib(200), t + ms(100))
+}
+
+#[test]
+fn a_reader_settled_at_the_bottom_is_capped_at_95_percent_of_its_own_rate_after_one_second() {
+    let t = t0();
+    let mut e = Engine::new(no_idle(), t).unwrap();
+    let (bytes, now) = at_bottom(&mut e, "big", t);
+    // 14 MiB a round is 140 MiB/s: nothing before a whole second of it.
+    let (bytes, now) = read_steadily(&mut e, "big", bytes, now, 9, 14);
+    assert_eq!(caps(&mut e), vec![], "capped before bottom_cap_window");
+    let (_, now) = read_steadily(&mut e, "big", bytes, now, 1, 14);
+    let want = Cap { read_bps: Some(mib(140) * 95 / 100), write_bps: None };
+    assert_eq!(caps(&mut e), vec![CapChange { id: id("big"), cap: Some(want) }]);
+    assert_eq!(e.container(&id("big"), now).unwrap().cap, Some(want));
+    // Set once: more of the same changes nothing.
+    read_steadily(&mut e, "big", mib(400), now, 20, 14);
+    assert_eq!(caps(&mut e), vec![]);
+}
+
+#[test]
+fn each_direction_is_capped_on_its_own_rate_and_a_slow_one_not_at_all() {
+    let t = t0();
+    let mut e = Engine::new(no_idle(), t).unwrap();
+    let (_, now) = at_bottom(&mut e, "mixed", t);
+    // 10 MiB read and 100 KiB written a round: 100 MiB/s and 1000 KiB/s (under MIN_CAP_BPS) over one second.
+    let mut now2 = now;
+    for i in 1..=10u64 {
+        now2 = now + ms(100 * i);
+        e.handle_sample(&id("mixed"), IoCounters::new(mib(200) + i * mib(10), i * 100 * 1024), now2);
+    }
+    let got = caps(&mut e);
+    assert_eq!(got, vec![CapChange { id: id("mixed"), cap: Some(Cap { read_bps: Some(mib(95)), write_bps: None }) }]);
+    assert!(e.container(&id("mixed"), now2).unwrap().cap.is_some());
+}
+
+#[test]
+fn a_pause_restarts_the_measurement_so_the_rate_is_never_averaged_over_idle_time() {
+    let t = t0();
+    let mut e = Engine::new(no_idle(), t).unwrap();
+    let (bytes, now) = at_bottom(&mut e, "bursty", t);
+    let (bytes, now) = read_steadily(&mut e, "bursty", bytes, now, 8, 14);
+    // A round without I/O.
+    let now = now + ms(100);
+    e.handle_sample(&id("bursty"), read(bytes), now);
+    let (bytes, now) = read_steadily(&mut e, "bursty", bytes, now, 5, 14);
+    assert_eq!(caps(&mut e), vec![], "the second before the pause was counted");
+    // The measurement starts at the first sample after the pause: a whole second of reading from there.
+    let (_, _) = read_steadily(&mut e, "bursty", bytes, now, 6, 14);
+    let got = caps(&mut e);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].cap.unwrap().read_bps, Some(mib(140) * 95 / 100));
+}
+
+#[test]
+fn a_boost_lifts_the_cap_and_the_next_stay_at_the_bottom_measures_afresh() {
+    let t = t0();
+    let mut e = Engine::new(no_idle(), t).unwrap();
+    let (bytes, now) = at_bottom(&mut e, "big", t);
+    let (bytes, now) = read_steadily(&mut e, "big", bytes, now, 10, 14);
+    assert_eq!(caps(&mut e).len(), 1);
+    // boost_after (10 s) after it left the top.
+    let boost = t + ms(100) + s(10);
+    e.handle_timeout(boost);
+    let changes = drain(&mut e);
+    assert_eq!(changes.len(), 1);
+    assert_eq!((changes[0].reason, changes[0].weight), (Reason::Boosted, Some(w(1000))));
+    assert_eq!(caps(&mut e), vec![CapChange { id: id("big"), cap: None }]);
+    assert_eq!(e.container(&id("big"), boost).unwrap().cap, None);
+    // Down again and a slower second at the bottom: the new cap is from the new rate.
+    // A sample at the boost, then 200 MiB in the next round: all of it counted after the boost, to the bottom.
+    let now = now.max(boost);
+    e.handle_sample(&id("big"), read(bytes), now);
+    e.handle_sample(&id("big"), read(bytes + mib(200)), now + ms(100));
+    assert_eq!(e.container(&id("big"), now + ms(100)).unwrap().level, 3);
+    let (_, _) = read_steadily(&mut e, "big", bytes + mib(200), now + ms(100), 10, 7);
+    let got = caps(&mut e);
+    assert_eq!(
+        got,
+        vec![CapChange { id: id("big"), cap: Some(Cap { read_bps: Some(mib(70) * 95 / 100), write_bps: None }) }]
+    );
+}
+
+#[test]
+fn idle_promotion_the_fair_share_floor_a_policy_change_and_a_restart_each_lift_the_cap() {
+    let t = t0();
+    // Idle promotion: one level up after 2 s without I/O.
+    let mut e = Engine::new(Config { share_window: None, ..Config::default() }, t).unwrap();
+    let (bytes, now) = at_bottom(&mut e, "a", t);
+    let (bytes, now) = read_steadily(&mut e, "a", bytes, now, 10, 14);
+    assert_eq!(caps(&mut e).len(), 1);
+    e.handle_sample(&id("a"), read(bytes), now + ms(100));
+    e.handle_timeout(now + s(3));
+    assert_eq!(drain(&mut e)[0].reason, Reason::IdlePromoted);
+    assert_eq!(caps(&mut e), vec![CapChange { id: id("a"), cap: None }]);
+
+    // Policy: pinned.
+    let mut e = Engine::new(no_idle(), t).unwrap();
+    let (bytes, now) = at_bottom(&mut e, "b", t);
+    let (_, now) = read_steadily(&mut e, "b", bytes, now, 10, 14);
+    assert_eq!(caps(&mut e).len(), 1);
+    e.set_policy(&id("b"), Policy::Pinned(w(500)), now);
+    assert_eq!(caps(&mut e), vec![CapChange { id: id("b"), cap: None }]);
+    e.set_policy(&id("b"), Policy::Excluded, now);
+    assert_eq!(caps(&mut e), vec![], "lifted once");
+
+    // A restart.
+    let mut e = Engine::new(no_idle(), t).unwrap();
+    let (bytes, now) = at_bottom(&mut e, "c", t);
+    let (_, now) = read_steadily(&mut e, "c", bytes, now, 10, 14);
+    assert_eq!(caps(&mut e).len(), 1);
+    e.handle_started(&id("c"), now);
+    assert_eq!(caps(&mut e), vec![CapChange { id: id("c"), cap: None }]);
+    assert_eq!(e.container(&id("c"), now).unwrap().level, 0);
+
+    // The fair-share floor: a capped reader that gets under 10 % of a peer's bytes at the same weight.
+    let mut e = Engine::new(Config { idle_promote_after: None, ..Config::default() }, t).unwrap();
+    let (_, _) = at_bottom(&mut e, "slow", t);
+    let (_, now) = at_bottom(&mut e, "fast", t);
+    let (mut slow, mut fast) = (mib(200), mib(200));
+    let mut now2 = now;
+    let mut lifted = false;
+    for _ in 0..40 {
+        now2 += ms(100);
+        slow += mib(1);
+        fast += mib(14);
+        e.handle_sample(&id("slow"), read(slow), now2);
+        e.handle_sample(&id("fast"), read(fast), now2);
+        e.handle_timeout(now2);
+        let share = drain(&mut e).iter().any(|c| c.id == id("slow") && c.reason == Reason::ShareBoosted);
+        let got = caps(&mut e);
+        if share {
+            assert!(got.contains(&CapChange { id: id("slow"), cap: None }), "{got:?}");
+            lifted = true;
+            break;
+        }
+    }
+    // With 1 MiB against 14 the slow one is under the floor's 10 %: it was capped (10 MiB/s) and boosted.
+    assert!(lifted, "the fair-share floor never boosted the slow reader");
+}
+
+#[test]
+fn off_means_no_cap_and_turning_it_off_lifts_every_cap() {
+    let t = t0();
+    let mut e = Engine::new(Config { bottom_cap_window: None, ..no_idle() }, t).unwrap();
+    let (bytes, now) = at_bottom(&mut e, "big", t);
+    read_steadily(&mut e, "big", bytes, now, 30, 14);
+    assert_eq!(caps(&mut e), vec![]);
+
+    let mut e = Engine::new(no_idle(), t).unwrap();
+    let (bytes, now) = at_bottom(&mut e, "big", t);
+    let (_, now) = read_steadily(&mut e, "big", bytes, now, 10, 14);
+    assert_eq!(caps(&mut e).len(), 1);
+    e.reconfigure(Config { bottom_cap_window: None, ..no_idle() }, now).unwrap();
+    assert_eq!(caps(&mut e), vec![CapChange { id: id("big"), cap: None }]);
+    assert_eq!(drain(&mut e), vec![], "the weight stays");
+}
+
+#[test]
+fn a_container_that_left_the_bottom_before_the_window_ended_is_never_capped() {
+    let t = t0();
+    let mut e = Engine::new(no_idle(), t).unwrap();
+    let (bytes, now) = at_bottom(&mut e, "big", t);
+    let (bytes, now) = read_steadily(&mut e, "big", bytes, now, 5, 14);
+    e.set_policy(&id("big"), Policy::Pinned(w(10)), now);
+    e.set_policy(&id("big"), Policy::Managed, now);
+    drain(&mut e);
+    // Back at the top: its reads demote it to the bottom again, and the window starts there, not before.
+    let (_, _) = read_steadily(&mut e, "big", bytes, now, 9, 14);
+    assert_eq!(caps(&mut e), vec![]);
+}
+
+#[test]
+fn cap_settings_are_validated_naming_the_field() {
+    for (config, field) in [
+        (Config { bottom_cap_percent: 49, ..Config::default() }, "bottom_cap_percent"),
+        (Config { bottom_cap_percent: 100, ..Config::default() }, "bottom_cap_percent"),
+        (Config { bottom_cap_window: Some(ms(0)), ..Config::default() }, "bottom_cap_window"),
+    ] {
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains(field), "{err}");
+    }
+    let parsed: Config = toml::from_str("bottom_cap_window = \"off\"\nbottom_cap_percent = 90").unwrap();
+    assert_eq!((parsed.bottom_cap_window, parsed.bottom_cap_percent), (None, 90));
+}
