@@ -253,6 +253,13 @@ impl Line {
         }
     }
 
+    /// The device the line is about.
+    pub fn dev(&self) -> DevNum {
+        match self {
+            Self::V1(_, dev, _) | Self::V2(dev, _) => *dev,
+        }
+    }
+
     /// Exactly what is written (one `write(2)`).
     pub fn text(&self) -> String {
         match self {

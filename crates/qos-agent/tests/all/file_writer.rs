@@ -522,3 +522,33 @@ async fn weight_writer_cap_defaults_to_unsupported() {
     let applied = WeightWriter::cap(&mut f.writer, &f.info, cap(Some(MIB), None)).await.unwrap();
     assert_eq!(applied, CapApplied::Files(vec![dc("7:3", Some(MIB), None)]));
 }
+
+/// A disk that went away while capped: the kernel forgets its limits and answers ENODEV to a line about it. The
+/// lift puts back what it can (nothing else is capped here), leaves the gone device out and drops the record.
+#[test]
+fn a_lift_after_the_disk_went_away_skips_it() {
+    #[derive(Debug)]
+    struct Unplugged;
+    impl CgroupFs for Unplugged {
+        fn write(&self, path: &Path, data: &[u8]) -> std::io::Result<usize> {
+            if data.starts_with(b"7:3 ") {
+                Err(std::io::Error::from_raw_os_error(19)) // ENODEV
+            } else {
+                FixtureKernel.write(path, data)
+            }
+        }
+    }
+    let mut f = v1_cap_fixture("7:3 1000\n", "254:0 5\n", None);
+    f.writer.write_cap(&f.info, cap(Some(MIB), Some(MIB))).unwrap();
+    assert_eq!(f.throttle(), ("7:3 1000\n".into(), "7:3 1048576\n254:0 5\n".into()));
+    // loop3 is gone: its lines with it.
+    f.put_v1("blkio.throttle.read_bps_device", "");
+    f.put_v1("blkio.throttle.write_bps_device", "254:0 5\n");
+    let root =
+        CgroupRoot::from_dir(CgroupVersion::V1, f.tmp.path().join("blkio")).unwrap().with_fs(Arc::new(Unplugged));
+    let info = ContainerInfo { cgroup: Some(root.resolve_relative("docker/c1").unwrap()), ..f.info.clone() };
+    assert_eq!(f.writer.write_cap(&info, None).unwrap(), [], "nothing in force to report");
+    assert_eq!(f.throttle(), (String::new(), "254:0 5\n".into()));
+    // The record is gone: a later lift writes nothing, even with the device back.
+    assert_eq!(f.writer.write_cap(&f.info, None).unwrap(), []);
+}

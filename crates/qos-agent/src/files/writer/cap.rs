@@ -128,9 +128,9 @@ impl FileWriter {
         }
         let target = cap_plan::targets(devices.iter().copied(), &snapshot.before, Some(cap))
             .map_err(|ZeroCap(d)| BackendError::ZeroCap { id: info.id.clone(), what: what(d) })?;
-        apply(dir, &target, &now)?;
-        debug!(container = %info.id.short(), ?cap, devices = ?target, "cap written and read back");
-        Ok(device_caps(&target))
+        let in_force = apply(dir, &target, &now)?;
+        debug!(container = %info.id.short(), ?cap, devices = ?in_force, "cap written and read back");
+        Ok(device_caps(&in_force))
     }
 
     fn lift_cap(&mut self, info: &ContainerInfo, dir: &CgroupDir) -> Result<Vec<DeviceCap>, BackendError> {
@@ -146,10 +146,10 @@ impl FileWriter {
         }
         let result = read_limits(dir).and_then(|now| apply(dir, &snapshot.before, &now));
         match result {
-            Ok(()) => {
+            Ok(in_force) => {
                 self.caps.remove(&info.id);
-                debug!(container = %info.id.short(), devices = ?snapshot.before, "cap lifted, limits put back");
-                Ok(device_caps(&snapshot.before))
+                debug!(container = %info.id.short(), devices = ?in_force, "cap lifted, limits put back");
+                Ok(device_caps(&in_force))
             }
             Err(e) => {
                 if e.is_vanished() {
@@ -228,24 +228,34 @@ fn restore_one(root: &CgroupRoot, snapshot: &CapSnapshot) -> Result<Vec<DeviceCa
     let rel = rel.to_str().ok_or_else(|| outside("not UTF-8"))?;
     let dir = root.resolve_relative(rel)?;
     let now = read_limits(&dir)?;
-    apply(&dir, &snapshot.before, &now)?;
-    Ok(device_caps(&snapshot.before))
+    let in_force = apply(&dir, &snapshot.before, &now)?;
+    Ok(device_caps(&in_force))
 }
 
-/// Writes the lines that turn `now` into `target`, reads the files back and checks every device of `target`.
-fn apply(dir: &CgroupDir, target: &DeviceLimits, now: &DeviceLimits) -> Result<(), CgroupError> {
+/// Writes the lines that turn `now` into `target`, reads the files back and checks every device of `target`;
+/// returns `target` as in force. A device the kernel says does not exist (ENODEV while the cgroup is there: a disk
+/// that went away) is left out: it holds no limit, and a disk that comes back under its number is another disk.
+fn apply(dir: &CgroupDir, target: &DeviceLimits, now: &DeviceLimits) -> Result<DeviceLimits, CgroupError> {
     let version = dir.version();
-    for line in cap_plan::write_lines(version, target, now) {
-        write_line(dir, line.file_name(), &line.text())?;
+    let mut target = target.clone();
+    for line in cap_plan::write_lines(version, &target, now) {
+        match write_line(dir, line.file_name(), &line.text()) {
+            Err(CgroupError::Write { source, .. }) if source.raw_os_error() == Some(libc::ENODEV) => {
+                debug!(cgroup = %dir.path().display(), device = %line.dev(), "cap: no such device any more; skipped");
+                target.remove(&line.dev());
+            }
+            other => other?,
+        }
     }
     let back = read_limits(dir)?;
-    cap_plan::check(target, &back).map_err(|m| CgroupError::LimitMismatch {
+    cap_plan::check(&target, &back).map_err(|m| CgroupError::LimitMismatch {
         path: dir.path().join(m.dir.file(version)),
         device: m.dev.to_string(),
         what: what(m.dir),
         wrote: m.wanted,
         read: m.read,
-    })
+    })?;
+    Ok(target)
 }
 
 /// The cgroup's byte-rate limits on every device, from its throttle file(s).
