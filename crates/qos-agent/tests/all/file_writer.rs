@@ -1,7 +1,8 @@
 //! The file writer ([`FileWriter`]) on cgroup v2 and v1 BFQ fixture files written through testbed's [`FixtureKernel`],
 //! which applies each line written as the kernel does (a `default N` leaves `io.weight`'s overrides alone and removes
 //! BFQ's, `MAJ:MIN default` removes one): per-device overrides written, beaten and restored exactly, also after a
-//! crash (from the records file).
+//! crash (from the records file). The throughput cap on the same fixtures, the throttle files written through the
+//! fixture kernel's own model of blk-throttle: v1's `blkio.throttle.*_bps_device` and v2's `io.max`.
 //! Moved here from the writer's unit tests (issue 28) when the fixture kernel left the production write path for
 //! the [`qos_agent::cgroup::CgroupFs`] seam; the rest of the writer's tests need no kernel and stay beside it.
 
@@ -16,6 +17,7 @@ use qos_agent::cgroup::{CgroupError, CgroupFs, CgroupRoot, CgroupVersion};
 use qos_agent::files::restore_records::records_path;
 use qos_agent::files::{FileWriter, LeftoverCap};
 use qos_agent::ops::metrics::DeviceWeightEffective;
+use qos_agent::writer::{AgentWriter, Way};
 use qos_core::{Cap, ContainerId, Weight};
 use testbed::fixture::FixtureKernel;
 
@@ -551,4 +553,23 @@ fn a_lift_after_the_disk_went_away_skips_it() {
     assert_eq!(f.throttle(), (String::new(), "254:0 5\n".into()));
     // The record is gone: a later lift writes nothing, even with the device back.
     assert_eq!(f.writer.write_cap(&f.info, None).unwrap(), []);
+}
+
+/// The agent's writer caps through its file writer (the way chosen for weights plays no part), and puts back a
+/// crashed agent's caps through it.
+#[tokio::test]
+async fn the_agent_writer_caps_through_the_files() {
+    let mut f = fixture("default 100\n", "default 100\n");
+    f.put("io.max", "");
+    let files = std::mem::take(&mut f.writer);
+    let mut agent = AgentWriter::new(files, Way::Files);
+    let applied = agent.cap(&f.info, cap(Some(MIB), Some(2 * MIB))).await.unwrap();
+    assert_eq!(applied, CapApplied::Files(vec![dc("7:3", Some(MIB), Some(2 * MIB))]));
+    assert_eq!(f.file("io.max"), "7:3 rbps=1048576 wbps=2097152 riops=max wiops=max\n");
+    let root =
+        CgroupRoot::from_dir(CgroupVersion::V2, f.tmp.path().join("cg")).unwrap().with_fs(Arc::new(FixtureKernel));
+    let done = agent.restore_leftover_caps(&root);
+    assert!(matches!(done.as_slice(), [LeftoverCap::Restored { .. }]), "{done:?}");
+    assert_eq!(f.file("io.max"), "");
+    assert_eq!(agent.cap(&f.info, None).await.unwrap(), CapApplied::Files(vec![]), "nothing left to lift");
 }
