@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use ddiskqos::agent::backend::{
-    AppliedVia, BackendError, ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent, WeightWriter,
+    AppliedVia, BackendError, CapApplied, ContainerInfo, Discovery, DiscoveryError, DiscoveryEvent, WeightWriter,
 };
 use ddiskqos::agent::cgroup::{CgroupRoot, CgroupVersion};
 use ddiskqos::agent::config::{AgentConfig, RuntimeKind};
@@ -34,7 +34,7 @@ use ddiskqos::agent::daemon::{Command, Daemon};
 use ddiskqos::agent::files::{FileCounters, FileWriter};
 use ddiskqos::agent::ops::metrics::Metrics;
 use ddiskqos::agent::state::OriginalWeights;
-use ddiskqos::core::{ContainerId, Weight};
+use ddiskqos::core::{Cap, ContainerId, Weight};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -137,6 +137,24 @@ impl<W: WeightWriter> WeightWriter for PrintingWriter<W> {
         let result = self.inner.restore(info, original).await;
         self.print(info, original, "restored", &result);
         result
+    }
+
+    async fn cap(&mut self, info: &ContainerInfo, cap: Option<Cap>) -> Result<CapApplied, BackendError> {
+        let result = self.inner.cap(info, cap).await;
+        let at = self.started.elapsed().as_secs_f64();
+        let what = match cap {
+            Some(c) => format!("cap read {:?} write {:?} B/s", c.read_bps, c.write_bps),
+            None => "cap lifted".to_string(),
+        };
+        match &result {
+            Ok(applied) => println!("[{at:5.2}s] {:<12} {what}  ({applied:?})", info.name),
+            Err(e) => println!("[{at:5.2}s] {:<12} {what}  FAILED: {e}", info.name),
+        }
+        result
+    }
+
+    fn forget(&mut self, id: &ContainerId) {
+        self.inner.forget(id);
     }
 }
 

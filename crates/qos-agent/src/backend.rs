@@ -145,6 +145,14 @@ pub enum BackendError {
         /// The runtime's answer.
         detail: String,
     },
+    /// A cap of 0 bytes/s, which no throttle file can hold (v1 reads 0 as "remove the limit", v2 refuses it).
+    #[error("cannot cap container {id} at 0 {what}: the throttle files have no zero limit")]
+    ZeroCap {
+        /// The container.
+        id: ContainerId,
+        /// Which limit: "read bytes/s" or "write bytes/s".
+        what: &'static str,
+    },
 }
 
 impl BackendError {
@@ -154,7 +162,7 @@ impl BackendError {
         match self {
             BackendError::Cgroup(e) => e.is_vanished(),
             BackendError::NoContainer { .. } => true,
-            BackendError::Runtime { .. } | BackendError::NoCgroup(_) => false,
+            BackendError::Runtime { .. } | BackendError::NoCgroup(_) | BackendError::ZeroCap { .. } => false,
         }
     }
 }
@@ -201,6 +209,30 @@ impl AppliedVia {
     }
 }
 
+/// What a [`WeightWriter::cap`] did, for logs and status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CapApplied {
+    /// This writer does not cap (the trait's default): nothing was written.
+    Unsupported,
+    /// Written into the cgroup's throttle files and read back (see [`crate::files::FileWriter::write_cap`]): each
+    /// device the write covered and the limits in force on it now. Empty: no device to cap (none where BFQ
+    /// decides yet), or a lift of a container that was not capped.
+    Files(Vec<DeviceCap>),
+}
+
+/// The byte-rate limits in force on one device of a container after a cap or its lift (`None`: no limit). Below
+/// the cap where the container had a lower limit of its own, which a cap never loosens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCap {
+    /// The device.
+    pub dev: crate::kernel::DevNum,
+    /// Read bytes per second.
+    pub read_bps: Option<u64>,
+    /// Written bytes per second.
+    pub write_bps: Option<u64>,
+}
+
 /// Applies weights and proves they arrived by reading the cgroup file back.
 pub trait WeightWriter: Send {
     /// The weight the container has now, read from its cgroup (used to restore it later).
@@ -239,6 +271,17 @@ pub trait WeightWriter: Send {
     ) -> impl Future<Output = Result<AppliedVia, BackendError>> + Send {
         let detail = "this writer keeps nothing of a container beyond its cgroup".to_string();
         std::future::ready(Err(BackendError::NoContainer { id: id.clone(), detail }))
+    }
+    /// Holds the container's throughput at most `cap` (`Some`) on the devices where BFQ decides, or lifts the cap
+    /// (`None`), putting back exactly the limits the container had before its first cap; verified by reading the
+    /// files back. A cap never loosens a limit the container already had. The default, for a writer that does not
+    /// cap, writes nothing and answers [`CapApplied::Unsupported`].
+    fn cap(
+        &mut self,
+        _info: &ContainerInfo,
+        _cap: Option<qos_core::Cap>,
+    ) -> impl Future<Output = Result<CapApplied, BackendError>> + Send {
+        std::future::ready(Ok(CapApplied::Unsupported))
     }
     /// Drops what the writer keeps about a container that is gone (a restore snapshot, a unit's own properties),
     /// so what it keeps does not grow with every container ever seen. The daemon calls it when it drops one.

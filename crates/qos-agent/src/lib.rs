@@ -73,7 +73,8 @@ pub mod systemd;
 pub mod writer;
 
 pub use backend::{
-    AppliedVia, BackendError, ContainerInfo, CounterSource, DeviceMonitor, Discovery, DiscoveryEvent, WeightWriter,
+    AppliedVia, BackendError, CapApplied, ContainerInfo, CounterSource, DeviceCap, DeviceMonitor, Discovery,
+    DiscoveryEvent, WeightWriter,
 };
 pub use config::AgentConfig;
 pub use daemon::{Command, Daemon, Status, Summary};

@@ -14,8 +14,9 @@
 use qos_core::{ContainerId, Weight};
 use tracing::debug;
 
-use crate::backend::{AppliedVia, BackendError, ContainerInfo, Starting, WeightWriter};
-use crate::files::{FileDevices, FileWriter};
+use crate::backend::{AppliedVia, BackendError, CapApplied, ContainerInfo, Starting, WeightWriter};
+use crate::cgroup::CgroupRoot;
+use crate::files::{FileDevices, FileWriter, LeftoverCap};
 use crate::runtime::docker::DockerApiWriter;
 use crate::systemd::UnitWriter;
 
@@ -66,6 +67,12 @@ impl AgentWriter {
     /// The way chosen at assembly.
     pub fn way(&self) -> &Way {
         &self.way
+    }
+
+    /// Puts back the caps a previous agent left, whatever the way (see [`FileWriter::restore_leftover_caps`]):
+    /// for the agent to call once at start-up, before any cap, and log.
+    pub fn restore_leftover_caps(&mut self, root: &CgroupRoot) -> Vec<LeftoverCap> {
+        self.files.restore_leftover_caps(root)
     }
 
     /// A write (`restore`: of the original) the chosen way, else into the files.
@@ -121,6 +128,19 @@ impl WeightWriter for AgentWriter {
     /// is given the original); the files are put back as first read.
     async fn restore(&mut self, info: &ContainerInfo, original: Weight) -> Result<AppliedVia, BackendError> {
         self.apply(info, original, true).await
+    }
+
+    /// Through the files whatever the way ([`FileWriter::write_cap`]): neither Docker's API nor systemd is asked.
+    /// That is safe because neither rewrites a throttle limit it was not given itself: `docker update` (runc's
+    /// `update`) writes the `blkio.throttle.*` / `io.max` lines of the devices in the container's own
+    /// `--device-read-bps`-style settings only, and systemd writes those of a unit's own `IOReadBandwidthMax=` /
+    /// `IOWriteBandwidthMax=` only, so a cap on another device, or on the same device where the container set
+    /// none, stays. Where the container (or its unit) has a limit of its own on a device, the cap written there is
+    /// never above it, and a re-apply puts back that limit, which only loosens the cap to what the container was
+    /// given. This is not verified after a later systemd property change or `docker update`: a cap is read back
+    /// when it is written, not watched.
+    async fn cap(&mut self, info: &ContainerInfo, cap: Option<qos_core::Cap>) -> Result<CapApplied, BackendError> {
+        Ok(CapApplied::Files(self.files.write_cap(info, cap)?))
     }
 
     /// Docker's API keeps the weight in the container's configuration; the files and systemd's runtime unit

@@ -70,11 +70,27 @@ pub fn make_cgroup(dir: &Path, layout: Layout) {
 /// state and shows `default N` first, then the overrides by device. In BFQ's files (`io.bfq.weight`,
 /// `blkio.bfq.weight_device`) `default N` also removes every override, as Linux 6.18 does. v1 plain-number files
 /// and anything that does not parse are written as they are.
+///
+/// The throttle files too, as blk-throttle keeps them, modelled here on their own (not with the agent's parser, so
+/// a test checks one against the other): v1's `blkio.throttle.{read,write}_bps_device` take `MAJ:MIN BYTES`
+/// (0 or u64::MAX removes the device's limit; anything else is EINVAL) and list `MAJ:MIN BYTES` per device with a
+/// limit; v2's `io.max` takes `MAJ:MIN key=value...` (keys `rbps wbps riops wiops`, `max` removes, 0 is ERANGE,
+/// another key EINVAL) and lists `MAJ:MIN rbps=.. wbps=.. riops=.. wiops=..` per device with some limit. Devices
+/// are listed by number.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FixtureKernel;
 
 impl CgroupFs for FixtureKernel {
     fn write(&self, path: &Path, data: &[u8]) -> std::io::Result<usize> {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if name == "blkio.throttle.read_bps_device" || name == "blkio.throttle.write_bps_device" {
+            let merged = throttle_v1(&fs::read_to_string(path)?, data)?;
+            return RealFs.write(path, merged.as_bytes()).map(|_| data.len());
+        }
+        if name == "io.max" {
+            let merged = io_max(&fs::read_to_string(path)?, data)?;
+            return RealFs.write(path, merged.as_bytes()).map(|_| data.len());
+        }
         match merge(path, data) {
             Some(merged) => RealFs.write(path, merged.as_bytes()).map(|_| data.len()),
             None => RealFs.write(path, data),
@@ -110,4 +126,81 @@ fn merge(path: &Path, data: &[u8]) -> Option<String> {
         out.push_str(&format!("{dev} {v}\n"));
     }
     Some(out)
+}
+
+/// Linux's EINVAL and ERANGE (testbed has no libc dependency).
+const EINVAL: i32 = 22;
+const ERANGE: i32 = 34;
+
+fn einval() -> std::io::Error {
+    std::io::Error::from_raw_os_error(EINVAL)
+}
+
+/// Sorts `MAJ:MIN` keys by number.
+fn dev_key(dev: &str) -> std::io::Result<(u32, u32)> {
+    let (maj, min) = dev.split_once(':').ok_or_else(einval)?;
+    Ok((maj.parse().map_err(|_| einval())?, min.parse().map_err(|_| einval())?))
+}
+
+/// A v1 `blkio.throttle.*_bps_device` holding `old` after `data` is written.
+fn throttle_v1(old: &str, data: &[u8]) -> std::io::Result<String> {
+    let mut limits = std::collections::BTreeMap::new();
+    for line in old.lines().filter(|l| !l.trim().is_empty()) {
+        let (dev, v) = line.split_once(' ').ok_or_else(einval)?;
+        limits.insert(dev_key(dev)?, v.trim().parse::<u64>().map_err(|_| einval())?);
+    }
+    let text = std::str::from_utf8(data).map_err(|_| einval())?;
+    let mut fields = text.split_whitespace();
+    let (Some(dev), Some(v)) = (fields.next(), fields.next()) else { return Err(einval()) };
+    let v: u64 = v.parse().map_err(|_| einval())?;
+    if v == 0 || v == u64::MAX {
+        limits.remove(&dev_key(dev)?);
+    } else {
+        limits.insert(dev_key(dev)?, v);
+    }
+    Ok(limits.iter().map(|((maj, min), v)| format!("{maj}:{min} {v}\n")).collect())
+}
+
+/// A v2 `io.max` holding `old` after `data` is written.
+fn io_max(old: &str, data: &[u8]) -> std::io::Result<String> {
+    const KEYS: [&str; 4] = ["rbps", "wbps", "riops", "wiops"];
+    let parse = |fields: &mut dyn Iterator<Item = &str>, limits: &mut [Option<u64>; 4]| -> std::io::Result<()> {
+        for field in fields {
+            let (key, value) = field.split_once('=').ok_or_else(einval)?;
+            let at = KEYS.iter().position(|k| *k == key).ok_or_else(einval)?;
+            limits[at] = match value {
+                "max" => None,
+                v => match v.parse::<u64>().map_err(|_| einval())? {
+                    0 => return Err(std::io::Error::from_raw_os_error(ERANGE)),
+                    u64::MAX => None,
+                    n => Some(n),
+                },
+            };
+        }
+        Ok(())
+    };
+    let mut devices: std::collections::BTreeMap<(u32, u32), [Option<u64>; 4]> = Default::default();
+    for line in old.lines().filter(|l| !l.trim().is_empty()) {
+        let mut fields = line.split_whitespace();
+        let dev = dev_key(fields.next().ok_or_else(einval)?)?;
+        parse(&mut fields, devices.entry(dev).or_default())?;
+    }
+    let text = std::str::from_utf8(data).map_err(|_| einval())?;
+    let mut fields = text.split_whitespace();
+    let dev = dev_key(fields.next().ok_or_else(einval)?)?;
+    let mut limits = devices.get(&dev).copied().unwrap_or_default();
+    parse(&mut fields, &mut limits)?;
+    devices.insert(dev, limits);
+    let mut out = String::new();
+    for ((maj, min), limits) in devices.iter().filter(|(_, l)| l.iter().any(Option::is_some)) {
+        out.push_str(&format!("{maj}:{min}"));
+        for (key, v) in KEYS.iter().zip(limits) {
+            match v {
+                Some(n) => out.push_str(&format!(" {key}={n}")),
+                None => out.push_str(&format!(" {key}=max")),
+            }
+        }
+        out.push('\n');
+    }
+    Ok(out)
 }

@@ -109,6 +109,21 @@ pub enum CgroupError {
         /// Which line it came from: "its MAJ:MIN override" or "the default".
         what: &'static str,
     },
+    /// A throttle file (v1 `blkio.throttle.{read,write}_bps_device`, v2 `io.max`) does not read back, on a
+    /// device, the byte-rate limit just written (`None`: no limit).
+    #[error("wrote {what} limit {} to {path} but device {device} reads back {}", show_limit(.wrote), show_limit(.read))]
+    LimitMismatch {
+        /// The throttle file.
+        path: PathBuf,
+        /// The device, `MAJ:MIN`.
+        device: String,
+        /// Which limit: "read bytes/s" or "write bytes/s".
+        what: &'static str,
+        /// The limit written.
+        wrote: Option<u64>,
+        /// The limit read back.
+        read: Option<u64>,
+    },
     /// A weight file holds a value that is not a valid weight for that file.
     #[error("{path} holds weight {value} outside the file's range: {source}")]
     WeightRange {
@@ -166,6 +181,14 @@ impl CgroupError {
             text: String::from_utf8_lossy(text).into_owned(),
             reason: reason.into(),
         }
+    }
+}
+
+/// A byte-rate limit as the errors show it: the number, or "no limit".
+fn show_limit(limit: &Option<u64>) -> String {
+    match limit {
+        Some(v) => v.to_string(),
+        None => "no limit".into(),
     }
 }
 

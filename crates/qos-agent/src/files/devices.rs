@@ -165,6 +165,24 @@ impl FileDevices {
         plan
     }
 
+    /// What governs each of `devices`, looked up in the table (re-read when stale, changes reported), without
+    /// making them any container's devices (the cap's devices on v1 without the per-device weight file).
+    pub(crate) fn governors(&self, devices: BTreeSet<DevNum>) -> Vec<(DevNum, Governor)> {
+        let mut s = self.state();
+        let now = s.now;
+        let mut out = Vec::new();
+        for dev in devices {
+            let (facts, changed) = s.table.get(dev, now);
+            let governor = facts.governor;
+            if let Some(before) = changed {
+                let facts = facts.clone();
+                s.report(&facts, before);
+            }
+            out.push((dev, governor));
+        }
+        out
+    }
+
     /// Re-reads the facts of the device a failed check names; true if its governor changed.
     pub(crate) fn recheck(&self, err: &CgroupError) -> bool {
         let CgroupError::DeviceMismatch { device, .. } = err else { return false };

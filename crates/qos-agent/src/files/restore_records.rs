@@ -108,6 +108,11 @@ impl<T: Serialize + DeserializeOwned> RestoreRecords<T> {
         self.records.contains_key(id)
     }
 
+    /// Every record, by container.
+    pub fn iter(&self) -> impl Iterator<Item = (&ContainerId, &T)> {
+        self.records.iter()
+    }
+
     /// Number of records.
     pub fn len(&self) -> usize {
         self.records.len()

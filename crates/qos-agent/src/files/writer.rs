@@ -30,6 +30,9 @@
 //!
 //! On v1 without the per-device file (CFQ's `blkio.weight` before Linux 5.0, BFQ before 5.4) one file acts, holds
 //! no override, and is written, checked and restored as a plain number, as before.
+//!
+//! Beside the weight, the writer holds a container's throughput under a cap in its throttle files
+//! ([`FileWriter::write_cap`], in `writer/cap.rs`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -37,7 +40,7 @@ use std::path::{Path, PathBuf};
 use qos_core::{ContainerId, Weight};
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{AppliedVia, BackendError, ContainerInfo, WeightWriter};
+use crate::backend::{AppliedVia, BackendError, CapApplied, ContainerInfo, WeightWriter};
 use crate::blockdev::DeviceTable;
 use crate::cgroup::{
     CgroupDir, CgroupError, CgroupVersion, WeightFile, WeightFileKind, WeightLines, V1_BFQ_BYTES, V2_IO_STAT,
@@ -47,6 +50,10 @@ use crate::files::weight_plan::{V1_FILES, V2_FILES};
 use crate::files::{check_restored, restore_lines, FileDevices, Line, Mismatch, WeightPlan};
 use crate::kernel::DevNum;
 use crate::ops::metrics::DeviceWeightEffective;
+
+mod cap;
+
+pub use cap::LeftoverCap;
 
 /// Where the v2 hierarchy is mounted unless told otherwise (its root holds `io.cost.qos`).
 const DEFAULT_V2_ROOT: &str = "/sys/fs/cgroup";
@@ -62,6 +69,10 @@ pub struct FileWriter {
     snapshots: RestoreRecords<Snapshot>,
     /// Map size at which snapshots of vanished cgroups are dropped next.
     prune_at: usize,
+    /// The throttle files' limits before the first cap, per container: what a lift puts back (`writer/cap.rs`).
+    caps: RestoreRecords<cap::CapSnapshot>,
+    /// Map size at which cap snapshots of vanished cgroups are dropped next.
+    caps_prune_at: usize,
 }
 
 /// A container's planned weight files before the agent changed them.
@@ -90,7 +101,13 @@ impl FileWriter {
 
     /// A writer over a given device table (fixtures).
     pub fn with_table(table: DeviceTable) -> Self {
-        Self { devices: FileDevices::new(table), snapshots: RestoreRecords::in_memory(), prune_at: 64 }
+        Self {
+            devices: FileDevices::new(table),
+            snapshots: RestoreRecords::in_memory(),
+            prune_at: 64,
+            caps: RestoreRecords::in_memory(),
+            caps_prune_at: 64,
+        }
     }
 
     /// Devices (names in /sys/block) written and checked on v2 whatever the container's `io.stat` says:
@@ -407,8 +424,16 @@ impl WeightWriter for FileWriter {
         self.restore_weight(info, original)
     }
 
+    /// See [`FileWriter::write_cap`].
+    async fn cap(&mut self, info: &ContainerInfo, cap: Option<qos_core::Cap>) -> Result<CapApplied, BackendError> {
+        Ok(CapApplied::Files(self.write_cap(info, cap)?))
+    }
+
+    /// Drops the weight snapshot, and the cap snapshot if the cgroup is gone (a cap in force on a cgroup that
+    /// still exists stays recorded, for a lift or the start-up restore).
     fn forget(&mut self, id: &ContainerId) {
         self.snapshots.remove(id);
+        self.forget_cap(id);
     }
 }
 

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use qos_agent::backend::ContainerInfo;
 use qos_agent::blockdev;
 use qos_agent::cgroup::{CgroupRoot, CgroupVersion, CounterFileKind, CounterReader, WeightFile, WeightFileKind};
-use qos_agent::files::{FileCounters, FileWriter, FULL_READ_EVERY};
-use qos_core::{ContainerId, IoCounters, Weight};
+use qos_agent::files::{FileCounters, FileWriter, LeftoverCap, FULL_READ_EVERY};
+use qos_core::{Cap, ContainerId, IoCounters, Weight};
 use testbed::blkio::{kill_cgroup_procs, run_in_cgroup, CgroupGuard, BLKIO};
 use testbed::loopdev::LoopDevice;
 use testbed::process::ChildGuard;
@@ -220,6 +220,82 @@ fn v1_weight_device_override_is_beaten_and_restored_exactly() {
     writer.restore_weight(&info, w(100)).unwrap();
     assert_eq!(read("blkio.bfq.weight_device"), "default 100\n", "the override the agent wrote is gone");
     assert_eq!(read("blkio.bfq.weight"), "100\n");
+}
+
+/// The throughput cap on the kernel's v1 throttle files (`blkio.throttle.{read,write}_bps_device`) of a cgroup on a
+/// BFQ loop device: the cap read back as the kernel prints it and enforced on direct reads, the files empty again
+/// after the lift; a limit set before the cap survives it (the lower one kept, the higher one put back); a cap left
+/// by a "crashed" writer is put back from its records file.
+#[test]
+#[ignore = "needs root, cgroup v1 blkio and a BFQ loop device: run ./scripts/test.sh"]
+fn v1_throttle_cap_is_written_enforced_and_lifted_exactly() {
+    if !require("v1_throttle_cap_is_written_enforced_and_lifted_exactly", WITH_DISK) {
+        return;
+    }
+    let _machine = testbed::exclusive();
+    let disk = LoopDevice::with_bfq(64);
+    let dev = disk.devnum.clone();
+    let cg = CgroupGuard::new("ddiskqos-cap");
+    let root = CgroupRoot::detect().unwrap();
+    let (read_file, write_file) = ("blkio.throttle.read_bps_device", "blkio.throttle.write_bps_device");
+    let files = || {
+        (fs::read_to_string(cg.path.join(read_file)).unwrap(), fs::read_to_string(cg.path.join(write_file)).unwrap())
+    };
+    let info = ContainerInfo {
+        id: ContainerId::new("cap"),
+        name: "cap".into(),
+        labels: BTreeMap::new(),
+        cgroup: Some(root.resolve_relative(&cg.rel).unwrap()),
+    };
+    let cap = |r: u64, w: Option<u64>| Some(Cap { read_bps: Some(r), write_bps: w });
+    let state = tempfile::tempdir().unwrap();
+    let records = qos_agent::files::restore_records::records_path(&state.path().join("state.json"), "caps");
+    let new_writer =
+        || FileWriter::new(root.path()).with_devices(vec![disk.name.clone()]).with_cap_records_file(records.clone());
+    let mut writer = new_writer();
+    assert_eq!(files(), (String::new(), String::new()), "a new cgroup has no limit");
+
+    let done = writer.write_cap(&info, cap(8 * MIB, Some(2 * MIB))).unwrap();
+    eprintln!("after the cap: {read_file} {:?}, {write_file} {:?}", files().0, files().1);
+    assert_eq!(files(), (format!("{dev} 8388608\n"), format!("{dev} 2097152\n")), "the kernel's own lines");
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        (done[0].dev.to_string(), done[0].read_bps, done[0].write_bps),
+        (dev.clone(), Some(8 * MIB), Some(2 * MIB))
+    );
+    // Enforced: 24 MiB of direct reads at 8 MiB/s take well over a second (about 3 s less the first slice).
+    let t = Instant::now();
+    run_in_cgroup(&cg.path, &format!("dd if={} of=/dev/null bs=1M count=24 iflag=direct status=none", disk.dev_str()));
+    let took = t.elapsed();
+    eprintln!("24 MiB under an 8 MiB/s read cap: {took:?}");
+    assert!(took >= Duration::from_millis(1500), "the cap did not hold the reads: {took:?}");
+    writer.write_cap(&info, None).unwrap();
+    eprintln!("after the lift: {read_file} {:?}, {write_file} {:?}", files().0, files().1);
+    assert_eq!(files(), (String::new(), String::new()), "no limit again");
+    assert!(!records.exists(), "the record is dropped with the lift");
+
+    // Limits of the container's own: read 1 MiB/s (under the cap), write 64 MiB/s (over it).
+    fs::write(cg.path.join(read_file), format!("{dev} 1048576")).unwrap();
+    fs::write(cg.path.join(write_file), format!("{dev} 67108864")).unwrap();
+    let before = files();
+    assert_eq!(before, (format!("{dev} 1048576\n"), format!("{dev} 67108864\n")));
+    writer.write_cap(&info, cap(8 * MIB, Some(8 * MIB))).unwrap();
+    eprintln!("capped over limits of its own: {read_file} {:?}, {write_file} {:?}", files().0, files().1);
+    assert_eq!(files(), (format!("{dev} 1048576\n"), format!("{dev} 8388608\n")), "the lower read limit kept");
+    writer.write_cap(&info, None).unwrap();
+    assert_eq!(files(), before, "both put back exactly");
+
+    // A crash with the cap in force: the next writer puts the limits back from the records file.
+    writer.write_cap(&info, cap(4 * MIB, None)).unwrap();
+    assert_eq!(files(), (format!("{dev} 1048576\n"), format!("{dev} 67108864\n")), "4 MiB/s is above 1 MiB/s");
+    writer.write_cap(&info, cap(MIB / 2, Some(MIB))).unwrap();
+    assert_eq!(files(), (format!("{dev} 524288\n"), format!("{dev} 1048576\n")));
+    drop(writer);
+    let mut writer = new_writer();
+    let done = writer.restore_leftover_caps(&root);
+    assert!(matches!(done.as_slice(), [LeftoverCap::Restored { .. }]), "{done:?}");
+    assert_eq!(files(), before, "put back after the crash");
+    assert!(!records.exists());
 }
 
 /// The parent gate of `FileCounters` on the kernel's own aggregation: with one child reading all the time

@@ -1,7 +1,8 @@
 //! The file writer ([`FileWriter`]) on cgroup v2 and v1 BFQ fixture files written through testbed's [`FixtureKernel`],
 //! which applies each line written as the kernel does (a `default N` leaves `io.weight`'s overrides alone and removes
 //! BFQ's, `MAJ:MIN default` removes one): per-device overrides written, beaten and restored exactly, also after a
-//! crash (from the records file).
+//! crash (from the records file). The throughput cap on the same fixtures, the throttle files written through the
+//! fixture kernel's own model of blk-throttle: v1's `blkio.throttle.*_bps_device` and v2's `io.max`.
 //! Moved here from the writer's unit tests (issue 28) when the fixture kernel left the production write path for
 //! the [`qos_agent::cgroup::CgroupFs`] seam; the rest of the writer's tests need no kernel and stay beside it.
 
@@ -10,12 +11,14 @@ use std::os::unix::fs::symlink;
 use std::path::Path;
 use std::sync::Arc;
 
-use qos_agent::backend::{ContainerInfo, DeviceMonitor};
+use qos_agent::backend::{AppliedVia, BackendError, CapApplied, ContainerInfo, DeviceCap, DeviceMonitor, WeightWriter};
 use qos_agent::blockdev::DeviceTable;
-use qos_agent::cgroup::{CgroupRoot, CgroupVersion};
-use qos_agent::files::FileWriter;
+use qos_agent::cgroup::{CgroupError, CgroupFs, CgroupRoot, CgroupVersion};
+use qos_agent::files::restore_records::records_path;
+use qos_agent::files::{FileWriter, LeftoverCap};
 use qos_agent::ops::metrics::DeviceWeightEffective;
-use qos_core::{ContainerId, Weight};
+use qos_agent::writer::{AgentWriter, Way};
+use qos_core::{Cap, ContainerId, Weight};
 use testbed::fixture::FixtureKernel;
 
 /// A fake /sys with loop3 (7:3, BFQ), loop4 (7:4, scheduler none, io.cost on) and vda (254:0, mq-deadline,
@@ -273,4 +276,300 @@ fn v1_a_weight_device_override_is_beaten_and_restored_exactly() {
     f.writer.restore_weight(&f.info, w(100)).unwrap();
     assert_eq!(f.v1_file(), "default 100\n", "the override the agent wrote is removed");
     assert!(!records.exists());
+}
+
+// The throughput cap ([`FileWriter::write_cap`]) on the same fixtures: the throttle files written through the
+// fixture kernel's model of blk-throttle (its own parser, not the agent's).
+
+const MIB: u64 = 1 << 20;
+
+fn cap(read: Option<u64>, write: Option<u64>) -> Option<Cap> {
+    Some(Cap { read_bps: read, write_bps: write })
+}
+
+fn dc(dev: &str, read: Option<u64>, write: Option<u64>) -> DeviceCap {
+    DeviceCap { dev: dev.parse().unwrap(), read_bps: read, write_bps: write }
+}
+
+/// v2: the cap goes into `io.max` on loop3 only (BFQ decides there; loop4 is io.cost's, vda nobody's), changing
+/// only the keys it caps; another device's line and the IOPS keys are left alone; a lift gives back the file as it
+/// was, byte for byte.
+#[test]
+fn v2_cap_on_the_bfq_device_only_and_lifted_exactly() {
+    let mut f = fixture("default 100\n", "default 100\n");
+    let original = "254:0 rbps=100 wbps=max riops=max wiops=max\n";
+    f.put("io.max", original);
+    let done = f.writer.write_cap(&f.info, cap(Some(4 * MIB), None)).unwrap();
+    assert_eq!(done, [dc("7:3", Some(4 * MIB), None)]);
+    assert_eq!(
+        f.file("io.max"),
+        "7:3 rbps=4194304 wbps=max riops=max wiops=max\n254:0 rbps=100 wbps=max riops=max wiops=max\n"
+    );
+    // A tighter cap, both directions, replaces the agent's own.
+    let done = f.writer.write_cap(&f.info, cap(Some(MIB), Some(2 * MIB))).unwrap();
+    assert_eq!(done, [dc("7:3", Some(MIB), Some(2 * MIB))]);
+    assert_eq!(
+        f.file("io.max"),
+        "7:3 rbps=1048576 wbps=2097152 riops=max wiops=max\n254:0 rbps=100 wbps=max riops=max wiops=max\n"
+    );
+    let done = f.writer.write_cap(&f.info, None).unwrap();
+    assert_eq!(done, [dc("7:3", None, None)]);
+    assert_eq!(f.file("io.max"), original);
+    // Nothing left to lift: a second lift writes nothing.
+    assert_eq!(f.writer.write_cap(&f.info, None).unwrap(), []);
+    assert_eq!(f.file("io.max"), original);
+}
+
+/// v2: a limit the container had is never loosened (a lower read limit stays, the write limit above the cap comes
+/// down to it), its IOPS limit untouched, and the lift puts every one of them back.
+#[test]
+fn v2_a_lower_existing_limit_is_kept_and_everything_restored() {
+    let mut f = fixture("default 100\n", "default 100\n");
+    let original = "7:3 rbps=1000 wbps=8388608 riops=max wiops=50\n";
+    f.put("io.max", original);
+    let done = f.writer.write_cap(&f.info, cap(Some(4 * MIB), Some(4 * MIB))).unwrap();
+    assert_eq!(done, [dc("7:3", Some(1000), Some(4 * MIB))]);
+    assert_eq!(f.file("io.max"), "7:3 rbps=1000 wbps=4194304 riops=max wiops=50\n");
+    // A looser cap later: the agent's own write cap loosens up to the container's 8 MiB, not beyond.
+    let done = f.writer.write_cap(&f.info, cap(Some(64 * MIB), Some(64 * MIB))).unwrap();
+    assert_eq!(done, [dc("7:3", Some(1000), Some(8 * MIB))]);
+    f.writer.write_cap(&f.info, cap(None, Some(MIB))).unwrap();
+    assert_eq!(f.file("io.max"), "7:3 rbps=1000 wbps=1048576 riops=max wiops=50\n");
+    f.writer.write_cap(&f.info, None).unwrap();
+    assert_eq!(f.file("io.max"), original);
+}
+
+/// A v1 fixture with the throttle files, each holding `read` and `write`.
+fn v1_cap_fixture(read: &str, write: &str, records: Option<&Path>) -> Fixture {
+    let mut f = v1_fixture("default 100\n", None);
+    f.put_v1("blkio.throttle.read_bps_device", read);
+    f.put_v1("blkio.throttle.write_bps_device", write);
+    if let Some(path) = records {
+        f.writer = std::mem::take(&mut f.writer).with_cap_records_file(path.to_owned());
+    }
+    f
+}
+
+impl Fixture {
+    fn v1(&self, name: &str) -> String {
+        fs::read_to_string(self.tmp.path().join("blkio/docker/c1").join(name)).unwrap()
+    }
+    fn put_v1(&self, name: &str, text: &str) {
+        fs::write(self.tmp.path().join("blkio/docker/c1").join(name), text).unwrap();
+    }
+    fn throttle(&self) -> (String, String) {
+        (self.v1("blkio.throttle.read_bps_device"), self.v1("blkio.throttle.write_bps_device"))
+    }
+}
+
+/// v1: `blkio.throttle.read_bps_device` and `write_bps_device`: the cap on loop3 (BFQ; vda is mq-deadline's) in
+/// each, a lower limit kept, and the lift gives back both files exactly (a limit removed with `MAJ:MIN 0`).
+#[test]
+fn v1_cap_kept_under_an_existing_limit_and_lifted_exactly() {
+    let (read, write) = ("7:3 1000\n254:0 777\n", "");
+    let mut f = v1_cap_fixture(read, write, None);
+    let done = f.writer.write_cap(&f.info, cap(Some(4 * MIB), Some(2 * MIB))).unwrap();
+    assert_eq!(done, [dc("7:3", Some(1000), Some(2 * MIB))], "the read limit of 1000 B/s is lower: kept");
+    assert_eq!(f.throttle(), ("7:3 1000\n254:0 777\n".into(), "7:3 2097152\n".into()));
+    f.writer.write_cap(&f.info, None).unwrap();
+    assert_eq!(f.throttle(), (read.into(), write.into()));
+
+    // No limit before: both set, both removed.
+    let mut f = v1_cap_fixture("", "", None);
+    f.writer.write_cap(&f.info, cap(Some(4 * MIB), Some(2 * MIB))).unwrap();
+    assert_eq!(f.throttle(), ("7:3 4194304\n".into(), "7:3 2097152\n".into()));
+    f.writer.write_cap(&f.info, None).unwrap();
+    assert_eq!(f.throttle(), (String::new(), String::new()));
+}
+
+/// v1 without `blkio.bfq.weight_device` (BFQ before 5.4): the devices of the BFQ counters that BFQ schedules;
+/// without BFQ counters, nothing is capped (and nothing written).
+#[test]
+fn v1_without_the_per_device_file_caps_the_bfq_counters_devices() {
+    let mut f = v1_cap_fixture("", "", None);
+    fs::remove_file(f.tmp.path().join("blkio/docker/c1/blkio.bfq.weight_device")).unwrap();
+    let done = f.writer.write_cap(&f.info, cap(Some(MIB), None)).unwrap();
+    assert_eq!(done, [dc("7:3", Some(MIB), None)]);
+    assert_eq!(f.throttle(), ("7:3 1048576\n".into(), String::new()));
+    f.writer.write_cap(&f.info, None).unwrap();
+    assert_eq!(f.throttle(), (String::new(), String::new()));
+    fs::remove_file(f.tmp.path().join("blkio/docker/c1/blkio.bfq.io_service_bytes_recursive")).unwrap();
+    assert_eq!(f.writer.write_cap(&f.info, cap(Some(MIB), None)).unwrap(), []);
+    assert_eq!(f.throttle(), (String::new(), String::new()));
+}
+
+/// A crash with a cap in force: the next agent, from the records file, puts the limits back exactly (a start-up
+/// restore), drops the record of a cgroup that is gone, and a cap it sets before any restore still lifts to the
+/// limits from before the crashed agent's cap.
+#[test]
+fn v1_caps_left_by_a_crashed_agent_are_put_back_from_the_records_file() {
+    let state = tempfile::tempdir().unwrap();
+    let records = records_path(&state.path().join("state.json"), "caps");
+    let (read, write) = ("7:3 1000\n", "254:0 5\n");
+    let mut f = v1_cap_fixture(read, write, Some(&records));
+    f.writer.write_cap(&f.info, cap(Some(4 * MIB), Some(4 * MIB))).unwrap();
+    assert_eq!(f.throttle(), ("7:3 1000\n".into(), "7:3 4194304\n254:0 5\n".into()));
+    assert!(records.is_file(), "recorded before the write");
+    // A second container whose cgroup goes away with the cap.
+    let v1 = f.tmp.path().join("blkio");
+    fs::create_dir_all(v1.join("docker/c2")).unwrap();
+    for (name, text) in [
+        ("blkio.bfq.weight_device", "default 100\n"),
+        ("blkio.bfq.io_service_bytes_recursive", "7:3 Read 1\nTotal 1\n"),
+        ("blkio.throttle.read_bps_device", ""),
+        ("blkio.throttle.write_bps_device", ""),
+    ] {
+        fs::write(v1.join("docker/c2").join(name), text).unwrap();
+    }
+    let root = CgroupRoot::from_dir(CgroupVersion::V1, &v1).unwrap().with_fs(Arc::new(FixtureKernel));
+    let c2 = ContainerInfo {
+        id: ContainerId::new("c2"),
+        name: "c2".into(),
+        labels: Default::default(),
+        cgroup: Some(root.resolve_relative("docker/c2").unwrap()),
+    };
+    f.writer.write_cap(&c2, cap(Some(MIB), None)).unwrap();
+    fs::remove_dir_all(v1.join("docker/c2")).unwrap();
+
+    // The crash: a new writer on the same records.
+    let sys = f.tmp.path().join("sys");
+    let new_writer = || FileWriter::with_table(DeviceTable::with_sys(&sys, &v1)).with_cap_records_file(records.clone());
+    f.writer = new_writer();
+    let mut done: Vec<String> = f
+        .writer
+        .restore_leftover_caps(&root)
+        .into_iter()
+        .map(|o| match o {
+            LeftoverCap::Restored { id, devices, .. } => format!("{id} restored {devices:?}"),
+            LeftoverCap::Gone { id, .. } => format!("{id} gone"),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    done.sort();
+    assert_eq!(done, [format!("c1 restored {:?}", [dc("7:3", Some(1000), None)]), "c2 gone".to_string()]);
+    assert_eq!(f.throttle(), (read.into(), write.into()));
+    assert!(!records.exists(), "both records dropped, the empty file removed");
+    assert!(f.writer.restore_leftover_caps(&root).is_empty());
+
+    // A cap, a crash, and a cap again before any restore: the lift still gives back the limits from before.
+    f.writer = new_writer();
+    f.writer.write_cap(&f.info, cap(Some(MIB), Some(MIB))).unwrap();
+    f.writer = new_writer();
+    f.writer.write_cap(&f.info, cap(Some(2 * MIB), Some(2 * MIB))).unwrap();
+    assert_eq!(f.throttle(), ("7:3 1000\n".into(), "7:3 2097152\n254:0 5\n".into()));
+    f.writer.write_cap(&f.info, None).unwrap();
+    assert_eq!(f.throttle(), (read.into(), write.into()));
+    assert!(!records.exists());
+}
+
+/// A write the files do not take (here a seam that drops every `io.max` write) fails naming the file, the device,
+/// the limit written and the one read back; a cap of 0 and bad file content are refused, named.
+#[test]
+fn a_cap_not_read_back_fails_naming_file_device_and_values() {
+    #[derive(Debug)]
+    struct DropsIoMax;
+    impl CgroupFs for DropsIoMax {
+        fn write(&self, path: &Path, data: &[u8]) -> std::io::Result<usize> {
+            if path.ends_with("io.max") {
+                Ok(data.len())
+            } else {
+                FixtureKernel.write(path, data)
+            }
+        }
+    }
+    let mut f = fixture("default 100\n", "default 100\n");
+    f.put("io.max", "");
+    let root = CgroupRoot::from_dir(CgroupVersion::V2, f.tmp.path().join("cg")).unwrap().with_fs(Arc::new(DropsIoMax));
+    let info = ContainerInfo { cgroup: Some(root.resolve_relative("docker/c1").unwrap()), ..f.info.clone() };
+    let err = f.writer.write_cap(&info, cap(Some(4 * MIB), None)).unwrap_err();
+    match &err {
+        BackendError::Cgroup(CgroupError::LimitMismatch { path, device, what, wrote, read }) => {
+            assert!(path.ends_with("docker/c1/io.max"), "{}", path.display());
+            assert_eq!((device.as_str(), *what, *wrote, *read), ("7:3", "read bytes/s", Some(4 * MIB), None));
+        }
+        other => panic!("{other}"),
+    }
+    let text = err.to_string();
+    assert!(
+        text.contains("io.max") && text.contains("7:3") && text.contains("4194304") && text.contains("no limit"),
+        "{text}"
+    );
+
+    let err = f.writer.write_cap(&f.info, cap(Some(MIB), Some(0))).unwrap_err();
+    assert!(matches!(err, BackendError::ZeroCap { what: "write bytes/s", .. }), "{err}");
+    assert_eq!(f.file("io.max"), "", "nothing written");
+    f.put("io.max", "7:3 rbps=fast\n");
+    let err = f.writer.write_cap(&f.info, cap(Some(MIB), None)).unwrap_err().to_string();
+    assert!(err.contains("io.max:1") && err.contains("rbps=fast"), "{err}");
+}
+
+/// The trait's default for a writer that does not cap: nothing written, `Unsupported`; the file writer caps.
+#[tokio::test]
+async fn weight_writer_cap_defaults_to_unsupported() {
+    struct NoCaps;
+    impl WeightWriter for NoCaps {
+        async fn read(&mut self, _: &ContainerInfo) -> Result<Weight, BackendError> {
+            Ok(Weight::new(100).unwrap())
+        }
+        async fn write(&mut self, _: &ContainerInfo, _: Weight) -> Result<AppliedVia, BackendError> {
+            Ok(AppliedVia::CgroupFile)
+        }
+        async fn restore(&mut self, _: &ContainerInfo, _: Weight) -> Result<AppliedVia, BackendError> {
+            Ok(AppliedVia::CgroupFile)
+        }
+    }
+    let mut f = fixture("default 100\n", "default 100\n");
+    f.put("io.max", "");
+    assert_eq!(NoCaps.cap(&f.info, cap(Some(MIB), None)).await.unwrap(), CapApplied::Unsupported);
+    let applied = WeightWriter::cap(&mut f.writer, &f.info, cap(Some(MIB), None)).await.unwrap();
+    assert_eq!(applied, CapApplied::Files(vec![dc("7:3", Some(MIB), None)]));
+}
+
+/// A disk that went away while capped: the kernel forgets its limits and answers ENODEV to a line about it. The
+/// lift puts back what it can (nothing else is capped here), leaves the gone device out and drops the record.
+#[test]
+fn a_lift_after_the_disk_went_away_skips_it() {
+    #[derive(Debug)]
+    struct Unplugged;
+    impl CgroupFs for Unplugged {
+        fn write(&self, path: &Path, data: &[u8]) -> std::io::Result<usize> {
+            if data.starts_with(b"7:3 ") {
+                Err(std::io::Error::from_raw_os_error(19)) // ENODEV
+            } else {
+                FixtureKernel.write(path, data)
+            }
+        }
+    }
+    let mut f = v1_cap_fixture("7:3 1000\n", "254:0 5\n", None);
+    f.writer.write_cap(&f.info, cap(Some(MIB), Some(MIB))).unwrap();
+    assert_eq!(f.throttle(), ("7:3 1000\n".into(), "7:3 1048576\n254:0 5\n".into()));
+    // loop3 is gone: its lines with it.
+    f.put_v1("blkio.throttle.read_bps_device", "");
+    f.put_v1("blkio.throttle.write_bps_device", "254:0 5\n");
+    let root =
+        CgroupRoot::from_dir(CgroupVersion::V1, f.tmp.path().join("blkio")).unwrap().with_fs(Arc::new(Unplugged));
+    let info = ContainerInfo { cgroup: Some(root.resolve_relative("docker/c1").unwrap()), ..f.info.clone() };
+    assert_eq!(f.writer.write_cap(&info, None).unwrap(), [], "nothing in force to report");
+    assert_eq!(f.throttle(), (String::new(), "254:0 5\n".into()));
+    // The record is gone: a later lift writes nothing, even with the device back.
+    assert_eq!(f.writer.write_cap(&f.info, None).unwrap(), []);
+}
+
+/// The agent's writer caps through its file writer (the way chosen for weights plays no part), and puts back a
+/// crashed agent's caps through it.
+#[tokio::test]
+async fn the_agent_writer_caps_through_the_files() {
+    let mut f = fixture("default 100\n", "default 100\n");
+    f.put("io.max", "");
+    let files = std::mem::take(&mut f.writer);
+    let mut agent = AgentWriter::new(files, Way::Files);
+    let applied = agent.cap(&f.info, cap(Some(MIB), Some(2 * MIB))).await.unwrap();
+    assert_eq!(applied, CapApplied::Files(vec![dc("7:3", Some(MIB), Some(2 * MIB))]));
+    assert_eq!(f.file("io.max"), "7:3 rbps=1048576 wbps=2097152 riops=max wiops=max\n");
+    let root =
+        CgroupRoot::from_dir(CgroupVersion::V2, f.tmp.path().join("cg")).unwrap().with_fs(Arc::new(FixtureKernel));
+    let done = agent.restore_leftover_caps(&root);
+    assert!(matches!(done.as_slice(), [LeftoverCap::Restored { .. }]), "{done:?}");
+    assert_eq!(f.file("io.max"), "");
+    assert_eq!(agent.cap(&f.info, None).await.unwrap(), CapApplied::Files(vec![]), "nothing left to lift");
 }

@@ -4,7 +4,7 @@
 //! - `daemon_fake`: the daemon on in-memory backends on tokio's paused clock, plus a model-based proptest.
 //! - `cgroup_fixtures`: the cgroup layer on fixture trees of the v1 and v2 layouts.
 //! - `file_writer`: the file writer's cgroup-v2 overrides and restores on fixture files written through testbed's
-//!   fixture kernel.
+//!   fixture kernel; its throughput cap in the throttle files (v1 and v2), lifted exactly, also after a crash.
 //! - `cli`: the binary from outside: `check-config`, `status`, `run` errors, completions and man pages, `deploy/`, the
 //!   systemd notify protocol.
 //! - `confinement`: writes only to managed weight files, paths leading outside the root refused, metrics on
@@ -20,7 +20,8 @@
 //!
 //! Real (root, cgroup v1 blkio, loop devices, Docker; `#[ignore]`d, so a plain `cargo test` lists them as ignored;
 //! `./scripts/test.sh` runs them, and they fail rather than skip there; see `testbed`):
-//! - `cgroup_real`: the cgroup layer on the kernel, on a BFQ loop device.
+//! - `cgroup_real`: the cgroup layer on the kernel, on a BFQ loop device (the throughput cap in v1's throttle files
+//!   too).
 //! - `cgroup_dir_real`: the agent's cgroup-dir runtime on real blkio cgroups.
 //! - `docker_real`: the agent against the host's dockerd.
 //! - `faults_real`: dockerd restarts, churn, SIGKILL, broken and vanishing cgroup files, bad config (a private

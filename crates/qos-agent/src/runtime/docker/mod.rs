@@ -71,23 +71,25 @@ impl Assembly {
         let check =
             if cfg.devices.check.is_empty() { self.data_disk.into_iter().collect() } else { cfg.devices.check.clone() };
         let records = crate::files::records_file(cfg, root.version());
-        backends(self.docker, root, check, records, metrics).await
+        let cap_records = crate::files::cap_records_file(cfg);
+        backends(self.docker, root, check, records, cap_records, metrics).await
     }
 }
 
 /// The Docker runtime's backends as the agent binary assembles them (the bench runs the daemon on these too, so
 /// it measures the shipped wiring): discovery by events, counters from the cgroup files behind the parent gate,
 /// the agent's file writer checking the devices `check` names and keeping its restore snapshots in `records`
-/// ([`crate::files::records_file`]). The way of applying weights is chosen by the agent's assembly
+/// ([`crate::files::records_file`]) and its cap snapshots in `cap_records` ([`crate::files::cap_records_file`]). The way of applying weights is chosen by the agent's assembly
 /// ([`crate::agent`]; Docker's API: [`api_writer`]).
 pub async fn backends(
     docker: Docker,
     root: Arc<CgroupRoot>,
     check: Vec<String>,
     records: Option<PathBuf>,
+    cap_records: Option<PathBuf>,
     metrics: &Metrics,
 ) -> Result<RuntimeBackends<DockerDiscovery, DockerCounters, FileWriter, FileDevices>, DiscoveryError> {
-    let writer = agent_writer(&root, check, records, metrics);
+    let writer = agent_writer(&root, check, records, cap_records, metrics);
     let devices = writer.devices();
     let discovery = DockerDiscovery::new(docker.clone(), root.clone()).await?;
     let counters = DockerCounters::with_root(docker, root);

@@ -1,0 +1,315 @@
+//! The throughput cap on [`FileWriter`]: a container's byte-rate limits in its cgroup's throttle files (v1
+//! `blkio.throttle.read_bps_device` and `blkio.throttle.write_bps_device`, v2 `io.max`), set, read back and put
+//! back. The files' formats and the rule (a cap never loosens a limit the container had; a lift puts back exactly
+//! what was there) are [`crate::files::cap_plan`]'s.
+//!
+//! A cap covers the devices where BFQ decides among the devices the weight write plans with (the container's
+//! counters and `[devices] check`): a cap is there to leave BFQ idle time to serve others, which only matters
+//! where BFQ schedules. On v1 without `blkio.bfq.weight_device` (BFQ before Linux 5.4), the devices of the
+//! cgroup's BFQ counters that BFQ still schedules; without those counters, none (said in the log).
+//!
+//! Before the first cap of a container touches a device, the throttle files' limits on that device (both
+//! directions; none is a value too) go into a snapshot, which is recorded ([`RestoreRecords`], beside the state
+//! file with [`FileWriter::with_cap_records_file`]) before anything is written; a lift puts the snapshot back and
+//! drops it. An agent restarted after a crash puts back the caps it left with
+//! [`FileWriter::restore_leftover_caps`].
+
+use std::fs::OpenOptions;
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+
+use qos_core::{Cap, ContainerId};
+use serde::{Deserialize, Serialize};
+use tracing::{debug, warn};
+
+use super::{cgroup_of, counter_devices, FileWriter};
+use crate::backend::{BackendError, ContainerInfo, DeviceCap};
+use crate::cgroup::{CgroupDir, CgroupError, CgroupRoot, CgroupVersion, V1_BFQ_BYTES};
+use crate::files::cap_plan::{self, DeviceLimits, Direction, ZeroCap};
+use crate::files::restore_records::RestoreRecords;
+use crate::kernel::DevNum;
+
+/// A container's throttle-file limits before the agent first capped it, on each device a cap covered.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CapSnapshot {
+    /// The cgroup directory: the snapshot is dropped once it is gone.
+    dir: PathBuf,
+    /// Each device's limits before its first cap (a device without a limit included, as none).
+    before: DeviceLimits,
+}
+
+/// What [`FileWriter::restore_leftover_caps`] did with one recorded cap.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LeftoverCap {
+    /// Put back and read back: each device's limits now. The record is dropped.
+    Restored {
+        /// The container.
+        id: ContainerId,
+        /// Its cgroup directory.
+        dir: PathBuf,
+        /// The limits in force on each device the cap had covered.
+        devices: Vec<DeviceCap>,
+    },
+    /// The cgroup is gone, and the cap with it: the record is dropped.
+    Gone {
+        /// The container.
+        id: ContainerId,
+        /// Its cgroup directory, which no longer exists.
+        dir: PathBuf,
+    },
+    /// Could not be put back. `kept`: the record stays (a lift of the container, or the next start, tries again);
+    /// not kept when it can never be (a directory outside the cgroup root).
+    Failed {
+        /// The container.
+        id: ContainerId,
+        /// Its cgroup directory.
+        dir: PathBuf,
+        /// Why.
+        error: BackendError,
+        /// Whether the record was kept.
+        kept: bool,
+    },
+}
+
+impl FileWriter {
+    /// Keeps the cap snapshots in `path` too (see [`RestoreRecords`]; the agent's: `<state file>.caps.jsonl`,
+    /// [`crate::files::cap_records_file`]): an agent restarted after a crash puts the caps it left back with
+    /// [`Self::restore_leftover_caps`]. Snapshots already taken are kept in memory only.
+    pub fn with_cap_records_file(mut self, path: PathBuf) -> Self {
+        self.caps = RestoreRecords::load(path);
+        self
+    }
+
+    /// Holds the container's throughput at most `cap` on the devices where BFQ decides (see the module doc), or
+    /// with `None` lifts the cap: puts back exactly the limits the throttle files held before the first cap and
+    /// forgets them. On each device and direction a cap writes the lower of the limit the container had and the
+    /// cap's; a direction the cap leaves alone (and a device the cap no longer covers) gets what it had. Every
+    /// write is read back: a device reading back another limit fails the call ([`CgroupError::LimitMismatch`],
+    /// naming file, device and values).
+    ///
+    /// Returns every device the call covered with the limits in force on it now; empty when there was nothing
+    /// to cap (no device where BFQ decides) or to lift.
+    pub fn write_cap(&mut self, info: &ContainerInfo, cap: Option<Cap>) -> Result<Vec<DeviceCap>, BackendError> {
+        let dir = cgroup_of(info)?;
+        match cap {
+            Some(cap) => self.set_cap(info, dir, cap),
+            None => self.lift_cap(info, dir),
+        }
+    }
+
+    fn set_cap(&mut self, info: &ContainerInfo, dir: &CgroupDir, cap: Cap) -> Result<Vec<DeviceCap>, BackendError> {
+        // Refused before anything is read or recorded.
+        if let Err(ZeroCap(d)) = cap_plan::targets([], &DeviceLimits::new(), Some(cap)) {
+            return Err(BackendError::ZeroCap { id: info.id.clone(), what: what(d) });
+        }
+        let devices = self.cap_devices(info, dir)?;
+        let now = read_limits(dir)?;
+        let mut snapshot = match self.caps.get(&info.id) {
+            Some(s) if s.dir == dir.path() => s.clone(),
+            Some(s) => {
+                warn!(container = %info.id.short(), old = %s.dir.display(), new = %dir.path().display(),
+                      "cap: the container's cgroup changed; the old cgroup's snapshot is dropped");
+                self.caps.remove(&info.id);
+                CapSnapshot { dir: dir.path().to_owned(), before: DeviceLimits::new() }
+            }
+            None => CapSnapshot { dir: dir.path().to_owned(), before: DeviceLimits::new() },
+        };
+        let new: Vec<DevNum> = devices.iter().copied().filter(|d| !snapshot.before.contains_key(d)).collect();
+        if !new.is_empty() {
+            snapshot.before.extend(cap_plan::select(&now, new));
+            if !self.caps.contains(&info.id) {
+                self.prune_caps();
+            }
+            // Recorded before anything is written: a crash from here on leaves a record to restore.
+            self.caps.insert(&info.id, snapshot.clone());
+        }
+        let target = cap_plan::targets(devices.iter().copied(), &snapshot.before, Some(cap))
+            .map_err(|ZeroCap(d)| BackendError::ZeroCap { id: info.id.clone(), what: what(d) })?;
+        let in_force = apply(dir, &target, &now)?;
+        debug!(container = %info.id.short(), ?cap, devices = ?in_force, "cap written and read back");
+        Ok(device_caps(&in_force))
+    }
+
+    fn lift_cap(&mut self, info: &ContainerInfo, dir: &CgroupDir) -> Result<Vec<DeviceCap>, BackendError> {
+        let Some(snapshot) = self.caps.get(&info.id).cloned() else { return Ok(Vec::new()) };
+        if snapshot.dir != dir.path() {
+            if !snapshot.dir.is_dir() {
+                self.caps.remove(&info.id);
+            } else {
+                warn!(container = %info.id.short(), old = %snapshot.dir.display(), new = %dir.path().display(),
+                      "cap: the snapshot is of another cgroup of the container; left for the start-up restore");
+            }
+            return Ok(Vec::new());
+        }
+        let result = read_limits(dir).and_then(|now| apply(dir, &snapshot.before, &now));
+        match result {
+            Ok(in_force) => {
+                self.caps.remove(&info.id);
+                debug!(container = %info.id.short(), devices = ?in_force, "cap lifted, limits put back");
+                Ok(device_caps(&in_force))
+            }
+            Err(e) => {
+                if e.is_vanished() {
+                    self.caps.remove(&info.id);
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Puts back every cap a previous agent left (the records of [`Self::with_cap_records_file`]) whose cgroup
+    /// still exists under `root`, and drops the records of cgroups that are gone; for the agent to call once at
+    /// start-up, before any cap, and log. A record that cannot be put back is kept (see [`LeftoverCap::Failed`]).
+    pub fn restore_leftover_caps(&mut self, root: &CgroupRoot) -> Vec<LeftoverCap> {
+        let records: Vec<(ContainerId, CapSnapshot)> =
+            self.caps.iter().map(|(id, s)| (id.clone(), s.clone())).collect();
+        let mut done = Vec::new();
+        for (id, snapshot) in records {
+            let dir = snapshot.dir.clone();
+            let outcome = match restore_one(root, &snapshot) {
+                Ok(devices) => LeftoverCap::Restored { id: id.clone(), dir, devices },
+                Err(e) if e.is_vanished() => LeftoverCap::Gone { id: id.clone(), dir },
+                Err(e) => {
+                    let kept = !matches!(e, CgroupError::OutsideRoot { .. });
+                    LeftoverCap::Failed { id: id.clone(), dir, error: e.into(), kept }
+                }
+            };
+            if !matches!(outcome, LeftoverCap::Failed { kept: true, .. }) {
+                self.caps.remove(&id);
+            }
+            done.push(outcome);
+        }
+        done
+    }
+
+    /// Drops the cap snapshot of a container whose cgroup is gone (the cap went with it).
+    pub(super) fn forget_cap(&mut self, id: &ContainerId) {
+        if self.caps.get(id).is_some_and(|s| !s.dir.is_dir()) {
+            self.caps.remove(id);
+        }
+    }
+
+    /// The devices a cap covers: those of the weight plan where BFQ decides; v1 without the per-device weight
+    /// file, those of the BFQ counters BFQ still schedules.
+    fn cap_devices(&mut self, info: &ContainerInfo, dir: &CgroupDir) -> Result<Vec<DevNum>, CgroupError> {
+        if let Some(plan) = self.plan(info, dir)? {
+            return Ok(plan.devices().iter().filter(|(_, g)| g.bfq).map(|(d, _)| *d).collect());
+        }
+        if !dir.path().join(V1_BFQ_BYTES).is_file() {
+            warn!(container = %info.id.short(), cgroup = %dir.path().display(),
+                  "cap: no BFQ in this cgroup (neither {} nor blkio.bfq.weight_device): nothing capped", V1_BFQ_BYTES);
+            return Ok(Vec::new());
+        }
+        let devices = counter_devices(dir, V1_BFQ_BYTES)?;
+        Ok(self.devices.governors(devices).into_iter().filter(|(_, g)| g.bfq).map(|(d, _)| d).collect())
+    }
+
+    /// Drops the cap snapshots of vanished cgroups once their number has doubled since the last time.
+    fn prune_caps(&mut self) {
+        if self.caps.len() < self.caps_prune_at {
+            return;
+        }
+        self.caps.retain(|_, s| s.dir.is_dir());
+        self.caps_prune_at = (self.caps.len() * 2).max(64);
+    }
+}
+
+/// Puts one leftover snapshot back, in its cgroup resolved (confined) under `root`.
+fn restore_one(root: &CgroupRoot, snapshot: &CapSnapshot) -> Result<Vec<DeviceCap>, CgroupError> {
+    let outside = |reason| CgroupError::OutsideRoot {
+        path: snapshot.dir.display().to_string(),
+        root: root.path().to_owned(),
+        reason,
+    };
+    let rel = snapshot.dir.strip_prefix(root.path()).map_err(|_| outside("not below the cgroup root"))?;
+    let rel = rel.to_str().ok_or_else(|| outside("not UTF-8"))?;
+    let dir = root.resolve_relative(rel)?;
+    let now = read_limits(&dir)?;
+    let in_force = apply(&dir, &snapshot.before, &now)?;
+    Ok(device_caps(&in_force))
+}
+
+/// Writes the lines that turn `now` into `target`, reads the files back and checks every device of `target`;
+/// returns `target` as in force. A device the kernel says does not exist (ENODEV while the cgroup is there: a disk
+/// that went away) is left out: it holds no limit, and a disk that comes back under its number is another disk.
+fn apply(dir: &CgroupDir, target: &DeviceLimits, now: &DeviceLimits) -> Result<DeviceLimits, CgroupError> {
+    let version = dir.version();
+    let mut target = target.clone();
+    for line in cap_plan::write_lines(version, &target, now) {
+        match write_line(dir, line.file_name(), &line.text()) {
+            Err(CgroupError::Write { source, .. }) if source.raw_os_error() == Some(libc::ENODEV) => {
+                debug!(cgroup = %dir.path().display(), device = %line.dev(), "cap: no such device any more; skipped");
+                target.remove(&line.dev());
+            }
+            other => other?,
+        }
+    }
+    let back = read_limits(dir)?;
+    cap_plan::check(&target, &back).map_err(|m| CgroupError::LimitMismatch {
+        path: dir.path().join(m.dir.file(version)),
+        device: m.dev.to_string(),
+        what: what(m.dir),
+        wrote: m.wanted,
+        read: m.read,
+    })?;
+    Ok(target)
+}
+
+/// The cgroup's byte-rate limits on every device, from its throttle file(s).
+fn read_limits(dir: &CgroupDir) -> Result<DeviceLimits, CgroupError> {
+    match dir.version() {
+        CgroupVersion::V1 => {
+            let read =
+                cap_plan::parse_v1(&dir.path().join(cap_plan::V1_READ_BPS), &read_file(dir, cap_plan::V1_READ_BPS)?)?;
+            let write =
+                cap_plan::parse_v1(&dir.path().join(cap_plan::V1_WRITE_BPS), &read_file(dir, cap_plan::V1_WRITE_BPS)?)?;
+            Ok(cap_plan::join_v1(&read, &write))
+        }
+        CgroupVersion::V2 => {
+            cap_plan::parse_v2(&dir.path().join(cap_plan::V2_IO_MAX), &read_file(dir, cap_plan::V2_IO_MAX)?)
+        }
+    }
+}
+
+fn read_file(dir: &CgroupDir, name: &str) -> Result<Vec<u8>, CgroupError> {
+    let path = dir.path().join(name);
+    let mut buf = Vec::with_capacity(256);
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .and_then(|mut f| f.read_to_end(&mut buf))
+        .map_err(|e| CgroupError::on_cgroup_file("read", &path, dir.path(), e))?;
+    Ok(buf)
+}
+
+/// One `write(2)` of `data` through the directory's [`crate::cgroup::CgroupFs`]. ENODEV while the directory is
+/// still there names a device that does not exist (the throttle files' answer), not a vanished cgroup.
+fn write_line(dir: &CgroupDir, name: &str, data: &str) -> Result<(), CgroupError> {
+    let path = dir.path().join(name);
+    match dir.fs().0.write(&path, data.as_bytes()) {
+        Ok(n) if n == data.len() => Ok(()),
+        Ok(n) => {
+            let source = std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write: {n} bytes"));
+            Err(CgroupError::Write { path, data: data.to_owned(), source })
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENODEV) && dir.path().is_dir() => {
+            Err(CgroupError::Write { path, data: data.to_owned(), source: e })
+        }
+        Err(e) => Err(CgroupError::on_cgroup_write(&path, dir.path(), data, e)),
+    }
+}
+
+fn what(dir: Direction) -> &'static str {
+    match dir {
+        Direction::Read => "read bytes/s",
+        Direction::Write => "write bytes/s",
+    }
+}
+
+fn device_caps(limits: &DeviceLimits) -> Vec<DeviceCap> {
+    limits.iter().map(|(dev, l)| DeviceCap { dev: *dev, read_bps: l.read_bps, write_bps: l.write_bps }).collect()
+}
