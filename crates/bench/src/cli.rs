@@ -266,6 +266,13 @@ pub struct Common {
     /// Engine: the fair-share floor's `share_floor_percent` (default: as shipped).
     #[arg(long, value_name = "PERCENT")]
     pub share_floor_percent: Option<u8>,
+    /// Engine: `bottom_cap_window`, how long a container reads at the bottom before it is capped under its own
+    /// rate, or `off` (default: as shipped).
+    #[arg(long, value_parser = opt_duration, default_value = "1s")]
+    pub bottom_cap_window: ::std::option::Option<Duration>, // qualified, as idle_promote_after
+    /// Engine: `bottom_cap_percent` (default: as shipped).
+    #[arg(long, value_name = "PERCENT")]
+    pub bottom_cap_percent: Option<u8>,
     /// Docker runtime only: the reference run with static weights. Readers and background carry the agent's own
     /// `ddiskqos.weight` label, READER and BACKGROUND (e.g. `1000,10`), so in dDiskQoS blocks the agent pins them
     /// there from their creation and its MLFQ never moves them.
@@ -309,6 +316,8 @@ impl Common {
             boost_after: self.boost_after,
             idle_promote_after: self.idle_promote_after,
             share_floor_percent: self.share_floor_percent.unwrap_or(Config::default().share_floor_percent),
+            bottom_cap_window: self.bottom_cap_window,
+            bottom_cap_percent: self.bottom_cap_percent.unwrap_or(Config::default().bottom_cap_percent),
             ..Config::default()
         };
         cfg.validate()?;

@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::backend::{CounterSource, Discovery, DiscoveryError, RuntimeBackends, WeightWriter};
 use crate::blockdev::protect::{self, Decision, Managed, Planned};
@@ -23,7 +23,7 @@ use crate::blockdev::{self, DeviceError};
 use crate::cgroup::{CgroupRoot, CgroupVersion};
 use crate::config::{ActuatorMode, AgentConfig, ProtectMode, RuntimeKind};
 use crate::daemon::{Command, Daemon, DaemonError, Summary};
-use crate::files::{FileDevices, FileWriter};
+use crate::files::{FileDevices, FileWriter, LeftoverCap};
 use crate::ops::metrics::Metrics;
 use crate::ops::readiness::Readiness;
 use crate::runtime::docker::DockerApiWriter;
@@ -449,8 +449,26 @@ pub fn with_writer<D, C>(
         None => Way::Files,
     };
     let RuntimeBackends { discovery, counters, writer, devices, starting } = backends;
-    let writer = AgentWriter::new(writer, way).with_starting(starting.clone());
+    let mut writer = AgentWriter::new(writer, way).with_starting(starting.clone());
+    if !cfg.dry_run {
+        restore_leftover_caps(&mut writer, root);
+    }
     Ok(RuntimeBackends { discovery, counters, writer, devices, starting })
+}
+
+/// Before any cap: puts back the throttle limits of caps an agent that did not stop cleanly left in force (its
+/// records beside the state file), and says what it did.
+fn restore_leftover_caps(writer: &mut AgentWriter, root: &CgroupRoot) {
+    for leftover in writer.restore_leftover_caps(root) {
+        match leftover {
+            LeftoverCap::Restored { id, dir, devices } => info!(container = %id.short(), dir = %dir.display(),
+                ?devices, "put back the throttle limits of a cap a previous agent left"),
+            LeftoverCap::Gone { id, dir } => debug!(container = %id.short(), dir = %dir.display(),
+                "a cap a previous agent left went with its cgroup"),
+            LeftoverCap::Failed { id, dir, error, kept } => warn!(container = %id.short(), dir = %dir.display(),
+                error = %error, record_kept = kept, "cannot put back the throttle limits of a cap a previous agent left"),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -17,6 +17,11 @@
 //! another policy are that policy's decision (one opted out gets its original back). After an outage, a listed
 //! container in another cgroup than before is dropped and tracked anew.
 //!
+//! Caps ([`qos_core::Cap`]: a container settled at the bottom held a few percent under its own rate) go from the
+//! engine straight to the writer ([`WeightWriter::cap`]), not through the reconciler: no original is kept on file
+//! for them (the writer keeps what the throttle files held, in its own records), and a lift that fails is tried
+//! again every round. Every cap is lifted at shutdown and on entering dry run; in dry run none is written.
+//!
 //! One clock: tokio's (`tokio::time::Instant`, converted to std for the engine), so paused-time tests see the
 //! same time everywhere.
 
@@ -29,12 +34,12 @@ mod status;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use qos_core::{ContainerId, Engine, IoCounters, Policy, WeightChange};
+use qos_core::{Cap, ContainerId, Engine, IoCounters, Policy, WeightChange};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
-use crate::backend::BackendError;
 use crate::backend::RuntimeBackends;
+use crate::backend::{BackendError, CapApplied};
 use crate::backend::{
     ContainerInfo, CounterSource, DeviceMonitor, Discovery, DiscoveryError, DiscoveryEvent, WeightWriter,
 };
@@ -113,6 +118,8 @@ pub struct Daemon<D, C, W> {
     rounds: u64,
     /// Until when rounds come every `entry_sample_interval`: `entry_sample_for` after the last entry at the top.
     entry_until: Option<std::time::Instant>,
+    /// Containers the writer was asked to cap and that are owed a lift: the cap asked for.
+    caps: HashMap<ContainerId, Cap>,
 }
 
 impl<D: Discovery, C: CounterSource, W: WeightWriter, M: DeviceMonitor + 'static> RuntimeBackends<D, C, W, M> {
@@ -169,6 +176,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             unattached: Default::default(),
             rounds: 0,
             entry_until: None,
+            caps: HashMap::new(),
         })
     }
 
@@ -253,6 +261,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         }
         self.sd_notify(&[sd_notify::NotifyState::Stopping]);
         self.restores = None;
+        self.lift_all_caps().await;
         self.reconciler.handle_shutdown();
         self.drive().await;
         Ok(self.restores.take().unwrap_or_default())
@@ -483,6 +492,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     /// Drops a container from the engine, the counters, the metrics and the table (not from the reconciler).
     fn drop_tracked(&mut self, id: &ContainerId) {
         self.engine.handle_removed(id, now());
+        // Its cgroup is gone, and the throttle limits with it.
+        self.caps.remove(id);
         self.counters.detach(id);
         self.writer.forget(id);
         self.unattached.remove(id);
@@ -609,6 +620,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         self.feed_decisions();
         self.reconciler.handle_round(now());
         self.drive().await;
+        self.apply_caps().await;
+        self.retry_lifts().await;
         if let Some(devices) = &mut self.devices {
             devices.tick(now());
         }
@@ -622,6 +635,91 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     async fn apply_changes(&mut self) {
         self.feed_decisions();
         self.drive().await;
+        self.apply_caps().await;
+    }
+
+    /// Carries out the engine's cap decisions through the writer, each at once (none in dry run).
+    async fn apply_caps(&mut self) {
+        while let Some(change) = self.engine.poll_cap_change() {
+            match change.cap {
+                Some(cap) => self.set_cap(&change.id, cap).await,
+                None => self.lift_cap(&change.id).await,
+            }
+        }
+    }
+
+    /// Caps one container; whatever the outcome (a write may have landed before its check failed) a lift is owed,
+    /// unless the writer does not cap.
+    async fn set_cap(&mut self, id: &ContainerId, cap: Cap) {
+        let Some(t) = self.tracked.get(id) else { return };
+        if self.cfg.dry_run {
+            debug!(container = %id.short(), name = %t.info.name, read_bps = ?cap.read_bps, write_bps = ?cap.write_bps,
+                   "dry run: would cap at the bottom");
+            return;
+        }
+        let name = t.info.name.clone();
+        match self.writer.cap(&t.info, Some(cap)).await {
+            Ok(CapApplied::Unsupported) => {}
+            Ok(applied) => {
+                self.caps.insert(id.clone(), cap);
+                info!(container = %id.short(), name = %name, read_bps = ?cap.read_bps, write_bps = ?cap.write_bps,
+                      ?applied, "capped at the bottom, a few percent under its own rate (headroom for other I/O)");
+            }
+            Err(e) if e.is_vanished() => debug!(container = %id.short(), error = %e, "gone before its cap"),
+            Err(e) => {
+                self.caps.insert(id.clone(), cap);
+                warn!(container = %id.short(), name = %name, error = %e, "cannot cap at the bottom");
+            }
+        }
+    }
+
+    /// Lifts one container's cap, if the writer was asked for one; a failure leaves it owed
+    /// ([`Self::retry_lifts`]).
+    async fn lift_cap(&mut self, id: &ContainerId) {
+        if !self.caps.contains_key(id) {
+            return;
+        }
+        let Some(t) = self.tracked.get(id) else {
+            self.caps.remove(id);
+            return;
+        };
+        match self.writer.cap(&t.info, None).await {
+            Ok(applied) => {
+                self.caps.remove(id);
+                debug!(container = %id.short(), name = %t.info.name, ?applied, "cap lifted");
+            }
+            Err(e) if e.is_vanished() => {
+                self.caps.remove(id);
+            }
+            Err(e) => {
+                warn!(container = %id.short(), name = %t.info.name, error = %e, "cannot lift the cap; trying again")
+            }
+        }
+    }
+
+    /// Lifts again the caps the engine no longer wants (a lift that failed).
+    async fn retry_lifts(&mut self) {
+        if self.caps.is_empty() {
+            return;
+        }
+        let t = now();
+        let owed: Vec<ContainerId> = self
+            .caps
+            .keys()
+            .filter(|id| self.engine.container(id, t).is_none_or(|v| v.cap.is_none()))
+            .cloned()
+            .collect();
+        for id in owed {
+            self.lift_cap(&id).await;
+        }
+    }
+
+    /// Lifts every cap (shutdown, entering dry run).
+    async fn lift_all_caps(&mut self) {
+        let ids: Vec<ContainerId> = self.caps.keys().cloned().collect();
+        for id in ids {
+            self.lift_cap(&id).await;
+        }
     }
 
     /// Drains the engine into the reconciler, as one batch (one state-file save for all its writes).
@@ -721,7 +819,10 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             error!(error = %e, "reload rejected; keeping the old configuration");
             return;
         }
-        // Entering dry run puts the originals back first; the engine's new decisions follow.
+        // Entering dry run puts the originals back first (and lifts every cap); the engine's new decisions follow.
+        if cfg.dry_run && !self.cfg.dry_run {
+            self.lift_all_caps().await;
+        }
         self.reconciler.handle_reload(cfg.dry_run);
         self.cfg.mlfq = cfg.mlfq;
         self.cfg.sample_interval = cfg.sample_interval;

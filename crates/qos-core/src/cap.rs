@@ -6,14 +6,14 @@
 //! of the scheduler is). Held a few percent under its own rate, the big reader leaves the device a little idle time,
 //! and a small read is served at once (on the bench's throttled disk, cgroup v1, BFQ: a 1 MiB read beside a QD32
 //! reader capped at 95 % of its rate took 1.29 ms mean against 15.4 uncapped and 1.16 alone;
-//! `crates/bench/results/2026-11-29/headroom-ab-*`).
+//! `crates/bench/results/2026-11-29/headroom-ab-fio/`).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::id::ContainerId;
 
 /// Bytes per second a container may read and write (`None`: that direction is not capped).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Cap {
     /// Read bytes per second.
     pub read_bps: Option<u64>,

@@ -90,6 +90,9 @@ pub struct StatusRow {
     pub bytes_at_level: u64,
     /// Seconds at the current level.
     pub seconds_at_level: f64,
+    /// The cap in force at the bottom level (bytes per second, each direction), if the agent set one.
+    #[serde(default)]
+    pub cap: Option<qos_core::Cap>,
     /// cgroup v2: each device of the container's last weight read or write (the devices of its `io.stat` and of
     /// `[devices] check`), what governs it, and the weight read back in the file(s) that act on it. Empty on v1.
     #[serde(default)]
@@ -197,6 +200,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                     weight: self.reconciler.applied(id).map(qos_core::Weight::get),
                     bytes_at_level: v.as_ref().map_or(0, |v| v.bytes_at_level),
                     seconds_at_level: v.as_ref().map_or(0.0, |v| v.time_at_level.as_secs_f64()),
+                    cap: self.caps.get(id).copied(),
                     devices: self
                         .devices
                         .as_ref()
@@ -247,6 +251,7 @@ mod tests {
                 weight: None,
                 bytes_at_level: 0,
                 seconds_at_level: 0.0,
+                cap: None,
                 devices: vec![DeviceRow {
                     device: "7:3".into(),
                     disk: Some("loop3".into()),

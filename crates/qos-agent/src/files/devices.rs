@@ -140,17 +140,7 @@ impl FileDevices {
                 }
             }
         }
-        let now = s.now;
-        let mut all = Vec::new();
-        for dev in devices {
-            let (facts, changed) = s.table.get(dev, now);
-            let governor = facts.governor;
-            if let Some(before) = changed {
-                let facts = facts.clone();
-                s.report(&facts, before);
-            }
-            all.push((dev, governor));
-        }
+        let all = s.governors(devices);
         let plan = WeightPlan::over(kinds, all);
         if !s.devices_of.contains_key(id) {
             s.prune();
@@ -168,19 +158,7 @@ impl FileDevices {
     /// What governs each of `devices`, looked up in the table (re-read when stale, changes reported), without
     /// making them any container's devices (the cap's devices on v1 without the per-device weight file).
     pub(crate) fn governors(&self, devices: BTreeSet<DevNum>) -> Vec<(DevNum, Governor)> {
-        let mut s = self.state();
-        let now = s.now;
-        let mut out = Vec::new();
-        for dev in devices {
-            let (facts, changed) = s.table.get(dev, now);
-            let governor = facts.governor;
-            if let Some(before) = changed {
-                let facts = facts.clone();
-                s.report(&facts, before);
-            }
-            out.push((dev, governor));
-        }
-        out
+        self.state().governors(devices)
     }
 
     /// Re-reads the facts of the device a failed check names; true if its governor changed.
@@ -225,6 +203,22 @@ impl DeviceMonitor for FileDevices {
 }
 
 impl DeviceState {
+    /// What governs each of `devices`, looked up in the table (re-read when stale, changes reported).
+    fn governors(&mut self, devices: BTreeSet<DevNum>) -> Vec<(DevNum, Governor)> {
+        let now = self.now;
+        let mut out = Vec::new();
+        for dev in devices {
+            let (facts, changed) = self.table.get(dev, now);
+            let governor = facts.governor;
+            if let Some(before) = changed {
+                let facts = facts.clone();
+                self.report(&facts, before);
+            }
+            out.push((dev, governor));
+        }
+        out
+    }
+
     /// Every [`vrate::CHECK_EVERY`]: reads io.cost's rate (`cost.vrate` in the v2 root's `io.stat`) of each device
     /// in the table that io.cost governs and warns, once per stay, about one pinned at its minimum (`min=` of
     /// `io.cost.qos`) for [`vrate::HOLD`]: its model overstates the device and weights act weakly there.

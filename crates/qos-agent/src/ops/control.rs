@@ -109,6 +109,14 @@ pub fn render(status: &Status) -> String {
             r.bytes_at_level,
             r.seconds_at_level
         ));
+        if let Some(cap) = &r.cap {
+            let each = |bps: Option<u64>| bps.map_or("-".to_string(), |b| format!("{:.1} MiB/s", b as f64 / 1048576.0));
+            out.push_str(&format!(
+                "  capped at the bottom: read {}, write {}\n",
+                each(cap.read_bps),
+                each(cap.write_bps)
+            ));
+        }
         for d in &r.devices {
             let weights = if d.weights.is_empty() && d.governor == "none" {
                 "no weight acts on this device".to_string()
@@ -204,6 +212,7 @@ mod tests {
             weight: Some(1000),
             bytes_at_level: 0,
             seconds_at_level: 0.0,
+            cap: None,
             devices: vec![],
         };
         Status {
@@ -274,6 +283,7 @@ mod tests {
                 weight: Some(10),
                 bytes_at_level: 1,
                 seconds_at_level: 2.0,
+                cap: Some(qos_core::Cap { read_bps: Some(133 << 20), write_bps: None }),
                 devices: vec![
                     device("7:3", "loop3", "bfq", &[("io.bfq.weight", 10)]),
                     device("7:4", "loop4", "io-cost", &[("io.weight", 10)]),
@@ -305,6 +315,7 @@ mod tests {
         assert!(lines[2].starts_with("0123456789ab"), "{text}");
         let has = |parts: &[&str]| lines.iter().any(|l| parts.iter().all(|p| l.contains(p)));
         assert!(has(&["device 7:3 (loop3)", "bfq", "io.bfq.weight 10"]), "{text}");
+        assert!(has(&["capped at the bottom: read 133.0 MiB/s, write -"]), "{text}");
         assert!(has(&["device 7:4 (loop4)", "io-cost", "io.weight 10"]), "{text}");
         assert!(has(&["device 7:5 (loop5)", "none", "no weight acts"]), "{text}");
         assert!(has(&["7:5 (loop5)", "NO WEIGHT ACTS", "Fix: FIX-IT"]), "{text}");

@@ -16,8 +16,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use qos_agent::backend::DeviceWeight;
 use qos_agent::backend::{
-    AppliedVia, BackendError, ContainerInfo, CounterSource, DeviceMonitor, Discovery, DiscoveryError, DiscoveryEvent,
-    WeightWriter,
+    AppliedVia, BackendError, CapApplied, ContainerInfo, CounterSource, DeviceMonitor, Discovery, DiscoveryError,
+    DiscoveryEvent, WeightWriter,
 };
 use qos_agent::blockdev::{DevNum, DeviceFacts, Governor};
 use qos_agent::cgroup::{CgroupError, CgroupRoot, CgroupVersion, WeightFileKind};
@@ -87,6 +87,10 @@ struct Inner {
     exit_restores: Vec<(String, u32)>,
     /// Containers the runtime no longer knows (removed).
     removed: HashSet<String>,
+    /// Every cap call (`Some`: set, `None`: lift) that succeeded, in order.
+    caps: Vec<(String, Option<qos_core::Cap>)>,
+    /// Containers whose cap calls fail (a real fault).
+    cap_broken: HashSet<String>,
 }
 
 /// The shared state behind the three fake backends.
@@ -128,6 +132,14 @@ impl World {
 
     fn writes_to(&self, id: &str) -> Vec<u32> {
         self.with(|w| w.writes.iter().filter(|(i, _)| i == id).map(|(_, v)| *v).collect())
+    }
+
+    fn caps_of(&self, id: &str) -> Vec<Option<qos_core::Cap>> {
+        self.with(|w| w.caps.iter().filter(|(i, _)| i == id).map(|(_, c)| *c).collect())
+    }
+
+    fn break_caps(&self, id: &str, on: bool) {
+        self.with(|w| if on { w.cap_broken.insert(id.into()) } else { w.cap_broken.remove(id) });
     }
 
     fn restores_of(&self, id: &str) -> Vec<u32> {
@@ -294,6 +306,17 @@ impl WeightWriter for FakeWriter {
 
     fn forget(&mut self, id: &ContainerId) {
         self.0.with(|w| w.forgotten.push(id.to_string()));
+    }
+
+    /// Like the files': every call lands in the list, failing where caps are made to fail.
+    async fn cap(&mut self, info: &ContainerInfo, cap: Option<qos_core::Cap>) -> Result<CapApplied, BackendError> {
+        self.0.with(|w| {
+            if w.cap_broken.contains(info.id.as_str()) {
+                return Err(error(&info.id, Fault::Broken, "cap"));
+            }
+            w.caps.push((info.id.to_string(), cap));
+            Ok(CapApplied::Files(vec![]))
+        })
     }
 
     fn persists(&self) -> bool {
@@ -695,6 +718,112 @@ async fn heavy_container_is_demoted_through_every_level_then_boosted() {
     assert_eq!(h.decisions("boosted"), 1);
     let row = h.row("heavy").await.unwrap();
     assert_eq!((row.level, row.weight, row.bytes_at_level), (Some(1), Some(1000), 0));
+}
+
+/// Demotes `id` to the bottom (42 MiB and more in one round), then reads `per_round` more each round for `rounds`.
+async fn read_at_the_bottom(h: &Harness, world: &World, id: &str, per_round: u64, rounds: u32) {
+    world.read_more(id, 64 * MIB);
+    h.rounds(1).await;
+    assert_eq!(world.weight(id), 10, "at the bottom");
+    for _ in 0..rounds {
+        world.read_more(id, per_round);
+        h.rounds(1).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reader_that_keeps_reading_at_the_bottom_is_capped_then_lifted_by_its_boost_and_at_shutdown() {
+    let world = World::with_containers(&["big", "small"], KERNEL_DEFAULT);
+    let h = Harness::start(cfg(), &world, vec![]);
+    h.settle().await;
+    h.send(DiscoveryEvent::Started(info("big", &[]))).await;
+    h.send(DiscoveryEvent::Started(info("small", &[]))).await;
+    // 70 MiB a 500 ms round: 140 MiB/s. One round at the bottom is not the whole second the rule asks for.
+    read_at_the_bottom(&h, &world, "big", 70 * MIB, 1).await;
+    assert_eq!(world.caps_of("big"), vec![]);
+    world.read_more("big", 70 * MIB);
+    h.rounds(1).await;
+    let want = qos_core::Cap { read_bps: Some(140 * MIB * 95 / 100), write_bps: None };
+    assert_eq!(world.caps_of("big"), vec![Some(want)]);
+    assert_eq!(h.row("big").await.unwrap().cap, Some(want), "status shows the cap");
+    assert_eq!(h.row("small").await.unwrap().cap, None);
+    assert_eq!(world.caps_of("small"), vec![], "a container that reads nothing is never capped");
+
+    // Its boost (boost_after, 10 s after it left the top) lifts the cap with the top weight; reading on, it is
+    // down again at the next round and capped afresh a second later.
+    for _ in 0..24 {
+        world.read_more("big", 70 * MIB);
+        h.rounds(1).await;
+        if world.caps_of("big").len() >= 2 {
+            break;
+        }
+    }
+    assert_eq!(h.decisions("boosted"), 1);
+    assert_eq!(world.caps_of("big"), vec![Some(want), None], "the boost did not lift the cap");
+    assert_eq!(world.writes_to("big").iter().filter(|w| **w == 1000).count(), 2, "{:?}", world.writes_to("big"));
+    for _ in 0..4 {
+        world.read_more("big", 70 * MIB);
+        h.rounds(1).await;
+    }
+    assert_eq!(world.caps_of("big"), vec![Some(want), None, Some(want)]);
+    h.shutdown().await;
+    assert_eq!(world.caps_of("big").last(), Some(&None), "the shutdown lifted the cap");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lift_that_fails_is_tried_again_every_round_and_a_cap_that_fails_is_still_lifted() {
+    let world = World::with_containers(&["big"], KERNEL_DEFAULT);
+    let h = Harness::start(cfg(), &world, vec![]);
+    h.settle().await;
+    h.send(DiscoveryEvent::Started(info("big", &[]))).await;
+    read_at_the_bottom(&h, &world, "big", 70 * MIB, 3).await;
+    assert_eq!(world.caps_of("big").len(), 1);
+    // Pinned by a label: the engine lifts the cap; the writer fails the lift twice.
+    world.break_caps("big", true);
+    h.send(DiscoveryEvent::Started(info("big", &[(WEIGHT_LABEL, "500")]))).await;
+    h.rounds(2).await;
+    assert_eq!(world.caps_of("big").len(), 1, "the broken lift landed");
+    world.break_caps("big", false);
+    h.rounds(1).await;
+    assert_eq!(world.caps_of("big"), vec![world.caps_of("big")[0], None], "the lift was not tried again");
+
+    // A cap whose write fails (it may have landed before its check failed) is lifted all the same.
+    let world = World::with_containers(&["big"], KERNEL_DEFAULT);
+    let h = Harness::start(cfg(), &world, vec![]);
+    h.settle().await;
+    h.send(DiscoveryEvent::Started(info("big", &[]))).await;
+    world.break_caps("big", true);
+    read_at_the_bottom(&h, &world, "big", 70 * MIB, 3).await;
+    world.break_caps("big", false);
+    h.shutdown().await;
+    assert_eq!(world.caps_of("big"), vec![None], "the failed cap was not lifted at shutdown");
+}
+
+#[tokio::test(start_paused = true)]
+async fn dry_run_caps_nothing_and_entering_it_lifts_every_cap() {
+    let world = World::with_containers(&["big"], KERNEL_DEFAULT);
+    let mut dry = cfg();
+    dry.dry_run = true;
+    let h = Harness::start(dry.clone(), &world, vec![]);
+    h.settle().await;
+    h.send(DiscoveryEvent::Started(info("big", &[]))).await;
+    world.read_more("big", 64 * MIB);
+    for _ in 0..4 {
+        world.read_more("big", 70 * MIB);
+        h.rounds(1).await;
+    }
+    assert_eq!(world.caps_of("big"), vec![], "dry run wrote a cap");
+    h.shutdown().await;
+
+    let world = World::with_containers(&["big"], KERNEL_DEFAULT);
+    let h = Harness::start(cfg(), &world, vec![]);
+    h.settle().await;
+    h.send(DiscoveryEvent::Started(info("big", &[]))).await;
+    read_at_the_bottom(&h, &world, "big", 70 * MIB, 3).await;
+    assert_eq!(world.caps_of("big").len(), 1);
+    h.reload(dry).await;
+    assert_eq!(world.caps_of("big").last(), Some(&None), "entering dry run left the cap");
+    assert_eq!(h.row("big").await.unwrap().cap, None);
 }
 
 #[tokio::test(start_paused = true)]
