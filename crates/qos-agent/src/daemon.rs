@@ -20,7 +20,8 @@
 //! Caps ([`qos_core::Cap`]: a container settled at the bottom held a few percent under its own rate) go from the
 //! engine straight to the writer ([`WeightWriter::cap`]), not through the reconciler: no original is kept on file
 //! for them (the writer keeps what the throttle files held, in its own records), and a lift that fails is tried
-//! again every round. Every cap is lifted at shutdown and on entering dry run; in dry run none is written.
+//! again every round. Every cap is lifted at shutdown and on entering dry run; in dry run none is written, and
+//! leaving it sets the caps the engine holds.
 //!
 //! One clock: tokio's (`tokio::time::Instant`, converted to std for the engine), so paused-time tests see the
 //! same time everywhere.
@@ -714,6 +715,20 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         }
     }
 
+    /// Sets the caps the engine holds that are not in force (leaving dry run, where none was written).
+    async fn reapply_caps(&mut self) {
+        let t = now();
+        let wanted: Vec<(ContainerId, Cap)> = self
+            .engine
+            .containers(t)
+            .filter(|v| !self.caps.contains_key(&v.id))
+            .filter_map(|v| Some((v.id, v.cap?)))
+            .collect();
+        for (id, cap) in wanted {
+            self.set_cap(&id, cap).await;
+        }
+    }
+
     /// Lifts every cap (shutdown, entering dry run).
     async fn lift_all_caps(&mut self) {
         let ids: Vec<ContainerId> = self.caps.keys().cloned().collect();
@@ -830,7 +845,11 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         self.cfg.entry_sample_for = cfg.entry_sample_for;
         self.cfg.cpu_budget = cfg.cpu_budget;
         self.pacer.reconfigure(cfg.sample_interval, cfg.cpu_budget);
+        let leaving_dry_run = self.cfg.dry_run && !cfg.dry_run;
         self.cfg.dry_run = cfg.dry_run;
+        if leaving_dry_run {
+            self.reapply_caps().await;
+        }
         info!(sample_interval = ?self.cfg.sample_interval, entry_sample_interval = ?self.cfg.entry_sample_interval,
               entry_sample_for = ?self.cfg.entry_sample_for, cpu_budget = ?self.cfg.cpu_budget,
               dry_run = self.cfg.dry_run, "configuration reloaded");

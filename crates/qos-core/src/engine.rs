@@ -148,10 +148,21 @@ struct Container {
     /// its last sample: the next sample's I/O is counted at the new level only for the part of its interval after
     /// the move (see `handle_sample`).
     promoted_at: Option<Instant>,
-    /// Where the measurement of its rate at the bottom began (time, counters), while it has no cap yet.
-    cap_from: Option<(Instant, IoCounters)>,
+    /// Where the measurement of its rate at the bottom began, while it has no cap yet.
+    cap_from: Option<CapStart>,
     /// The cap set on it at the bottom (`bottom_cap_window`).
     cap: Option<Cap>,
+}
+
+/// The start of a container's measurement at the bottom: when, its counters, and the engine's totals then.
+#[derive(Debug, Clone, Copy)]
+struct CapStart {
+    at: Instant,
+    counters: IoCounters,
+    /// [`Engine`]'s `counted_all` then.
+    all: u128,
+    /// [`Engine`]'s `counted_bottom` then.
+    bottom: u128,
 }
 
 impl Container {
@@ -201,6 +212,11 @@ pub struct Engine {
     containers: BTreeMap<ContainerId, Container>,
     changes: VecDeque<WeightChange>,
     caps: VecDeque<CapChange>,
+    /// Bytes counted from every container's samples since the engine started (the device's load, as the cap's
+    /// measurement sees it).
+    counted_all: u128,
+    /// Of those, bytes counted by managed containers at the bottom level.
+    counted_bottom: u128,
     /// Earliest time a timer may fire; may be earlier than the true next deadline (a spurious wake-up costs one
     /// scan), never later.
     next_deadline: Option<Instant>,
@@ -218,6 +234,8 @@ impl Engine {
             containers: BTreeMap::new(),
             changes: VecDeque::new(),
             caps: VecDeque::new(),
+            counted_all: 0,
+            counted_bottom: 0,
             next_deadline: None,
             last_periodic_boost: now,
             share_check: None,
@@ -334,6 +352,7 @@ impl Engine {
         c.bytes_at_level = c.bytes_at_level.saturating_add(at_level);
         c.last_io = now;
         if c.policy != Policy::Managed {
+            self.counted_all = self.counted_all.saturating_add(u128::from(delta));
             return;
         }
         let old_level = c.level;
@@ -344,7 +363,12 @@ impl Engine {
             c.bytes_at_level -= self.config.levels[c.level].threshold.0;
             c.level += 1;
         }
-        let cap = (c.level == bottom).then(|| measure_cap(&self.config, c, counters, now)).flatten();
+        self.counted_all = self.counted_all.saturating_add(u128::from(delta));
+        if c.level == bottom {
+            self.counted_bottom = self.counted_bottom.saturating_add(u128::from(delta));
+        }
+        let totals = (self.counted_all, self.counted_bottom);
+        let cap = (c.level == bottom).then(|| measure_cap(&self.config, c, counters, totals, now)).flatten();
         if let Some(cap) = cap {
             self.caps.push_back(CapChange { id: id.clone(), cap: Some(cap) });
         }
@@ -690,35 +714,62 @@ fn deadline_of(config: &Config, c: &Container) -> Option<Instant> {
 pub const MIN_CAP_BPS: u64 = 1 << 20;
 
 /// The cap rule for a managed container at the bottom with no cap yet, at a sample of `counters` at `now` that
-/// counted I/O: starts measuring its rate, or, `bottom_cap_window` after the start, sets its cap at
-/// `bottom_cap_percent` % of the rate of each direction that did at least [`MIN_CAP_BPS`] (and measures afresh if
-/// neither did). A counter that went down (a cgroup made again) starts the measurement again.
-fn measure_cap(config: &Config, c: &mut Container, counters: IoCounters, now: Instant) -> Option<Cap> {
+/// counted I/O, `totals` the engine's (`counted_all`, `counted_bottom`) after it: starts measuring, or,
+/// `bottom_cap_window` after the start, sets the cap. The device's load over the window is every container's bytes
+/// (`all`); the bottom level's part of it (`bottom`) is shared among the containers there by what each did, so the
+/// cap is `bottom_cap_percent` % of the whole load times the container's share of the bottom's: a reader measured
+/// while a new container at the top took most of the device is not capped at what it got then, and two big readers
+/// at the bottom together leave the same headroom as one. The cap is split between reads and writes as the
+/// container's own bytes were; a direction that did under [`MIN_CAP_BPS`] is not capped (and neither direction
+/// did: measured afresh). A counter that went down (a cgroup made again) starts the measurement again.
+fn measure_cap(
+    config: &Config,
+    c: &mut Container,
+    counters: IoCounters,
+    (all, bottom): (u128, u128),
+    now: Instant,
+) -> Option<Cap> {
     let window = config.bottom_cap_window?;
     if c.policy != Policy::Managed || c.cap.is_some() {
         return None;
     }
-    let Some((from, base)) = c.cap_from else {
-        c.cap_from = Some((now, counters));
+    let start = CapStart { at: now, counters, all, bottom };
+    let Some(from) = c.cap_from else {
+        c.cap_from = Some(start);
         return None;
     };
-    let elapsed = now.saturating_duration_since(from);
-    if counters.read < base.read || counters.write < base.write {
-        c.cap_from = Some((now, counters));
+    if counters.read < from.counters.read || counters.write < from.counters.write {
+        c.cap_from = Some(start);
         return None;
     }
+    let elapsed = now.saturating_duration_since(from.at);
     if elapsed < window {
         return None;
     }
-    let rate = |bytes: u64| {
-        let bps = u128::from(bytes) * 1_000_000_000 / elapsed.as_nanos().max(1);
-        let bps = u64::try_from(bps).unwrap_or(u64::MAX);
-        (bps >= MIN_CAP_BPS)
-            .then(|| u64::try_from(u128::from(bps) * u128::from(config.bottom_cap_percent) / 100).unwrap_or(u64::MAX))
+    let (read, write) = (counters.read - from.counters.read, counters.write - from.counters.write);
+    let mine = counted(config.count, from.counters, counters);
+    let (load, at_bottom) = (all.saturating_sub(from.all), bottom.saturating_sub(from.bottom));
+    let nanos = elapsed.as_nanos().max(1);
+    let percent = u128::from(config.bottom_cap_percent);
+    // Its part of the cap, bytes per second: percent x load x (mine / at_bottom), over the window; never under
+    // percent of its own rate (the load includes its own bytes and the bottom's, so only arithmetic at the ends of
+    // the range could make it so).
+    let share = |bytes: u64| -> Option<u64> {
+        if at_bottom == 0 || mine == 0 {
+            return None;
+        }
+        let own_bps = u128::from(bytes) * 1_000_000_000 / nanos;
+        if own_bps < u128::from(MIN_CAP_BPS) {
+            return None;
+        }
+        // percent x load/s x (mine / at_bottom) x (bytes / mine) = percent x load/s x bytes / at_bottom.
+        let load_bps = load.saturating_mul(1_000_000_000) / nanos;
+        let bps = (percent * load_bps / 100).saturating_mul(u128::from(bytes)) / at_bottom;
+        Some(u64::try_from(bps.max(percent * own_bps / 100)).unwrap_or(u64::MAX))
     };
-    let cap = Cap { read_bps: rate(counters.read - base.read), write_bps: rate(counters.write - base.write) };
+    let cap = Cap { read_bps: share(read), write_bps: share(write) };
     if cap.read_bps.is_none() && cap.write_bps.is_none() {
-        c.cap_from = Some((now, counters));
+        c.cap_from = Some(start);
         return None;
     }
     c.cap_from = None;

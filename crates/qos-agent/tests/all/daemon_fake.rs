@@ -815,8 +815,11 @@ async fn dry_run_caps_nothing_and_entering_it_lifts_every_cap() {
     assert_eq!(world.caps_of("big"), vec![], "dry run wrote a cap");
     h.shutdown().await;
 
+    // Originals kept in a file: an agent started that way may leave dry run again.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
     let world = World::with_containers(&["big"], KERNEL_DEFAULT);
-    let h = Harness::start(cfg(), &world, vec![]);
+    let h = Harness::start_with(cfg(), &world, vec![], OriginalWeights::load(Some(&path)).unwrap());
     h.settle().await;
     h.send(DiscoveryEvent::Started(info("big", &[]))).await;
     read_at_the_bottom(&h, &world, "big", 70 * MIB, 3).await;
@@ -824,6 +827,12 @@ async fn dry_run_caps_nothing_and_entering_it_lifts_every_cap() {
     h.reload(dry).await;
     assert_eq!(world.caps_of("big").last(), Some(&None), "entering dry run left the cap");
     assert_eq!(h.row("big").await.unwrap().cap, None);
+    // Leaving it sets the cap the engine holds again (the bench switches dry run between its blocks).
+    h.reload(cfg()).await;
+    let caps = world.caps_of("big");
+    assert_eq!(caps.len(), 3, "{caps:?}");
+    assert_eq!(caps[2], caps[0], "leaving dry run did not set the cap again");
+    assert_eq!(h.row("big").await.unwrap().cap, caps[0]);
 }
 
 #[tokio::test(start_paused = true)]

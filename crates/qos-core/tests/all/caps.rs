@@ -7,6 +7,12 @@ use qos_core::{Cap, CapChange, Config, Engine, IoCounters, Policy, Reason};
 
 use crate::common::{drain, id, mib, ms, no_idle, read, s, t0, w};
 
+/// `got` is `want` give or take a byte per second or two (integer arithmetic).
+fn assert_close(got: Option<u64>, want: u64) {
+    let got = got.expect("a cap");
+    assert!(got.abs_diff(want) <= 2, "cap {got}, want {want}");
+}
+
 /// Every pending cap change.
 fn caps(engine: &mut Engine) -> Vec<CapChange> {
     std::iter::from_fn(|| engine.poll_cap_change()).collect()
@@ -215,4 +221,49 @@ fn cap_settings_are_validated_naming_the_field() {
     }
     let parsed: Config = toml::from_str("bottom_cap_window = \"off\"\nbottom_cap_percent = 90").unwrap();
     assert_eq!((parsed.bottom_cap_window, parsed.bottom_cap_percent), (None, 90));
+}
+
+#[test]
+fn a_reader_measured_beside_a_new_one_at_the_top_is_capped_from_the_whole_load_not_from_what_it_got() {
+    let t = t0();
+    let mut e = Engine::new(no_idle(), t).unwrap();
+    let (mut bg, now) = at_bottom(&mut e, "bg", t);
+    e.handle_started(&id("fg"), now);
+    drain(&mut e);
+    // For a second the new container (sampled first in each round, as a daemon's rounds go) reads 1.1 MiB a round
+    // (it goes down to the third level) and the bottom reader 3.
+    let (mut fg, mut now2) = (0, now);
+    for _ in 0..10 {
+        now2 += ms(100);
+        bg += mib(3);
+        fg += mib(1) + mib(10) / 100;
+        e.handle_sample(&id("fg"), read(fg), now2);
+        e.handle_sample(&id("bg"), read(bg), now2);
+    }
+    let got = caps(&mut e);
+    let cap = got.iter().find(|c| c.id == id("bg")).and_then(|c| c.cap).expect("bg capped");
+    // The load was 4.1 MiB a round, 41 MiB/s, and the bottom's all bg's: 95 % of 41 MiB/s, not of the 30 it got.
+    let load = (mib(3) + mib(1) + mib(10) / 100) * 10;
+    assert_close(cap.read_bps, load * 95 / 100);
+}
+
+#[test]
+fn two_readers_at_the_bottom_share_one_headroom_by_what_each_read() {
+    let t = t0();
+    let mut e = Engine::new(no_idle(), t).unwrap();
+    let (mut a, _) = at_bottom(&mut e, "a", t);
+    let (mut b, now) = at_bottom(&mut e, "b", t);
+    let mut now2 = now;
+    for _ in 0..10 {
+        now2 += ms(100);
+        a += mib(10);
+        b += mib(4);
+        e.handle_sample(&id("a"), read(a), now2);
+        e.handle_sample(&id("b"), read(b), now2);
+    }
+    let got = caps(&mut e);
+    let cap_of = |name: &str| got.iter().find(|c| c.id == id(name)).and_then(|c| c.cap).and_then(|c| c.read_bps);
+    // 140 MiB/s in all, 100 and 40 of it theirs: 95 % of 140 split 100 : 40, together 95 % of the load.
+    assert_close(cap_of("a"), mib(100) * 95 / 100);
+    assert_close(cap_of("b"), mib(40) * 95 / 100);
 }
