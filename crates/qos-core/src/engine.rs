@@ -161,8 +161,6 @@ struct CapStart {
     counters: IoCounters,
     /// [`Engine`]'s `counted_all` then.
     all: u128,
-    /// [`Engine`]'s `counted_bottom` then.
-    bottom: u128,
 }
 
 impl Container {
@@ -215,8 +213,6 @@ pub struct Engine {
     /// Bytes counted from every container's samples since the engine started (the device's load, as the cap's
     /// measurement sees it).
     counted_all: u128,
-    /// Of those, bytes counted by managed containers at the bottom level.
-    counted_bottom: u128,
     /// Earliest time a timer may fire; may be earlier than the true next deadline (a spurious wake-up costs one
     /// scan), never later.
     next_deadline: Option<Instant>,
@@ -235,7 +231,6 @@ impl Engine {
             changes: VecDeque::new(),
             caps: VecDeque::new(),
             counted_all: 0,
-            counted_bottom: 0,
             next_deadline: None,
             last_periodic_boost: now,
             share_check: None,
@@ -364,11 +359,8 @@ impl Engine {
             c.level += 1;
         }
         self.counted_all = self.counted_all.saturating_add(u128::from(delta));
-        if c.level == bottom {
-            self.counted_bottom = self.counted_bottom.saturating_add(u128::from(delta));
-        }
-        let totals = (self.counted_all, self.counted_bottom);
-        let cap = (c.level == bottom).then(|| measure_cap(&self.config, c, counters, totals, now)).flatten();
+        let all = self.counted_all;
+        let cap = (c.level == bottom).then(|| measure_cap(&self.config, c, counters, all, now)).flatten();
         if let Some(cap) = cap {
             self.caps.push_back(CapChange { id: id.clone(), cap: Some(cap) });
         }
@@ -714,26 +706,23 @@ fn deadline_of(config: &Config, c: &Container) -> Option<Instant> {
 pub const MIN_CAP_BPS: u64 = 1 << 20;
 
 /// The cap rule for a managed container at the bottom with no cap yet, at a sample of `counters` at `now` that
-/// counted I/O, `totals` the engine's (`counted_all`, `counted_bottom`) after it: starts measuring, or,
-/// `bottom_cap_window` after the start, sets the cap. The device's load over the window is every container's bytes
-/// (`all`); the bottom level's part of it (`bottom`) is shared among the containers there by what each did, so the
-/// cap is `bottom_cap_percent` % of the whole load times the container's share of the bottom's: a reader measured
-/// while a new container at the top took most of the device is not capped at what it got then, and two big readers
-/// at the bottom together leave the same headroom as one. The cap is split between reads and writes as the
-/// container's own bytes were; a direction that did under [`MIN_CAP_BPS`] is not capped (and neither direction
-/// did: measured afresh). A counter that went down (a cgroup made again) starts the measurement again.
-fn measure_cap(
-    config: &Config,
-    c: &mut Container,
-    counters: IoCounters,
-    (all, bottom): (u128, u128),
-    now: Instant,
-) -> Option<Cap> {
+/// counted I/O, `all` the engine's `counted_all` after it: starts measuring, or, `bottom_cap_window` after the
+/// start, sets the cap at `bottom_cap_percent` % of the device's load over the window (every container's bytes,
+/// its own included), split between reads and writes as its own bytes were. The load, not its own rate: a reader
+/// measured while a new container at the top took most of the device is not held at what it got then (the bench
+/// saw a background capped at 18 MB/s, an eighth of the device, that way). A direction that did under
+/// [`MIN_CAP_BPS`] is not capped (and neither direction did: measured afresh). A counter that went down (a cgroup
+/// made again) starts the measurement again.
+///
+/// Two big readers at the bottom are each capped under the whole load, so together they may still fill the
+/// device: sharing one headroom by what each did then held a reader that shared the bottom with a passing big
+/// read to a fifth of the device for the rest of its stay.
+fn measure_cap(config: &Config, c: &mut Container, counters: IoCounters, all: u128, now: Instant) -> Option<Cap> {
     let window = config.bottom_cap_window?;
     if c.policy != Policy::Managed || c.cap.is_some() {
         return None;
     }
-    let start = CapStart { at: now, counters, all, bottom };
+    let start = CapStart { at: now, counters, all };
     let Some(from) = c.cap_from else {
         c.cap_from = Some(start);
         return None;
@@ -747,27 +736,22 @@ fn measure_cap(
         return None;
     }
     let (read, write) = (counters.read - from.counters.read, counters.write - from.counters.write);
-    let mine = counted(config.count, from.counters, counters);
-    let (load, at_bottom) = (all.saturating_sub(from.all), bottom.saturating_sub(from.bottom));
+    let mine = u128::from(read) + u128::from(write);
+    let load = all.saturating_sub(from.all);
     let nanos = elapsed.as_nanos().max(1);
     let percent = u128::from(config.bottom_cap_percent);
-    // Its part of the cap, bytes per second: percent x load x (mine / at_bottom), over the window; never under
-    // percent of its own rate (the load includes its own bytes and the bottom's, so only arithmetic at the ends of
-    // the range could make it so).
-    let share = |bytes: u64| -> Option<u64> {
-        if at_bottom == 0 || mine == 0 {
-            return None;
-        }
+    // Its part of the cap, bytes per second: percent x load/s x (bytes / mine); never under percent of its own
+    // rate (the load holds its own bytes; with `count` other than "both" it may not hold them all).
+    let part = |bytes: u64| -> Option<u64> {
         let own_bps = u128::from(bytes) * 1_000_000_000 / nanos;
         if own_bps < u128::from(MIN_CAP_BPS) {
             return None;
         }
-        // percent x load/s x (mine / at_bottom) x (bytes / mine) = percent x load/s x bytes / at_bottom.
         let load_bps = load.saturating_mul(1_000_000_000) / nanos;
-        let bps = (percent * load_bps / 100).saturating_mul(u128::from(bytes)) / at_bottom;
+        let bps = (percent * load_bps / 100).saturating_mul(u128::from(bytes)) / mine.max(1);
         Some(u64::try_from(bps.max(percent * own_bps / 100)).unwrap_or(u64::MAX))
     };
-    let cap = Cap { read_bps: share(read), write_bps: share(write) };
+    let cap = Cap { read_bps: part(read), write_bps: part(write) };
     if cap.read_bps.is_none() && cap.write_bps.is_none() {
         c.cap_from = Some(start);
         return None;

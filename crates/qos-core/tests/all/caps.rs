@@ -248,22 +248,45 @@ fn a_reader_measured_beside_a_new_one_at_the_top_is_capped_from_the_whole_load_n
 }
 
 #[test]
-fn two_readers_at_the_bottom_share_one_headroom_by_what_each_read() {
+fn two_readers_at_the_bottom_are_each_capped_under_the_whole_load() {
+    // Not by their shares of it: a reader that shared the bottom with a passing big read for its window would be
+    // held at its share for the rest of its stay.
     let t = t0();
     let mut e = Engine::new(no_idle(), t).unwrap();
-    let (mut a, _) = at_bottom(&mut e, "a", t);
-    let (mut b, now) = at_bottom(&mut e, "b", t);
-    let mut now2 = now;
+    e.handle_started(&id("a"), t);
+    e.handle_started(&id("b"), t);
+    // 50 MiB each in the first round: both at the bottom, their windows starting in the same round.
+    let (mut a, mut b, mut now) = (mib(50), mib(50), t + ms(100));
+    e.handle_sample(&id("a"), read(a), now);
+    e.handle_sample(&id("b"), read(b), now);
     for _ in 0..10 {
-        now2 += ms(100);
+        now += ms(100);
         a += mib(10);
         b += mib(4);
-        e.handle_sample(&id("a"), read(a), now2);
-        e.handle_sample(&id("b"), read(b), now2);
+        e.handle_sample(&id("a"), read(a), now);
+        e.handle_sample(&id("b"), read(b), now);
     }
     let got = caps(&mut e);
     let cap_of = |name: &str| got.iter().find(|c| c.id == id(name)).and_then(|c| c.cap).and_then(|c| c.read_bps);
-    // 140 MiB/s in all, 100 and 40 of it theirs: 95 % of 140 split 100 : 40, together 95 % of the load.
-    assert_close(cap_of("a"), mib(100) * 95 / 100);
-    assert_close(cap_of("b"), mib(40) * 95 / 100);
+    // Each one's window holds ten rounds of the other's bytes, shifted by the order of the samples in a round: b,
+    // sampled after a, sees a's rounds 1-10 (100 MiB) beside its own 40: 140 MiB/s; a sees b's rounds 0-9, its
+    // entry's 50 MiB among them (86 MiB) beside its own 100.
+    assert_close(cap_of("b"), mib(140) * 95 / 100);
+    assert_close(cap_of("a"), mib(186) * 95 / 100);
+}
+
+#[test]
+fn a_cap_is_split_between_reads_and_writes_as_the_container_did_them() {
+    let t = t0();
+    let mut e = Engine::new(no_idle(), t).unwrap();
+    let (_, now) = at_bottom(&mut e, "rw", t);
+    let mut now2 = now;
+    for i in 1..=10u64 {
+        now2 = now + ms(100 * i);
+        e.handle_sample(&id("rw"), IoCounters::new(mib(200) + i * mib(9), i * mib(3)), now2);
+    }
+    let got = caps(&mut e);
+    let cap = got[0].cap.unwrap();
+    assert_close(cap.read_bps, mib(90) * 95 / 100);
+    assert_close(cap.write_bps, mib(30) * 95 / 100);
 }
