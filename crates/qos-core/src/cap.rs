@@ -6,7 +6,9 @@
 //! of the scheduler is). Held a few percent under its own rate, the big reader leaves the device a little idle time,
 //! and a small read is served at once (on the bench's throttled disk, cgroup v1, BFQ: a 1 MiB read beside a QD32
 //! reader capped at 95 % of its rate took 1.29 ms mean against 15.4 uncapped and 1.16 alone;
-//! `crates/bench/results/2026-11-29/headroom-ab-fio/`).
+//! `crates/bench/results/2026-11-29/headroom-ab-fio/`). Opt-in (`bottom_cap_window`): with the agent on the same
+//! disk it halved 1 and 10 MiB reads but slowed 100 MiB reads and readers that start together
+//! (`crates/bench/results/2026-11-29/bottom-cap-ab-ce4e266/`).
 
 use serde::{Deserialize, Serialize};
 

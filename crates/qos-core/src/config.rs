@@ -48,7 +48,7 @@ pub enum CountMode {
 /// boost_all_every = "off"
 /// share_window = "1s"
 /// share_floor_percent = 10
-/// bottom_cap_window = "1s"
+/// bottom_cap_window = "off"
 /// bottom_cap_percent = 95
 /// levels = [
 ///   { weight = 1000, threshold = "2MiB" },
@@ -93,7 +93,9 @@ pub struct Config {
     /// time ([`crate::Cap`]), until it leaves the bottom (a boost, the fair-share floor, an idle promotion, a policy
     /// change): a big reader that keeps a device saturated leaves it a little idle time, and small reads that arrive
     /// are served at once instead of behind its queue. Each stay at the bottom measures the rate afresh. `"off"`
-    /// disables it.
+    /// (default) disables it: opt-in, because on the bench's disk it halved 1 and 10 MiB reads but made 100 MiB
+    /// reads and readers that start together slower than without it
+    /// (`crates/bench/results/2026-11-29/bottom-cap-ab-ce4e266/`).
     #[serde(with = "crate::units::opt_duration")]
     pub bottom_cap_window: Option<Duration>,
     /// See `bottom_cap_window`: 50..=99.
@@ -115,7 +117,7 @@ impl Default for Config {
             boost_all_every: None,
             share_window: Some(Duration::from_secs(1)),
             share_floor_percent: 10,
-            bottom_cap_window: Some(Duration::from_secs(1)),
+            bottom_cap_window: None,
             bottom_cap_percent: 95,
         }
     }

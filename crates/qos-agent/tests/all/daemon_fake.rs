@@ -720,6 +720,13 @@ async fn heavy_container_is_demoted_through_every_level_then_boosted() {
     assert_eq!((row.level, row.weight, row.bytes_at_level), (Some(1), Some(1000), 0));
 }
 
+/// [`cfg`] with the bottom level's cap on (opt-in: 1 s at the bottom, 95 %).
+fn capped_cfg() -> AgentConfig {
+    let mut cfg = cfg();
+    cfg.mlfq.bottom_cap_window = Some(Duration::from_secs(1));
+    cfg
+}
+
 /// Demotes `id` to the bottom (42 MiB and more in one round), then reads `per_round` more each round for `rounds`.
 async fn read_at_the_bottom(h: &Harness, world: &World, id: &str, per_round: u64, rounds: u32) {
     world.read_more(id, 64 * MIB);
@@ -733,8 +740,17 @@ async fn read_at_the_bottom(h: &Harness, world: &World, id: &str, per_round: u64
 
 #[tokio::test(start_paused = true)]
 async fn a_reader_that_keeps_reading_at_the_bottom_is_capped_then_lifted_by_its_boost_and_at_shutdown() {
-    let world = World::with_containers(&["big", "small"], KERNEL_DEFAULT);
+    // Off by default: the same reader under the shipped configuration is never capped.
+    let world = World::with_containers(&["big"], KERNEL_DEFAULT);
     let h = Harness::start(cfg(), &world, vec![]);
+    h.settle().await;
+    h.send(DiscoveryEvent::Started(info("big", &[]))).await;
+    read_at_the_bottom(&h, &world, "big", 70 * MIB, 4).await;
+    assert_eq!(world.caps_of("big"), vec![], "capped with the shipped configuration");
+    h.shutdown().await;
+
+    let world = World::with_containers(&["big", "small"], KERNEL_DEFAULT);
+    let h = Harness::start(capped_cfg(), &world, vec![]);
     h.settle().await;
     h.send(DiscoveryEvent::Started(info("big", &[]))).await;
     h.send(DiscoveryEvent::Started(info("small", &[]))).await;
@@ -773,7 +789,7 @@ async fn a_reader_that_keeps_reading_at_the_bottom_is_capped_then_lifted_by_its_
 #[tokio::test(start_paused = true)]
 async fn a_lift_that_fails_is_tried_again_every_round_and_a_cap_that_fails_is_still_lifted() {
     let world = World::with_containers(&["big"], KERNEL_DEFAULT);
-    let h = Harness::start(cfg(), &world, vec![]);
+    let h = Harness::start(capped_cfg(), &world, vec![]);
     h.settle().await;
     h.send(DiscoveryEvent::Started(info("big", &[]))).await;
     read_at_the_bottom(&h, &world, "big", 70 * MIB, 3).await;
@@ -789,7 +805,7 @@ async fn a_lift_that_fails_is_tried_again_every_round_and_a_cap_that_fails_is_st
 
     // A cap whose write fails (it may have landed before its check failed) is lifted all the same.
     let world = World::with_containers(&["big"], KERNEL_DEFAULT);
-    let h = Harness::start(cfg(), &world, vec![]);
+    let h = Harness::start(capped_cfg(), &world, vec![]);
     h.settle().await;
     h.send(DiscoveryEvent::Started(info("big", &[]))).await;
     world.break_caps("big", true);
@@ -802,7 +818,7 @@ async fn a_lift_that_fails_is_tried_again_every_round_and_a_cap_that_fails_is_st
 #[tokio::test(start_paused = true)]
 async fn dry_run_caps_nothing_and_entering_it_lifts_every_cap() {
     let world = World::with_containers(&["big"], KERNEL_DEFAULT);
-    let mut dry = cfg();
+    let mut dry = capped_cfg();
     dry.dry_run = true;
     let h = Harness::start(dry.clone(), &world, vec![]);
     h.settle().await;
@@ -819,7 +835,7 @@ async fn dry_run_caps_nothing_and_entering_it_lifts_every_cap() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.json");
     let world = World::with_containers(&["big"], KERNEL_DEFAULT);
-    let h = Harness::start_with(cfg(), &world, vec![], OriginalWeights::load(Some(&path)).unwrap());
+    let h = Harness::start_with(capped_cfg(), &world, vec![], OriginalWeights::load(Some(&path)).unwrap());
     h.settle().await;
     h.send(DiscoveryEvent::Started(info("big", &[]))).await;
     read_at_the_bottom(&h, &world, "big", 70 * MIB, 3).await;
@@ -828,7 +844,7 @@ async fn dry_run_caps_nothing_and_entering_it_lifts_every_cap() {
     assert_eq!(world.caps_of("big").last(), Some(&None), "entering dry run left the cap");
     assert_eq!(h.row("big").await.unwrap().cap, None);
     // Leaving it sets the cap the engine holds again (the bench switches dry run between its blocks).
-    h.reload(cfg()).await;
+    h.reload(capped_cfg()).await;
     let caps = world.caps_of("big");
     assert_eq!(caps.len(), 3, "{caps:?}");
     assert_eq!(caps[2], caps[0], "leaving dry run did not set the cap again");

@@ -7,6 +7,11 @@ use qos_core::{Cap, CapChange, Config, Engine, IoCounters, Policy, Reason};
 
 use crate::common::{drain, id, mib, ms, no_idle, read, s, t0, w};
 
+/// The paper's rules without idle promotion, with the cap on (1 s at 95 %).
+fn capped() -> Config {
+    Config { bottom_cap_window: Some(s(1)), ..no_idle() }
+}
+
 /// `got` is `want` give or take a byte per second or two (integer arithmetic).
 fn assert_close(got: Option<u64>, want: u64) {
     let got = got.expect("a cap");
@@ -43,7 +48,7 @@ fn at_bottom(e: &mut Engine, name: &str, t: Instant) -> (u64, Instant) {
 #[test]
 fn a_reader_settled_at_the_bottom_is_capped_at_95_percent_of_its_own_rate_after_one_second() {
     let t = t0();
-    let mut e = Engine::new(no_idle(), t).unwrap();
+    let mut e = Engine::new(capped(), t).unwrap();
     let (bytes, now) = at_bottom(&mut e, "big", t);
     // 14 MiB a round is 140 MiB/s: nothing before a whole second of it.
     let (bytes, now) = read_steadily(&mut e, "big", bytes, now, 9, 14);
@@ -60,7 +65,7 @@ fn a_reader_settled_at_the_bottom_is_capped_at_95_percent_of_its_own_rate_after_
 #[test]
 fn each_direction_is_capped_on_its_own_rate_and_a_slow_one_not_at_all() {
     let t = t0();
-    let mut e = Engine::new(no_idle(), t).unwrap();
+    let mut e = Engine::new(capped(), t).unwrap();
     let (_, now) = at_bottom(&mut e, "mixed", t);
     // 10 MiB read and 100 KiB written a round: 100 MiB/s and 1000 KiB/s (under MIN_CAP_BPS) over one second.
     let mut now2 = now;
@@ -76,7 +81,7 @@ fn each_direction_is_capped_on_its_own_rate_and_a_slow_one_not_at_all() {
 #[test]
 fn a_pause_restarts_the_measurement_so_the_rate_is_never_averaged_over_idle_time() {
     let t = t0();
-    let mut e = Engine::new(no_idle(), t).unwrap();
+    let mut e = Engine::new(capped(), t).unwrap();
     let (bytes, now) = at_bottom(&mut e, "bursty", t);
     let (bytes, now) = read_steadily(&mut e, "bursty", bytes, now, 8, 14);
     // A round without I/O.
@@ -94,7 +99,7 @@ fn a_pause_restarts_the_measurement_so_the_rate_is_never_averaged_over_idle_time
 #[test]
 fn a_boost_lifts_the_cap_and_the_next_stay_at_the_bottom_measures_afresh() {
     let t = t0();
-    let mut e = Engine::new(no_idle(), t).unwrap();
+    let mut e = Engine::new(capped(), t).unwrap();
     let (bytes, now) = at_bottom(&mut e, "big", t);
     let (bytes, now) = read_steadily(&mut e, "big", bytes, now, 10, 14);
     assert_eq!(caps(&mut e).len(), 1);
@@ -124,7 +129,8 @@ fn a_boost_lifts_the_cap_and_the_next_stay_at_the_bottom_measures_afresh() {
 fn idle_promotion_the_fair_share_floor_a_policy_change_and_a_restart_each_lift_the_cap() {
     let t = t0();
     // Idle promotion: one level up after 2 s without I/O.
-    let mut e = Engine::new(Config { share_window: None, ..Config::default() }, t).unwrap();
+    let mut e =
+        Engine::new(Config { share_window: None, bottom_cap_window: Some(s(1)), ..Config::default() }, t).unwrap();
     let (bytes, now) = at_bottom(&mut e, "a", t);
     let (bytes, now) = read_steadily(&mut e, "a", bytes, now, 10, 14);
     assert_eq!(caps(&mut e).len(), 1);
@@ -134,7 +140,7 @@ fn idle_promotion_the_fair_share_floor_a_policy_change_and_a_restart_each_lift_t
     assert_eq!(caps(&mut e), vec![CapChange { id: id("a"), cap: None }]);
 
     // Policy: pinned.
-    let mut e = Engine::new(no_idle(), t).unwrap();
+    let mut e = Engine::new(capped(), t).unwrap();
     let (bytes, now) = at_bottom(&mut e, "b", t);
     let (_, now) = read_steadily(&mut e, "b", bytes, now, 10, 14);
     assert_eq!(caps(&mut e).len(), 1);
@@ -144,7 +150,7 @@ fn idle_promotion_the_fair_share_floor_a_policy_change_and_a_restart_each_lift_t
     assert_eq!(caps(&mut e), vec![], "lifted once");
 
     // A restart.
-    let mut e = Engine::new(no_idle(), t).unwrap();
+    let mut e = Engine::new(capped(), t).unwrap();
     let (bytes, now) = at_bottom(&mut e, "c", t);
     let (_, now) = read_steadily(&mut e, "c", bytes, now, 10, 14);
     assert_eq!(caps(&mut e).len(), 1);
@@ -153,7 +159,8 @@ fn idle_promotion_the_fair_share_floor_a_policy_change_and_a_restart_each_lift_t
     assert_eq!(e.container(&id("c"), now).unwrap().level, 0);
 
     // The fair-share floor: a capped reader that gets under 10 % of a peer's bytes at the same weight.
-    let mut e = Engine::new(Config { idle_promote_after: None, ..Config::default() }, t).unwrap();
+    let mut e = Engine::new(Config { idle_promote_after: None, bottom_cap_window: Some(s(1)), ..Config::default() }, t)
+        .unwrap();
     let (_, _) = at_bottom(&mut e, "slow", t);
     let (_, now) = at_bottom(&mut e, "fast", t);
     let (mut slow, mut fast) = (mib(200), mib(200));
@@ -180,17 +187,19 @@ fn idle_promotion_the_fair_share_floor_a_policy_change_and_a_restart_each_lift_t
 
 #[test]
 fn off_means_no_cap_and_turning_it_off_lifts_every_cap() {
+    // Opt-in: the defaults have it off.
+    assert_eq!(Config::default().bottom_cap_window, None);
     let t = t0();
-    let mut e = Engine::new(Config { bottom_cap_window: None, ..no_idle() }, t).unwrap();
+    let mut e = Engine::new(Config { bottom_cap_window: None, ..capped() }, t).unwrap();
     let (bytes, now) = at_bottom(&mut e, "big", t);
     read_steadily(&mut e, "big", bytes, now, 30, 14);
     assert_eq!(caps(&mut e), vec![]);
 
-    let mut e = Engine::new(no_idle(), t).unwrap();
+    let mut e = Engine::new(capped(), t).unwrap();
     let (bytes, now) = at_bottom(&mut e, "big", t);
     let (_, now) = read_steadily(&mut e, "big", bytes, now, 10, 14);
     assert_eq!(caps(&mut e).len(), 1);
-    e.reconfigure(Config { bottom_cap_window: None, ..no_idle() }, now).unwrap();
+    e.reconfigure(Config { bottom_cap_window: None, ..capped() }, now).unwrap();
     assert_eq!(caps(&mut e), vec![CapChange { id: id("big"), cap: None }]);
     assert_eq!(drain(&mut e), vec![], "the weight stays");
 }
@@ -198,7 +207,7 @@ fn off_means_no_cap_and_turning_it_off_lifts_every_cap() {
 #[test]
 fn a_container_that_left_the_bottom_before_the_window_ended_is_never_capped() {
     let t = t0();
-    let mut e = Engine::new(no_idle(), t).unwrap();
+    let mut e = Engine::new(capped(), t).unwrap();
     let (bytes, now) = at_bottom(&mut e, "big", t);
     let (bytes, now) = read_steadily(&mut e, "big", bytes, now, 5, 14);
     e.set_policy(&id("big"), Policy::Pinned(w(10)), now);
@@ -226,7 +235,7 @@ fn cap_settings_are_validated_naming_the_field() {
 #[test]
 fn a_reader_measured_beside_a_new_one_at_the_top_is_capped_from_the_whole_load_not_from_what_it_got() {
     let t = t0();
-    let mut e = Engine::new(no_idle(), t).unwrap();
+    let mut e = Engine::new(capped(), t).unwrap();
     let (mut bg, now) = at_bottom(&mut e, "bg", t);
     e.handle_started(&id("fg"), now);
     drain(&mut e);
@@ -252,7 +261,7 @@ fn two_readers_at_the_bottom_are_each_capped_under_the_whole_load() {
     // Not by their shares of it: a reader that shared the bottom with a passing big read for its window would be
     // held at its share for the rest of its stay.
     let t = t0();
-    let mut e = Engine::new(no_idle(), t).unwrap();
+    let mut e = Engine::new(capped(), t).unwrap();
     e.handle_started(&id("a"), t);
     e.handle_started(&id("b"), t);
     // 50 MiB each in the first round: both at the bottom, their windows starting in the same round.
@@ -278,12 +287,10 @@ fn two_readers_at_the_bottom_are_each_capped_under_the_whole_load() {
 #[test]
 fn a_cap_is_split_between_reads_and_writes_as_the_container_did_them() {
     let t = t0();
-    let mut e = Engine::new(no_idle(), t).unwrap();
+    let mut e = Engine::new(capped(), t).unwrap();
     let (_, now) = at_bottom(&mut e, "rw", t);
-    let mut now2 = now;
     for i in 1..=10u64 {
-        now2 = now + ms(100 * i);
-        e.handle_sample(&id("rw"), IoCounters::new(mib(200) + i * mib(9), i * mib(3)), now2);
+        e.handle_sample(&id("rw"), IoCounters::new(mib(200) + i * mib(9), i * mib(3)), now + ms(100 * i));
     }
     let got = caps(&mut e);
     let cap = got[0].cap.unwrap();
