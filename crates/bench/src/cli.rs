@@ -266,8 +266,8 @@ pub struct Common {
     /// Engine: the fair-share floor's `share_floor_percent` (default: as shipped).
     #[arg(long, value_name = "PERCENT")]
     pub share_floor_percent: Option<u8>,
-    /// Engine: `bottom_cap_window`, how long a container reads at the bottom before it is capped under its own
-    /// rate, or `off` (default: as shipped, off).
+    /// Engine: `bottom_cap_window`, how long a container reads at the bottom before it is capped under the
+    /// device's load, or `off` (default: as shipped, off).
     #[arg(long, value_parser = opt_duration, default_value = "off")]
     pub bottom_cap_window: ::std::option::Option<Duration>, // qualified, as idle_promote_after
     /// Engine: `bottom_cap_percent` (default: as shipped).

@@ -17,7 +17,7 @@
 //! another policy are that policy's decision (one opted out gets its original back). After an outage, a listed
 //! container in another cgroup than before is dropped and tracked anew.
 //!
-//! Caps ([`qos_core::Cap`]: a container settled at the bottom held a few percent under its own rate) go from the
+//! Caps ([`qos_core::Cap`]: a container settled at the bottom held a few percent under the device's load) go from the
 //! engine straight to the writer ([`WeightWriter::cap`]), not through the reconciler: no original is kept on file
 //! for them (the writer keeps what the throttle files held, in its own records), and a lift that fails is tried
 //! again every round. Every cap is lifted at shutdown and on entering dry run; in dry run none is written, and
@@ -119,8 +119,10 @@ pub struct Daemon<D, C, W> {
     rounds: u64,
     /// Until when rounds come every `entry_sample_interval`: `entry_sample_for` after the last entry at the top.
     entry_until: Option<std::time::Instant>,
-    /// Containers the writer was asked to cap and that are owed a lift: the cap asked for.
-    caps: HashMap<ContainerId, Cap>,
+    /// Containers the writer was asked to cap and that are owed a lift: the cap asked for, and whether the writer
+    /// said it is in force (a write that failed may have landed before its check failed: a lift is owed all the
+    /// same).
+    caps: HashMap<ContainerId, (Cap, bool)>,
 }
 
 impl<D: Discovery, C: CounterSource, W: WeightWriter, M: DeviceMonitor + 'static> RuntimeBackends<D, C, W, M> {
@@ -662,13 +664,13 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         match self.writer.cap(&t.info, Some(cap)).await {
             Ok(CapApplied::Unsupported) => {}
             Ok(applied) => {
-                self.caps.insert(id.clone(), cap);
+                self.caps.insert(id.clone(), (cap, true));
                 info!(container = %id.short(), name = %name, read_bps = ?cap.read_bps, write_bps = ?cap.write_bps,
-                      ?applied, "capped at the bottom, a few percent under its own rate (headroom for other I/O)");
+                      ?applied, "capped at the bottom, a few percent under the device's load (headroom for other I/O)");
             }
             Err(e) if e.is_vanished() => debug!(container = %id.short(), error = %e, "gone before its cap"),
             Err(e) => {
-                self.caps.insert(id.clone(), cap);
+                self.caps.insert(id.clone(), (cap, false));
                 warn!(container = %id.short(), name = %name, error = %e, "cannot cap at the bottom");
             }
         }
@@ -698,16 +700,17 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         }
     }
 
-    /// Lifts again the caps the engine no longer wants (a lift that failed).
+    /// Lifts again the caps the engine no longer wants, and every cap in dry run (a lift that failed).
     async fn retry_lifts(&mut self) {
         if self.caps.is_empty() {
             return;
         }
         let t = now();
+        let dry_run = self.cfg.dry_run;
         let owed: Vec<ContainerId> = self
             .caps
             .keys()
-            .filter(|id| self.engine.container(id, t).is_none_or(|v| v.cap.is_none()))
+            .filter(|id| dry_run || self.engine.container(id, t).is_none_or(|v| v.cap.is_none()))
             .cloned()
             .collect();
         for id in owed {

@@ -3,7 +3,7 @@
 //!
 //! Why a cap besides the weight: on a device that one big reader keeps saturated, a small read that arrives waits
 //! behind the device's queue whatever its weight (the weight decides who goes next, not how long the queue in front
-//! of the scheduler is). Held a few percent under its own rate, the big reader leaves the device a little idle time,
+//! of the scheduler is). Held a few percent under what the device did (its load), the big reader leaves the device a little idle time,
 //! and a small read is served at once (on the bench's throttled disk, cgroup v1, BFQ: a 1 MiB read beside a QD32
 //! reader capped at 95 % of its rate took 1.29 ms mean against 15.4 uncapped and 1.16 alone;
 //! `crates/bench/results/2026-11-29/headroom-ab-fio/`). Opt-in (`bottom_cap_window`): with the agent on the same

@@ -89,8 +89,10 @@ pub struct Config {
     /// See `share_window`: 1..=100.
     pub share_floor_percent: u8,
     /// Headroom at the bottom: a managed container that has read or written at the bottom level for this long
-    /// without a pause (every sample counted I/O) is capped at `bottom_cap_percent` % of the rate it had over that
-    /// time ([`crate::Cap`]), until it leaves the bottom (a boost, the fair-share floor, an idle promotion, a policy
+    /// without a pause (no sample without I/O, no gap of more than three quarters of it between samples) is capped
+    /// at `bottom_cap_percent` % of the device's whole load over that time, every container's bytes, its own
+    /// included (never under that percent of its own rate; split between reads and writes as its bytes were;
+    /// [`crate::Cap`]), until it leaves the bottom (a boost, the fair-share floor, an idle promotion, a policy
     /// change): a big reader that keeps a device saturated leaves it a little idle time, and small reads that arrive
     /// are served at once instead of behind its queue. Each stay at the bottom measures the rate afresh. `"off"`
     /// (default) disables it: opt-in, because on the bench's disk it halved 1 and 10 MiB reads but made 100 MiB
@@ -196,7 +198,7 @@ impl Config {
             return Err(invalid(
                 "bottom_cap_percent",
                 self.bottom_cap_percent,
-                "must be 50..=99 (a percentage of the container's own rate; bottom_cap_window = \"off\" disables the cap)",
+                "must be 50..=99 (a percentage of the load a container at the bottom is held under; bottom_cap_window = \"off\" disables the cap)",
             ));
         }
         Ok(())

@@ -360,7 +360,7 @@ impl Engine {
         }
         self.counted_all = self.counted_all.saturating_add(u128::from(delta));
         let all = self.counted_all;
-        let cap = (c.level == bottom).then(|| measure_cap(&self.config, c, counters, all, now)).flatten();
+        let cap = (c.level == bottom).then(|| measure_cap(&self.config, c, counters, all, (sampled_at, now))).flatten();
         if let Some(cap) = cap {
             self.caps.push_back(CapChange { id: id.clone(), cap: Some(cap) });
         }
@@ -712,14 +712,27 @@ pub const MIN_CAP_BPS: u64 = 1 << 20;
 /// measured while a new container at the top took most of the device is not held at what it got then (the bench
 /// saw a background capped at 18 MB/s, an eighth of the device, that way). A direction that did under
 /// [`MIN_CAP_BPS`] is not capped (and neither direction did: measured afresh). A counter that went down (a cgroup
-/// made again) starts the measurement again.
+/// made again), a sample that counted nothing or one that came more than three quarters of the window after the previous
+/// one (a pause its driver did not pass on) starts the measurement again. Never with a single level (no rule would lift
+/// the cap).
+///
+/// The engine knows no devices: the load is every container's bytes on whatever device. On a host whose containers
+/// use several disks it overstates each disk's load, and a cap then holds less (never more than percent of the
+/// container's own rate).
 ///
 /// Two big readers at the bottom are each capped under the whole load, so together they may still fill the
 /// device: sharing one headroom by what each did then held a reader that shared the bottom with a passing big
 /// read to a fifth of the device for the rest of its stay.
-fn measure_cap(config: &Config, c: &mut Container, counters: IoCounters, all: u128, now: Instant) -> Option<Cap> {
+fn measure_cap(
+    config: &Config,
+    c: &mut Container,
+    counters: IoCounters,
+    all: u128,
+    (previous, now): (Option<Instant>, Instant),
+) -> Option<Cap> {
     let window = config.bottom_cap_window?;
-    if c.policy != Policy::Managed || c.cap.is_some() {
+    // With one level the bottom is the top: nothing would ever lift the cap.
+    if c.policy != Policy::Managed || c.cap.is_some() || config.bottom() == 0 {
         return None;
     }
     let start = CapStart { at: now, counters, all };
@@ -727,7 +740,11 @@ fn measure_cap(config: &Config, c: &mut Container, counters: IoCounters, all: u1
         c.cap_from = Some(start);
         return None;
     };
-    if counters.read < from.counters.read || counters.write < from.counters.write {
+    // A driver need not pass samples that counted nothing (the agent does not): a gap of more than three quarters
+    // of the window since the previous sample is a pause (the agent's rounds at 500 ms, a 1 s window: one skipped
+    // round is a gap of 1 s; its rounds' jitter is milliseconds).
+    let paused = previous.is_some_and(|p| now.saturating_duration_since(p) > window * 3 / 4);
+    if paused || counters.read < from.counters.read || counters.write < from.counters.write {
         c.cap_from = Some(start);
         return None;
     }

@@ -200,7 +200,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                     weight: self.reconciler.applied(id).map(qos_core::Weight::get),
                     bytes_at_level: v.as_ref().map_or(0, |v| v.bytes_at_level),
                     seconds_at_level: v.as_ref().map_or(0.0, |v| v.time_at_level.as_secs_f64()),
-                    cap: self.caps.get(id).copied(),
+                    cap: self.caps.get(id).filter(|(_, in_force)| *in_force).map(|(cap, _)| *cap),
                     devices: self
                         .devices
                         .as_ref()

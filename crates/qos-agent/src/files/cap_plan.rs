@@ -280,8 +280,8 @@ impl Line {
 }
 
 /// The lines that turn the files holding `now` into `target` on the devices of `target` (other devices are left
-/// alone): one per device and direction that differs (v2: one per device, with the keys that differ). Removals
-/// come before settings of the same device, reads before writes.
+/// alone): one per device and direction that differs (v2: one per device, with the keys that differ), device by
+/// device, reads before writes.
 pub fn write_lines(version: CgroupVersion, target: &DeviceLimits, now: &DeviceLimits) -> Vec<Line> {
     let mut lines = Vec::new();
     for (dev, want) in target {

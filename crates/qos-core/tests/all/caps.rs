@@ -297,3 +297,32 @@ fn a_cap_is_split_between_reads_and_writes_as_the_container_did_them() {
     assert_close(cap.read_bps, mib(90) * 95 / 100);
     assert_close(cap.write_bps, mib(30) * 95 / 100);
 }
+
+#[test]
+fn a_gap_between_samples_is_a_pause_too_for_a_driver_that_passes_no_sample_without_io() {
+    // The agent feeds the engine only samples whose counters changed: a pause shows as a gap.
+    let t = t0();
+    let mut e = Engine::new(capped(), t).unwrap();
+    let (bytes, now) = at_bottom(&mut e, "bursty", t);
+    let (bytes, now) = read_steadily(&mut e, "bursty", bytes, now, 5, 14);
+    // 1.5 s without a sample, then reading on: without the gap rule 19 samples' bytes over 2.5 s.
+    let now = now + ms(1400);
+    // The first sample after the gap starts the window: ten rounds are 0.9 s of it.
+    let (bytes, now) = read_steadily(&mut e, "bursty", bytes, now, 10, 14);
+    assert_eq!(caps(&mut e), vec![], "the pause was counted in the window");
+    let (_, _) = read_steadily(&mut e, "bursty", bytes, now, 1, 14);
+    let got = caps(&mut e);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_close(got[0].cap.unwrap().read_bps, mib(140) * 95 / 100);
+}
+
+#[test]
+fn with_one_level_nothing_is_capped() {
+    // The bottom is the top then: no boost, idle promotion or floor would ever lift a cap.
+    let t = t0();
+    let one = Config { levels: vec![Config::default().levels[0].clone()], ..capped() };
+    let mut e = Engine::new(one, t).unwrap();
+    e.handle_started(&id("big"), t);
+    read_steadily(&mut e, "big", 0, t, 30, 14);
+    assert_eq!(caps(&mut e), vec![]);
+}
