@@ -646,7 +646,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         while let Some(change) = self.engine.poll_cap_change() {
             match change.cap {
                 Some(cap) => self.set_cap(&change.id, cap).await,
-                None => self.lift_cap(&change.id).await,
+                None => self.lift_cap(&change.id, false).await,
             }
         }
     }
@@ -677,8 +677,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     }
 
     /// Lifts one container's cap, if the writer was asked for one; a failure leaves it owed
-    /// ([`Self::retry_lifts`]).
-    async fn lift_cap(&mut self, id: &ContainerId) {
+    /// ([`Self::retry_lifts`]), logged as a warning the first time and at debug level on each retry.
+    async fn lift_cap(&mut self, id: &ContainerId, retry: bool) {
         if !self.caps.contains_key(id) {
             return;
         }
@@ -694,9 +694,11 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             Err(e) if e.is_vanished() => {
                 self.caps.remove(id);
             }
-            Err(e) => {
-                warn!(container = %id.short(), name = %t.info.name, error = %e, "cannot lift the cap; trying again")
+            Err(e) if retry => {
+                debug!(container = %id.short(), name = %t.info.name, error = %e, "cannot lift the cap yet")
             }
+            Err(e) => warn!(container = %id.short(), name = %t.info.name, error = %e,
+                            "cannot lift the cap; trying again every round"),
         }
     }
 
@@ -714,7 +716,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             .cloned()
             .collect();
         for id in owed {
-            self.lift_cap(&id).await;
+            self.lift_cap(&id, true).await;
         }
     }
 
@@ -736,7 +738,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     async fn lift_all_caps(&mut self) {
         let ids: Vec<ContainerId> = self.caps.keys().cloned().collect();
         for id in ids {
-            self.lift_cap(&id).await;
+            self.lift_cap(&id, false).await;
         }
     }
 

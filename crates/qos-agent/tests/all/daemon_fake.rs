@@ -788,6 +788,8 @@ async fn a_reader_that_keeps_reading_at_the_bottom_is_capped_then_lifted_by_its_
 
 #[tokio::test(start_paused = true)]
 async fn a_lift_that_fails_is_tried_again_every_round_and_a_cap_that_fails_is_still_lifted() {
+    let logs = LogBuffer::default();
+    let _guard = logs.install();
     let world = World::with_containers(&["big"], KERNEL_DEFAULT);
     let h = Harness::start(capped_cfg(), &world, vec![]);
     h.settle().await;
@@ -799,6 +801,7 @@ async fn a_lift_that_fails_is_tried_again_every_round_and_a_cap_that_fails_is_st
     h.send(DiscoveryEvent::Started(info("big", &[(WEIGHT_LABEL, "500")]))).await;
     h.rounds(2).await;
     assert_eq!(world.caps_of("big").len(), 1, "the broken lift landed");
+    assert_eq!(logs.count("cannot lift the cap; trying again every round"), 1, "logged once, not every round");
     world.break_caps("big", false);
     h.rounds(1).await;
     assert_eq!(world.caps_of("big"), vec![world.caps_of("big")[0], None], "the lift was not tried again");
