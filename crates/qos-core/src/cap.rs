@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 use crate::id::ContainerId;
 
 /// Bytes per second a container may read and write (`None`: that direction is not capped).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Cap {
     /// Read bytes per second.
     pub read_bps: Option<u64>,

@@ -52,6 +52,7 @@ mod weight_file;
 pub use counter_file::{CounterFileKind, CounterReader, V1_BFQ_BYTES, V1_THROTTLE_BYTES, V2_IO_STAT};
 pub use dir::CgroupDir;
 pub use error::{CgroupError, InvalidName, Result};
+pub(crate) use fs::read_file;
 pub use fs::{CgroupFs, RealFs};
 pub use mount::{CgroupRoot, CgroupVersion};
 pub use stat::{parse_blkio_stat, parse_io_stat};

@@ -1,9 +1,6 @@
 //! [`WeightFile`]: a cgroup's block-I/O weight, read and written on the engine's [`Weight`] scale and verified.
 
 use std::collections::BTreeMap;
-use std::fs::OpenOptions;
-use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use qos_core::{Weight, WeightError};
@@ -217,14 +214,7 @@ impl WeightFile {
 
     /// One `write(2)` of `data` (see [`crate::cgroup::RealFs`]): a cgroup file parses each write call on its own.
     fn write_data(&self, data: &str) -> Result<()> {
-        match self.fs.0.write(&self.path, data.as_bytes()) {
-            Ok(n) if n == data.len() => Ok(()),
-            Ok(n) => {
-                let source = std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write: {n} bytes"));
-                Err(CgroupError::Write { path: self.path.clone(), data: data.to_owned(), source })
-            }
-            Err(e) => Err(CgroupError::on_cgroup_write(&self.path, &self.dir, data, e)),
-        }
+        self.fs.write_file(&self.path, &self.dir, data)
     }
 
     /// Checks that the file holds what writing `weight` puts there. [`CgroupError::Mismatch`] (with both values
@@ -252,14 +242,7 @@ impl WeightFile {
     }
 
     fn read_bytes(&self) -> Result<Vec<u8>> {
-        let mut buf = Vec::with_capacity(256);
-        OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&self.path)
-            .and_then(|mut f| f.read_to_end(&mut buf))
-            .map_err(|e| CgroupError::on_cgroup_file("read", &self.path, &self.dir, e))?;
-        Ok(buf)
+        super::fs::read_file(&self.path, &self.dir)
     }
 }
 

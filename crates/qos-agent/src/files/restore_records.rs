@@ -57,11 +57,13 @@ pub struct RestoreRecords<T> {
     lines: usize,
     /// The file failed once: said once, records kept in memory from then on.
     failed: bool,
+    /// Number of records at which [`RestoreRecords::prune_gone`] looks for gone cgroups next.
+    prune_at: usize,
 }
 
 impl<T> Default for RestoreRecords<T> {
     fn default() -> Self {
-        Self { path: None, records: BTreeMap::new(), lines: 0, failed: false }
+        Self { path: None, records: BTreeMap::new(), lines: 0, failed: false, prune_at: 64 }
     }
 }
 
@@ -139,6 +141,17 @@ impl<T: Serialize + DeserializeOwned> RestoreRecords<T> {
                 self.append(&Entry::<&T> { id: id.to_string(), record: None, gone: true });
             }
         }
+    }
+
+    /// Drops the records whose cgroup directory (`dir` of a record) is gone, once the records have grown to twice
+    /// what the last pruning left (at least 64): containers that vanished unseen do not make them grow without
+    /// bound, and a write does not look at every directory.
+    pub fn prune_gone(&mut self, dir: impl Fn(&T) -> &std::path::Path) {
+        if self.records.len() < self.prune_at {
+            return;
+        }
+        self.retain(|_, r| dir(r).is_dir());
+        self.prune_at = (self.records.len() * 2).max(64);
     }
 
     /// Keeps the records `keep` accepts (pruning containers whose cgroup is gone).

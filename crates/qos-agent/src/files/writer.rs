@@ -67,12 +67,8 @@ pub struct FileWriter {
     /// The planned files (v2's, v1's `blkio.bfq.weight_device`) as the first `read` found them, per container: what
     /// a restore puts back.
     snapshots: RestoreRecords<Snapshot>,
-    /// Map size at which snapshots of vanished cgroups are dropped next.
-    prune_at: usize,
     /// The throttle files' limits before the first cap, per container: what a lift puts back (`writer/cap.rs`).
     caps: RestoreRecords<cap::CapSnapshot>,
-    /// Map size at which cap snapshots of vanished cgroups are dropped next.
-    caps_prune_at: usize,
 }
 
 /// A container's planned weight files before the agent changed them.
@@ -104,9 +100,7 @@ impl FileWriter {
         Self {
             devices: FileDevices::new(table),
             snapshots: RestoreRecords::in_memory(),
-            prune_at: 64,
             caps: RestoreRecords::in_memory(),
-            caps_prune_at: 64,
         }
     }
 
@@ -184,7 +178,7 @@ impl FileWriter {
         // The first read only: later reads (the daemon re-verifies weights it wrote) find the agent's own weights,
         // and a snapshot a crashed agent left on disk must survive them until the restore.
         if !self.snapshots.contains(&info.id) {
-            self.prune();
+            self.snapshots.prune_gone(|s| &s.dir);
             self.snapshots.insert(&info.id, Snapshot { weight, dir: dir.path().to_owned(), files });
         }
         Ok(weight)
@@ -289,16 +283,6 @@ impl FileWriter {
     /// Re-reads the facts of the device a failed check names; true if its governor changed.
     fn recheck(&mut self, err: &CgroupError) -> bool {
         self.devices.recheck(err)
-    }
-
-    /// Drops the snapshots of containers whose cgroup is gone, once the map has doubled since the last time (so
-    /// churn costs amortized O(1) per container).
-    fn prune(&mut self) {
-        if self.snapshots.len() < self.prune_at {
-            return;
-        }
-        self.snapshots.retain(|_, s| s.dir.is_dir());
-        self.prune_at = (self.snapshots.len() * 2).max(64);
     }
 }
 

@@ -14,9 +14,6 @@
 //! drops it. An agent restarted after a crash puts back the caps it left with
 //! [`FileWriter::restore_leftover_caps`].
 
-use std::fs::OpenOptions;
-use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
 use qos_core::{Cap, ContainerId};
@@ -121,7 +118,7 @@ impl FileWriter {
         if !new.is_empty() {
             snapshot.before.extend(cap_plan::select(&now, new));
             if !self.caps.contains(&info.id) {
-                self.prune_caps();
+                self.caps.prune_gone(|s| &s.dir);
             }
             // Recorded before anything is written: a crash from here on leaves a record to restore.
             self.caps.insert(&info.id, snapshot.clone());
@@ -206,15 +203,6 @@ impl FileWriter {
         let devices = counter_devices(dir, V1_BFQ_BYTES)?;
         Ok(self.devices.governors(devices).into_iter().filter(|(_, g)| g.bfq).map(|(d, _)| d).collect())
     }
-
-    /// Drops the cap snapshots of vanished cgroups once their number has doubled since the last time.
-    fn prune_caps(&mut self) {
-        if self.caps.len() < self.caps_prune_at {
-            return;
-        }
-        self.caps.retain(|_, s| s.dir.is_dir());
-        self.caps_prune_at = (self.caps.len() * 2).max(64);
-    }
 }
 
 /// Puts one leftover snapshot back, in its cgroup resolved (confined) under `root`.
@@ -275,31 +263,19 @@ fn read_limits(dir: &CgroupDir) -> Result<DeviceLimits, CgroupError> {
 }
 
 fn read_file(dir: &CgroupDir, name: &str) -> Result<Vec<u8>, CgroupError> {
-    let path = dir.path().join(name);
-    let mut buf = Vec::with_capacity(256);
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .and_then(|mut f| f.read_to_end(&mut buf))
-        .map_err(|e| CgroupError::on_cgroup_file("read", &path, dir.path(), e))?;
-    Ok(buf)
+    crate::cgroup::read_file(&dir.path().join(name), dir.path())
 }
 
 /// One `write(2)` of `data` through the directory's [`crate::cgroup::CgroupFs`]. ENODEV while the directory is
 /// still there names a device that does not exist (the throttle files' answer), not a vanished cgroup.
 fn write_line(dir: &CgroupDir, name: &str, data: &str) -> Result<(), CgroupError> {
-    let path = dir.path().join(name);
-    match dir.fs().0.write(&path, data.as_bytes()) {
-        Ok(n) if n == data.len() => Ok(()),
-        Ok(n) => {
-            let source = std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write: {n} bytes"));
+    match dir.fs().write_file(&dir.path().join(name), dir.path(), data) {
+        Err(CgroupError::Vanished { path, source })
+            if source.raw_os_error() == Some(libc::ENODEV) && dir.path().is_dir() =>
+        {
             Err(CgroupError::Write { path, data: data.to_owned(), source })
         }
-        Err(e) if e.raw_os_error() == Some(libc::ENODEV) && dir.path().is_dir() => {
-            Err(CgroupError::Write { path, data: data.to_owned(), source: e })
-        }
-        Err(e) => Err(CgroupError::on_cgroup_write(&path, dir.path(), data, e)),
+        other => other,
     }
 }
 
