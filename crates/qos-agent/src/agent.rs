@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::backend::{CounterSource, Discovery, DiscoveryError, RuntimeBackends, WeightWriter};
 use crate::blockdev::protect::{self, Decision, Managed, Planned};
@@ -23,7 +23,7 @@ use crate::blockdev::{self, DeviceError};
 use crate::cgroup::{CgroupRoot, CgroupVersion};
 use crate::config::{ActuatorMode, AgentConfig, ProtectMode, RuntimeKind};
 use crate::daemon::{Command, Daemon, DaemonError, Summary};
-use crate::files::{FileDevices, FileWriter, LeftoverCap};
+use crate::files::{FileDevices, FileWriter};
 use crate::ops::metrics::Metrics;
 use crate::ops::readiness::Readiness;
 use crate::runtime::docker::DockerApiWriter;
@@ -450,24 +450,38 @@ pub fn with_writer<D, C>(
     };
     let RuntimeBackends { discovery, counters, writer, devices, starting } = backends;
     let mut writer = AgentWriter::new(writer, way).with_starting(starting.clone());
-    if !cfg.dry_run {
-        restore_leftover_caps(&mut writer, root);
-    }
+    restore_leftover_caps(&mut writer, cfg, root);
     Ok(RuntimeBackends { discovery, counters, writer, devices, starting })
 }
 
 /// Before any cap: puts back the throttle limits of caps an agent that did not stop cleanly left in force (its
-/// records beside the state file), and says what it did.
-fn restore_leftover_caps(writer: &mut AgentWriter, root: &CgroupRoot) {
-    for leftover in writer.restore_leftover_caps(root) {
-        match leftover {
-            LeftoverCap::Restored { id, dir, devices } => info!(container = %id.short(), dir = %dir.display(),
-                ?devices, "put back the throttle limits of a cap a previous agent left"),
-            LeftoverCap::Gone { id, dir } => debug!(container = %id.short(), dir = %dir.display(),
-                "a cap a previous agent left went with its cgroup"),
-            LeftoverCap::Failed { id, dir, error, kept } => warn!(container = %id.short(), dir = %dir.display(),
-                error = %error, record_kept = kept, "cannot put back the throttle limits of a cap a previous agent left"),
+/// records beside the state file), and says what it did; the daemon tries again those that fail
+/// ([`crate::backend::WeightWriter::retry_leftovers`]).
+///
+/// In dry run too: those limits are the agent's own writes from a previous life, and putting them back is not
+/// steering (an operator expects a dry-run agent never to leave a container throttled by the agent). A dry-run
+/// agent keeps no state file, so it does so only while it holds the state file's lock for a moment (another agent
+/// holding it is alive, and the caps recorded are its own), and once: what fails stays recorded for the next
+/// agent that is not in dry run.
+fn restore_leftover_caps(writer: &mut AgentWriter, cfg: &AgentConfig, root: &CgroupRoot) {
+    let done = if cfg.dry_run {
+        let path = crate::files::restore_records::records_path(&cfg.state_file, "caps");
+        if !path.exists() {
+            return;
         }
+        match crate::state::lock_for_a_moment(&cfg.state_file) {
+            Ok(_lock) => writer.restore_leftover_caps_in(path, root),
+            Err(e) => {
+                info!(records = %path.display(), error = %e,
+                      "dry run: the caps recorded beside the state file are not put back");
+                return;
+            }
+        }
+    } else {
+        writer.restore_leftover_caps(root)
+    };
+    for leftover in done {
+        leftover.log(false);
     }
 }
 

@@ -283,6 +283,13 @@ pub trait WeightWriter: Send {
     ) -> impl Future<Output = Result<CapApplied, BackendError>> + Send {
         std::future::ready(Ok(CapApplied::Unsupported))
     }
+    /// Tries again to put back what a previous agent left in force and this writer could not put back at start
+    /// (the file writer: the throttle limits of its caps, [`crate::files::FileWriter::retry_leftover_caps`]), and
+    /// says what it did. The daemon calls it every round, in dry run too (putting back is not steering). The
+    /// default has nothing to do.
+    fn retry_leftovers(&mut self) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
     /// Drops what the writer keeps about a container that is gone (a restore snapshot, a unit's own properties),
     /// so what it keeps does not grow with every container ever seen. The daemon calls it when it drops one.
     fn forget(&mut self, _id: &ContainerId) {}

@@ -21,7 +21,9 @@
 //! engine straight to the writer ([`WeightWriter::cap`]), not through the reconciler: no original is kept on file
 //! for them (the writer keeps what the throttle files held, in its own records), and a lift that fails is tried
 //! again every round. Every cap is lifted at shutdown and on entering dry run; in dry run none is written, and
-//! leaving it sets the caps the engine holds.
+//! leaving it sets the caps the engine holds. A container whose configuration changed (`Updated`) gets its cap
+//! written again: the writer takes a limit set meanwhile as the container's own. Caps a previous agent left that
+//! could not be put back at start are the writer's to try again ([`WeightWriter::retry_leftovers`], every round).
 //!
 //! One clock: tokio's (`tokio::time::Instant`, converted to std for the engine), so paused-time tests see the
 //! same time everywhere.
@@ -287,6 +289,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             DiscoveryEvent::Updated(id) => {
                 self.reconciler.handle_updated(&id);
                 self.drive().await;
+                self.recheck_cap(&id).await;
             }
             DiscoveryEvent::StillStarting(ids) => {
                 for id in &ids {
@@ -625,6 +628,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         self.drive().await;
         self.apply_caps().await;
         self.retry_lifts().await;
+        self.writer.retry_leftovers().await;
         if let Some(devices) = &mut self.devices {
             devices.tick(now());
         }
@@ -648,6 +652,18 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 Some(cap) => self.set_cap(&change.id, cap).await,
                 None => self.lift_cap(&change.id, false).await,
             }
+        }
+    }
+
+    /// Writes again the cap of a container whose configuration changed (`docker update --device-read-bps` writes
+    /// the throttle files): the writer takes the new limit in as the container's own, so its lift leaves it, and
+    /// the cap written is never looser than it.
+    async fn recheck_cap(&mut self, id: &ContainerId) {
+        if !self.caps.contains_key(id) {
+            return;
+        }
+        if let Some(cap) = self.engine.container(id, now()).and_then(|v| v.cap) {
+            self.set_cap(id, cap).await;
         }
     }
 

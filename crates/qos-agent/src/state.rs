@@ -335,6 +335,19 @@ impl OriginalWeights {
     }
 }
 
+/// The lock of a state file, held by an agent that does not keep the state file (a dry run) while it puts back
+/// what an agent that died left beside it; released when dropped.
+#[derive(Debug)]
+pub struct StateLock {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+/// Takes the lock of the state file at `path` for a moment (see [`StateLock`]): while it is held no other agent
+/// runs on the files beside it. [`StateError::Locked`], naming the holder, when one does.
+pub fn lock_for_a_moment(path: &Path) -> Result<StateLock, StateError> {
+    lock_state(path).map(|_lock| StateLock { _lock })
+}
+
 /// Creates the state directory (0700) if missing, then takes `<path>.lock` exclusively.
 fn lock_state(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, StateError> {
     let io = |source| StateError::Io { path: path.to_path_buf(), source };

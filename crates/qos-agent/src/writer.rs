@@ -75,6 +75,12 @@ impl AgentWriter {
         self.files.restore_leftover_caps(root)
     }
 
+    /// Puts back once the caps a dead agent left recorded in `path`, whatever the way (see
+    /// [`FileWriter::restore_leftover_caps_in`]): for an agent in dry run, which keeps no records of its own.
+    pub fn restore_leftover_caps_in(&mut self, path: std::path::PathBuf, root: &CgroupRoot) -> Vec<LeftoverCap> {
+        self.files.restore_leftover_caps_in(path, root)
+    }
+
     /// A write (`restore`: of the original) the chosen way, else into the files.
     async fn apply(&mut self, info: &ContainerInfo, weight: Weight, restore: bool) -> Result<AppliedVia, BackendError> {
         match &mut self.way {
@@ -137,8 +143,10 @@ impl WeightWriter for AgentWriter {
     /// `IOWriteBandwidthMax=` only, so a cap on another device, or on the same device where the container set
     /// none, stays. Where the container (or its unit) has a limit of its own on a device, the cap written there is
     /// never above it, and a re-apply puts back that limit, which only loosens the cap to what the container was
-    /// given. This is not verified after a later systemd property change or `docker update`: a cap is read back
-    /// when it is written, not watched.
+    /// given. A limit either of them sets while the cap is in force is taken in as the container's own at the next
+    /// cap or lift (the lift leaves it; see [`crate::files::cap_plan::adopt`]); the daemon writes the cap again
+    /// when discovery reports the container updated (`docker update`); a systemd property change is seen only at
+    /// the next cap or lift, as a cap is read back when it is written, not watched.
     async fn cap(&mut self, info: &ContainerInfo, cap: Option<qos_core::Cap>) -> Result<CapApplied, BackendError> {
         Ok(CapApplied::Files(self.files.write_cap(info, cap)?))
     }
@@ -158,6 +166,11 @@ impl WeightWriter for AgentWriter {
                     .into(),
             }),
         }
+    }
+
+    /// Whatever the way: the caps are the files' ([`FileWriter::retry_leftover_caps`]).
+    async fn retry_leftovers(&mut self) {
+        self.files.retry_leftovers().await
     }
 
     fn forget(&mut self, id: &ContainerId) {

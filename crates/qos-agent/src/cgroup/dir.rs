@@ -29,6 +29,8 @@ pub struct CgroupDir {
     path: PathBuf,
     version: CgroupVersion,
     fs: FsHandle,
+    /// The root it was resolved under: [`CgroupDir::resolve_other`] confines to it too.
+    root: PathBuf,
 }
 
 impl CgroupDir {
@@ -46,6 +48,16 @@ impl CgroupDir {
     pub(crate) fn fs(&self) -> &FsHandle {
         &self.fs
     }
+
+    /// Another directory of the same hierarchy by its absolute path (e.g. the cgroup a container had before this
+    /// one), resolved and confined like [`CgroupRoot::resolve_relative`] under the root this one was resolved under.
+    pub fn resolve_other(&self, path: &Path) -> Result<CgroupDir> {
+        let outside =
+            |reason| CgroupError::OutsideRoot { path: path.display().to_string(), root: self.root.clone(), reason };
+        let rel = path.strip_prefix(&self.root).map_err(|_| outside("not below the cgroup root"))?;
+        let rel = rel.to_str().ok_or_else(|| outside("not UTF-8"))?;
+        resolve_in(&self.root, self.version, &self.fs, rel)
+    }
 }
 
 impl CgroupRoot {
@@ -55,41 +67,7 @@ impl CgroupRoot {
     /// itself. Every component must exist and be a real directory, not a symlink. A missing directory is
     /// reported as [`CgroupError::Vanished`].
     pub fn resolve_relative(&self, rel: &str) -> Result<CgroupDir> {
-        let outside = |reason| CgroupError::OutsideRoot { path: rel.into(), root: self.path.clone(), reason };
-        if rel.contains('\0') {
-            return Err(CgroupError::InvalidName(InvalidName {
-                what: "cgroup path",
-                value: rel.into(),
-                reason: "contains NUL",
-            }));
-        }
-        let mut parts = Vec::new();
-        for component in Path::new(rel).components() {
-            match component {
-                Component::Normal(part) => parts.push(part),
-                Component::CurDir => {}
-                Component::ParentDir => return Err(outside("contains a `..` component")),
-                Component::RootDir | Component::Prefix(_) => return Err(outside("is absolute")),
-            }
-        }
-        let mut path = self.path.clone();
-        for part in parts {
-            path.push(part);
-            match fs::symlink_metadata(&path) {
-                Ok(meta) if meta.file_type().is_symlink() => return Err(outside("a component is a symlink")),
-                Ok(meta) if meta.is_dir() => {}
-                Ok(_) => {
-                    let source = std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a cgroup directory");
-                    return Err(CgroupError::Io { op: "use", path, source });
-                }
-                Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(CgroupError::Vanished { path, source })
-                }
-                Err(source) => return Err(CgroupError::Io { op: "stat", path, source }),
-            }
-        }
-        tracing::trace!(path = %path.display(), "resolved cgroup");
-        Ok(CgroupDir { path, version: self.version, fs: self.fs.clone() })
+        resolve_in(&self.path, self.version, &self.fs, rel)
     }
 
     /// The cgroup of process `pid` in this hierarchy, from `/proc/PID/cgroup`. A process that is gone gives
@@ -130,6 +108,45 @@ impl CgroupRoot {
             }),
         }
     }
+}
+
+/// [`CgroupRoot::resolve_relative`] under `root` (the root's path, version and file system).
+fn resolve_in(root: &Path, version: CgroupVersion, fs: &FsHandle, rel: &str) -> Result<CgroupDir> {
+    let outside = |reason| CgroupError::OutsideRoot { path: rel.into(), root: root.to_owned(), reason };
+    if rel.contains('\0') {
+        return Err(CgroupError::InvalidName(InvalidName {
+            what: "cgroup path",
+            value: rel.into(),
+            reason: "contains NUL",
+        }));
+    }
+    let mut parts = Vec::new();
+    for component in Path::new(rel).components() {
+        match component {
+            Component::Normal(part) => parts.push(part),
+            Component::CurDir => {}
+            Component::ParentDir => return Err(outside("contains a `..` component")),
+            Component::RootDir | Component::Prefix(_) => return Err(outside("is absolute")),
+        }
+    }
+    let mut path = root.to_owned();
+    for part in parts {
+        path.push(part);
+        match fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_symlink() => return Err(outside("a component is a symlink")),
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => {
+                let source = std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a cgroup directory");
+                return Err(CgroupError::Io { op: "use", path, source });
+            }
+            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Err(CgroupError::Vanished { path, source })
+            }
+            Err(source) => return Err(CgroupError::Io { op: "stat", path, source }),
+        }
+    }
+    tracing::trace!(path = %path.display(), "resolved cgroup");
+    Ok(CgroupDir { path, version, fs: fs.clone(), root: root.to_owned() })
 }
 
 /// The path of the block-I/O hierarchy in `/proc/PID/cgroup` text: for v1 the line whose controller list

@@ -21,6 +21,13 @@
 //! where the cap leaves that direction alone); where the file already holds that, nothing is written. Lifting
 //! the cap puts the snapshot back: its limits, and no limit where it had none. Computed against the snapshot, not
 //! the file as it is now, so a later, looser cap does loosen the agent's own earlier cap.
+//!
+//! A limit someone else sets while the cap is in force (`docker update --device-read-bps`, a unit's
+//! `IOReadBandwidthMax=`, both of which write the throttle files) is that someone's latest word: before each cap
+//! and each lift the files are read, and a device's limit that is neither the snapshot's nor one the agent may
+//! have left there becomes the snapshot's ([`adopt`]). So a lift leaves it in place, and a cap written after it is
+//! never looser than it. (A new limit equal to the agent's own value cannot be told from it, and is put back to
+//! the snapshot's at the lift.)
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -307,6 +314,34 @@ pub fn check(target: &DeviceLimits, back: &DeviceLimits) -> Result<(), CapMismat
         }
     }
     Ok(())
+}
+
+/// Takes into `before` (a snapshot) the limits someone else set since the agent wrote: on each device of `before`
+/// that some map of `ours` (the limits the agent may have left in the files) lists, each direction whose limit in
+/// `now` (the files as read) is neither `before`'s nor one of `ours`' becomes `before`'s. A device no map of
+/// `ours` lists is left alone (nothing known of what the agent left there: an older agent's record, a device whose
+/// write was skipped). Returns what was taken in: device, direction and the new limit, by device, reads first.
+pub fn adopt(
+    before: &mut DeviceLimits,
+    ours: &[&DeviceLimits],
+    now: &DeviceLimits,
+) -> Vec<(DevNum, Direction, Option<u64>)> {
+    let mut taken = Vec::new();
+    for (dev, was) in before.iter_mut() {
+        let mine: Vec<Limits> = ours.iter().filter_map(|o| o.get(dev).copied()).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let have = now.get(dev).copied().unwrap_or_default();
+        for dir in Direction::BOTH {
+            let value = dir.of(&have);
+            if value != dir.of(was) && mine.iter().all(|m| dir.of(m) != value) {
+                dir.set(was, value);
+                taken.push((*dev, dir, value));
+            }
+        }
+    }
+    taken
 }
 
 /// `devices`' entries in `limits` (a device without one: no limit), for a snapshot.

@@ -69,6 +69,10 @@ pub struct FileWriter {
     snapshots: RestoreRecords<Snapshot>,
     /// The throttle files' limits before the first cap, per container: what a lift puts back (`writer/cap.rs`).
     caps: RestoreRecords<cap::CapSnapshot>,
+    /// The root [`FileWriter::restore_leftover_caps`] put a previous agent's caps back under, and the containers
+    /// whose caps it could not put back yet ([`FileWriter::retry_leftover_caps`]).
+    leftover_root: Option<crate::cgroup::CgroupRoot>,
+    leftovers: BTreeSet<ContainerId>,
 }
 
 /// A container's planned weight files before the agent changed them.
@@ -101,6 +105,8 @@ impl FileWriter {
             devices: FileDevices::new(table),
             snapshots: RestoreRecords::in_memory(),
             caps: RestoreRecords::in_memory(),
+            leftover_root: None,
+            leftovers: BTreeSet::new(),
         }
     }
 
@@ -411,6 +417,13 @@ impl WeightWriter for FileWriter {
     /// See [`FileWriter::write_cap`].
     async fn cap(&mut self, info: &ContainerInfo, cap: Option<qos_core::Cap>) -> Result<CapApplied, BackendError> {
         Ok(CapApplied::Files(self.write_cap(info, cap)?))
+    }
+
+    /// See [`FileWriter::retry_leftover_caps`].
+    async fn retry_leftovers(&mut self) {
+        for leftover in self.retry_leftover_caps() {
+            leftover.log(true);
+        }
     }
 
     /// Drops the weight snapshot, and the cap snapshot if the cgroup is gone (a cap in force on a cgroup that

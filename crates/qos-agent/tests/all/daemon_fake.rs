@@ -91,6 +91,8 @@ struct Inner {
     caps: Vec<(String, Option<qos_core::Cap>)>,
     /// Containers whose cap calls fail (a real fault).
     cap_broken: HashSet<String>,
+    /// Calls of `retry_leftovers` (a previous agent's caps put back where the start could not).
+    leftover_retries: usize,
 }
 
 /// The shared state behind the three fake backends.
@@ -317,6 +319,10 @@ impl WeightWriter for FakeWriter {
             w.caps.push((info.id.to_string(), cap));
             Ok(CapApplied::Files(vec![]))
         })
+    }
+
+    async fn retry_leftovers(&mut self) {
+        self.0.with(|w| w.leftover_retries += 1);
     }
 
     fn persists(&self) -> bool {
@@ -784,6 +790,44 @@ async fn a_reader_that_keeps_reading_at_the_bottom_is_capped_then_lifted_by_its_
     assert_eq!(world.caps_of("big"), vec![Some(want), None, Some(want)]);
     h.shutdown().await;
     assert_eq!(world.caps_of("big").last(), Some(&None), "the shutdown lifted the cap");
+}
+
+/// A container's configuration changed (`docker update --device-read-bps` writes the throttle files): its cap is
+/// written again, so the writer takes the new limit in as the container's own (its lift leaves it, the cap keeps
+/// under it). An uncapped container's update writes no cap.
+#[tokio::test(start_paused = true)]
+async fn an_updated_container_gets_its_cap_written_again() {
+    let world = World::with_containers(&["big", "small"], KERNEL_DEFAULT);
+    let h = Harness::start(capped_cfg(), &world, vec![]);
+    h.settle().await;
+    h.send(DiscoveryEvent::Started(info("big", &[]))).await;
+    h.send(DiscoveryEvent::Started(info("small", &[]))).await;
+    read_at_the_bottom(&h, &world, "big", 70 * MIB, 3).await;
+    let caps = world.caps_of("big");
+    assert_eq!(caps.len(), 1, "{caps:?}");
+    h.send(DiscoveryEvent::Updated(ContainerId::new("big"))).await;
+    h.send(DiscoveryEvent::Updated(ContainerId::new("small"))).await;
+    assert_eq!(world.caps_of("big"), vec![caps[0], caps[0]], "the update did not write the cap again");
+    assert_eq!(world.caps_of("small"), vec![], "an uncapped container was capped");
+    h.shutdown().await;
+    assert_eq!(world.caps_of("big").last(), Some(&None));
+}
+
+/// The caps a previous agent left that the start could not put back are the writer's to try again: the daemon
+/// asks it every round, in dry run too (putting back is not steering).
+#[tokio::test(start_paused = true)]
+async fn the_writer_is_asked_every_round_to_put_back_what_a_previous_agent_left() {
+    for dry_run in [false, true] {
+        let world = World::with_containers(&[], KERNEL_DEFAULT);
+        let mut cfg = capped_cfg();
+        cfg.dry_run = dry_run;
+        let h = Harness::start(cfg, &world, vec![]);
+        h.settle().await;
+        let before = world.with(|w| w.leftover_retries);
+        h.rounds(3).await;
+        assert_eq!(world.with(|w| w.leftover_retries) - before, 3, "dry run {dry_run}");
+        h.shutdown().await;
+    }
 }
 
 #[tokio::test(start_paused = true)]

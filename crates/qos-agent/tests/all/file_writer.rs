@@ -9,14 +9,21 @@
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use qos_agent::backend::{AppliedVia, BackendError, CapApplied, ContainerInfo, DeviceCap, DeviceMonitor, WeightWriter};
+use qos_agent::agent::with_writer;
+use qos_agent::backend::{
+    AppliedVia, BackendError, CapApplied, ContainerInfo, DeviceCap, DeviceMonitor, RuntimeBackends, Starting,
+    WeightWriter,
+};
 use qos_agent::blockdev::DeviceTable;
 use qos_agent::cgroup::{CgroupError, CgroupFs, CgroupRoot, CgroupVersion};
+use qos_agent::config::{ActuatorMode, AgentConfig};
 use qos_agent::files::restore_records::records_path;
 use qos_agent::files::{FileWriter, LeftoverCap};
 use qos_agent::ops::metrics::DeviceWeightEffective;
+use qos_agent::state::OriginalWeights;
 use qos_agent::writer::{AgentWriter, Way};
 use qos_core::{Cap, ContainerId, Weight};
 use testbed::fixture::FixtureKernel;
@@ -525,8 +532,9 @@ async fn weight_writer_cap_defaults_to_unsupported() {
     assert_eq!(applied, CapApplied::Files(vec![dc("7:3", Some(MIB), None)]));
 }
 
-/// A disk that went away while capped: the kernel forgets its limits and answers ENODEV to a line about it. The
-/// lift puts back what it can (nothing else is capped here), leaves the gone device out and drops the record.
+/// A disk that went away while capped: the kernel forgets its limits (its lines go) and answers ENODEV to a line
+/// about it. Its lines gone, the lift finds no limit there, writes nothing for it and drops the record; a disk
+/// that goes between the lift's read and its write answers ENODEV, and the lift leaves it out.
 #[test]
 fn a_lift_after_the_disk_went_away_skips_it() {
     #[derive(Debug)]
@@ -549,9 +557,19 @@ fn a_lift_after_the_disk_went_away_skips_it() {
     let root =
         CgroupRoot::from_dir(CgroupVersion::V1, f.tmp.path().join("blkio")).unwrap().with_fs(Arc::new(Unplugged));
     let info = ContainerInfo { cgroup: Some(root.resolve_relative("docker/c1").unwrap()), ..f.info.clone() };
-    assert_eq!(f.writer.write_cap(&info, None).unwrap(), [], "nothing in force to report");
+    assert_eq!(f.writer.write_cap(&info, None).unwrap(), [dc("7:3", None, None)], "no limit left on it");
     assert_eq!(f.throttle(), (String::new(), "254:0 5\n".into()));
     // The record is gone: a later lift writes nothing, even with the device back.
+    assert_eq!(f.writer.write_cap(&f.info, None).unwrap(), []);
+
+    // Gone after the lift read the files (their lines still there): the writes about it fail with ENODEV.
+    let mut f = v1_cap_fixture("7:3 1000\n", "254:0 5\n", None);
+    f.writer.write_cap(&f.info, cap(Some(MIB), Some(MIB))).unwrap();
+    let root =
+        CgroupRoot::from_dir(CgroupVersion::V1, f.tmp.path().join("blkio")).unwrap().with_fs(Arc::new(Unplugged));
+    let info = ContainerInfo { cgroup: Some(root.resolve_relative("docker/c1").unwrap()), ..f.info.clone() };
+    assert_eq!(f.writer.write_cap(&info, None).unwrap(), [], "nothing in force to report");
+    // The record is gone.
     assert_eq!(f.writer.write_cap(&f.info, None).unwrap(), []);
 }
 
@@ -572,4 +590,196 @@ async fn the_agent_writer_caps_through_the_files() {
     assert!(matches!(done.as_slice(), [LeftoverCap::Restored { .. }]), "{done:?}");
     assert_eq!(f.file("io.max"), "");
     assert_eq!(agent.cap(&f.info, None).await.unwrap(), CapApplied::Files(vec![]), "nothing left to lift");
+}
+
+/// A second v1 cgroup `docker/<name>` beside the fixture's c1, doing I/O on loop3, without throttle limits.
+fn v1_cgroup(f: &Fixture, name: &str) -> ContainerInfo {
+    let v1 = f.tmp.path().join("blkio");
+    fs::create_dir_all(v1.join("docker").join(name)).unwrap();
+    for (file, text) in [
+        ("blkio.bfq.weight_device", "default 100\n"),
+        ("blkio.bfq.io_service_bytes_recursive", "7:3 Read 1\nTotal 1\n"),
+        ("blkio.throttle.read_bps_device", ""),
+        ("blkio.throttle.write_bps_device", ""),
+    ] {
+        fs::write(v1.join("docker").join(name).join(file), text).unwrap();
+    }
+    let root = CgroupRoot::from_dir(CgroupVersion::V1, &v1).unwrap().with_fs(Arc::new(FixtureKernel));
+    ContainerInfo { cgroup: Some(root.resolve_relative(&format!("docker/{name}")).unwrap()), ..f.info.clone() }
+}
+
+/// A limit the operator sets while the cap is in force (`docker update --device-read-bps`, a unit's
+/// `IOReadBandwidthMax=`: both write the throttle files) is the container's limit from then on: the lift leaves it
+/// (it used to put back the limit from before the cap over it), a cap written after it is never looser, and a
+/// leftover cap put back after a crash leaves it too.
+#[test]
+fn a_limit_set_while_capped_is_kept_by_the_lift_and_never_loosened() {
+    // v1: a tighter read limit set while capped; the lift leaves it.
+    let mut f = v1_cap_fixture("", "", None);
+    f.writer.write_cap(&f.info, cap(Some(4 * MIB), None)).unwrap();
+    assert_eq!(f.throttle(), ("7:3 4194304\n".into(), String::new()));
+    f.put_v1("blkio.throttle.read_bps_device", "7:3 2097152\n");
+    assert_eq!(f.writer.write_cap(&f.info, None).unwrap(), [dc("7:3", Some(2 * MIB), None)]);
+    assert_eq!(f.throttle(), ("7:3 2097152\n".into(), String::new()), "the operator's limit was lifted");
+
+    // v2: a looser read limit set while capped (it lifted the agent's cap there); the cap written again (the
+    // daemon does so when the container's configuration changed) keeps under it, and the lift leaves it.
+    let mut f = fixture("default 100\n", "default 100\n");
+    f.put("io.max", "");
+    f.writer.write_cap(&f.info, cap(Some(4 * MIB), Some(4 * MIB))).unwrap();
+    f.put("io.max", "7:3 rbps=104857600 wbps=4194304 riops=max wiops=max\n");
+    let done = f.writer.write_cap(&f.info, cap(Some(4 * MIB), Some(4 * MIB))).unwrap();
+    assert_eq!(done, [dc("7:3", Some(4 * MIB), Some(4 * MIB))]);
+    let done = f.writer.write_cap(&f.info, cap(Some(200 * MIB), Some(4 * MIB))).unwrap();
+    assert_eq!(done, [dc("7:3", Some(100 * MIB), Some(4 * MIB))], "a cap looser than the operator's limit");
+    assert_eq!(f.writer.write_cap(&f.info, None).unwrap(), [dc("7:3", Some(100 * MIB), None)]);
+    assert_eq!(f.file("io.max"), "7:3 rbps=104857600 wbps=max riops=max wiops=max\n");
+
+    // v1, a crash: the operator sets a write limit while the cap a dead agent left is in force; the next agent's
+    // start-up restore leaves it.
+    let state = tempfile::tempdir().unwrap();
+    let records = records_path(&state.path().join("state.json"), "caps");
+    let mut f = v1_cap_fixture("7:3 1000\n", "", Some(&records));
+    f.writer.write_cap(&f.info, cap(Some(MIB), Some(MIB))).unwrap();
+    f.put_v1("blkio.throttle.write_bps_device", "7:3 524288\n");
+    let (sys, v1) = (f.tmp.path().join("sys"), f.tmp.path().join("blkio"));
+    f.writer = FileWriter::with_table(DeviceTable::with_sys(&sys, &v1)).with_cap_records_file(records.clone());
+    let root = CgroupRoot::from_dir(CgroupVersion::V1, &v1).unwrap().with_fs(Arc::new(FixtureKernel));
+    let done = f.writer.restore_leftover_caps(&root);
+    assert!(matches!(done.as_slice(), [LeftoverCap::Restored { .. }]), "{done:?}");
+    assert_eq!(f.throttle(), ("7:3 1000\n".into(), "7:3 524288\n".into()));
+    assert!(!records.exists());
+}
+
+/// A cap write that failed half-way (the read limit written, the write limit not) leaves lines of two of the
+/// agent's caps; neither is taken for an operator's, and the lift puts both files back.
+#[test]
+fn a_cap_write_that_failed_half_way_is_still_the_agents_own() {
+    #[derive(Debug)]
+    struct NoWrites(Arc<AtomicBool>);
+    impl CgroupFs for NoWrites {
+        fn write(&self, path: &Path, data: &[u8]) -> std::io::Result<usize> {
+            if self.0.load(Ordering::SeqCst) && path.ends_with("blkio.throttle.write_bps_device") {
+                Err(std::io::Error::from_raw_os_error(libc::EIO))
+            } else {
+                FixtureKernel.write(path, data)
+            }
+        }
+    }
+    let mut f = v1_cap_fixture("", "", None);
+    let broken = Arc::new(AtomicBool::new(false));
+    let root = CgroupRoot::from_dir(CgroupVersion::V1, f.tmp.path().join("blkio"))
+        .unwrap()
+        .with_fs(Arc::new(NoWrites(broken.clone())));
+    let info = ContainerInfo { cgroup: Some(root.resolve_relative("docker/c1").unwrap()), ..f.info.clone() };
+    f.writer.write_cap(&info, cap(Some(MIB), Some(MIB))).unwrap();
+    broken.store(true, Ordering::SeqCst);
+    f.writer.write_cap(&info, cap(Some(2 * MIB), Some(2 * MIB))).unwrap_err();
+    assert_eq!(f.throttle(), ("7:3 2097152\n".into(), "7:3 1048576\n".into()));
+    broken.store(false, Ordering::SeqCst);
+    f.writer.write_cap(&info, None).unwrap();
+    assert_eq!(f.throttle(), (String::new(), String::new()));
+}
+
+/// A container whose cgroup changed while capped (the old one still there): the lift puts back the limits in the
+/// cgroup the cap was written to (it used to answer "nothing to lift" and leave it capped), and a cap in the new
+/// cgroup first lifts the old one's (it used to drop the old snapshot, leaving the old cgroup capped for good).
+#[test]
+fn a_lift_acts_on_the_cgroup_the_cap_was_written_to() {
+    let mut f = v1_cap_fixture("7:3 1000\n", "", None);
+    let moved = v1_cgroup(&f, "c1-new");
+    f.writer.write_cap(&f.info, cap(Some(4 * MIB), Some(4 * MIB))).unwrap();
+    assert_eq!(f.throttle(), ("7:3 1000\n".into(), "7:3 4194304\n".into()));
+    assert_eq!(f.writer.write_cap(&moved, None).unwrap(), [dc("7:3", Some(1000), None)]);
+    assert_eq!(f.throttle(), ("7:3 1000\n".into(), String::new()), "the old cgroup stayed capped");
+    assert_eq!(f.writer.write_cap(&moved, None).unwrap(), [], "lifted once");
+
+    f.writer.write_cap(&f.info, cap(Some(4 * MIB), Some(4 * MIB))).unwrap();
+    f.writer.write_cap(&moved, cap(Some(MIB), None)).unwrap();
+    assert_eq!(f.throttle(), ("7:3 1000\n".into(), String::new()), "the old cgroup stayed capped");
+    let new_read = f.tmp.path().join("blkio/docker/c1-new/blkio.throttle.read_bps_device");
+    assert_eq!(fs::read_to_string(&new_read).unwrap(), "7:3 1048576\n");
+    f.writer.write_cap(&moved, None).unwrap();
+    assert_eq!(fs::read_to_string(&new_read).unwrap(), "");
+}
+
+/// A leftover cap whose start-up restore fails (here EIO on the throttle files) is tried again
+/// ([`FileWriter::retry_leftover_caps`], which the daemon calls every round): once the files take the write, the
+/// limits from before the dead agent's cap are back and the record is gone.
+#[test]
+fn a_leftover_cap_that_could_not_be_put_back_at_start_is_tried_again() {
+    #[derive(Debug)]
+    struct Eio(Arc<AtomicBool>);
+    impl CgroupFs for Eio {
+        fn write(&self, path: &Path, data: &[u8]) -> std::io::Result<usize> {
+            let throttle = path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("blkio.throttle."));
+            if self.0.load(Ordering::SeqCst) && throttle {
+                Err(std::io::Error::from_raw_os_error(libc::EIO))
+            } else {
+                FixtureKernel.write(path, data)
+            }
+        }
+    }
+    let state = tempfile::tempdir().unwrap();
+    let records = records_path(&state.path().join("state.json"), "caps");
+    let (read, write) = ("7:3 1000\n", "254:0 5\n");
+    let mut f = v1_cap_fixture(read, write, Some(&records));
+    f.writer.write_cap(&f.info, cap(Some(MIB), Some(MIB))).unwrap();
+    // The crash, and a start whose restore fails.
+    let (sys, v1) = (f.tmp.path().join("sys"), f.tmp.path().join("blkio"));
+    f.writer = FileWriter::with_table(DeviceTable::with_sys(&sys, &v1)).with_cap_records_file(records.clone());
+    let broken = Arc::new(AtomicBool::new(true));
+    let root = CgroupRoot::from_dir(CgroupVersion::V1, &v1).unwrap().with_fs(Arc::new(Eio(broken.clone())));
+    let done = f.writer.restore_leftover_caps(&root);
+    assert!(matches!(done.as_slice(), [LeftoverCap::Failed { kept: true, .. }]), "{done:?}");
+    let done = f.writer.retry_leftover_caps();
+    assert!(matches!(done.as_slice(), [LeftoverCap::Failed { kept: true, .. }]), "{done:?}");
+    assert!(records.is_file());
+    broken.store(false, Ordering::SeqCst);
+    let done = f.writer.retry_leftover_caps();
+    assert!(matches!(done.as_slice(), [LeftoverCap::Restored { .. }]), "{done:?}");
+    assert_eq!(f.throttle(), (read.into(), write.into()));
+    assert!(!records.exists(), "the record is gone");
+    assert!(f.writer.retry_leftover_caps().is_empty(), "nothing left to try");
+}
+
+/// An agent started in dry run after one that was SIGKILLed with a cap in force puts that cap back (the dead
+/// agent's own write; putting it back is not steering: it used to be skipped in dry run), and drops its record;
+/// while another agent holds the state file, the caps recorded beside it are that agent's, and are left alone.
+#[test]
+fn a_dry_run_agent_puts_back_the_caps_a_killed_agent_left() {
+    let state = tempfile::tempdir().unwrap();
+    let state_file = state.path().join("state.json");
+    let records = records_path(&state_file, "caps");
+    let (read, write) = ("7:3 1000\n", "");
+    let mut f = v1_cap_fixture(read, write, Some(&records));
+    let (sys, v1) = (f.tmp.path().join("sys"), f.tmp.path().join("blkio"));
+    let root = CgroupRoot::from_dir(CgroupVersion::V1, &v1).unwrap().with_fs(Arc::new(FixtureKernel));
+    let cfg = AgentConfig {
+        dry_run: true,
+        state_file: state_file.clone(),
+        actuator: ActuatorMode::Files,
+        ..Default::default()
+    };
+    // A dry run's file writer keeps no records of its own (`files::cap_records_file` is none).
+    let dry_run_start = || {
+        let writer = FileWriter::with_table(DeviceTable::with_sys(&sys, &v1));
+        let devices = writer.devices();
+        let backends = RuntimeBackends { discovery: (), counters: (), writer, devices, starting: Starting::default() };
+        with_writer(&cfg, &root, backends, None).expect("assembled");
+    };
+
+    // Another agent runs on the state file: its cap is its own.
+    let live = OriginalWeights::load(Some(&state_file)).unwrap();
+    f.writer.write_cap(&f.info, cap(Some(MIB), Some(MIB))).unwrap();
+    dry_run_start();
+    assert_eq!(f.throttle(), ("7:3 1000\n".into(), "7:3 1048576\n".into()), "a live agent's cap was put back");
+    assert!(records.is_file());
+
+    // It is killed (its lock goes with it): the dry-run agent puts its cap back.
+    drop(live);
+    f.writer = FileWriter::default();
+    dry_run_start();
+    assert_eq!(f.throttle(), (read.into(), write.into()), "the dead agent's cap stayed");
+    assert!(!records.exists(), "the record is gone");
 }

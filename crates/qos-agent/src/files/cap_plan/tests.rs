@@ -171,3 +171,22 @@ fn select_gives_every_device_an_entry() {
     let now = limits(&[("7:1", Some(MIB), None), ("8:0", Some(1), Some(2))]);
     assert_eq!(select(&now, [dev("7:1"), dev("7:2")]), limits(&[("7:1", Some(MIB), None), ("7:2", None, None)]));
 }
+
+/// A limit that is neither the snapshot's nor one the agent left is someone else's, newer, and becomes the
+/// snapshot's (a tighter one, a looser one, one removed); the agent's own values, the snapshot's and a device
+/// the agent knows nothing about are left alone.
+#[test]
+fn adopt_takes_in_what_someone_else_set_since() {
+    let mut before = limits(&[("7:3", None, Some(8 * MIB)), ("7:4", Some(1000), None), ("8:0", None, None)]);
+    let wrote = limits(&[("7:3", Some(4 * MIB), Some(4 * MIB)), ("7:4", Some(1000), None)]);
+    let unsure = limits(&[("7:3", Some(5 * MIB), None)]);
+    // 7:3: read set by the operator to 2 MiB, write still the agent's; 7:4: read removed by the operator; 8:0 (not
+    // in `ours`): changed, left alone.
+    let now = limits(&[("7:3", Some(2 * MIB), Some(4 * MIB)), ("8:0", Some(7), None)]);
+    let taken = adopt(&mut before, &[&wrote, &unsure], &now);
+    assert_eq!(taken, [(dev("7:3"), Direction::Read, Some(2 * MIB)), (dev("7:4"), Direction::Read, None)]);
+    assert_eq!(before, limits(&[("7:3", Some(2 * MIB), Some(8 * MIB)), ("7:4", None, None), ("8:0", None, None)]));
+    // A value the agent may have left (its unsure one) or the snapshot's own: nothing taken in.
+    let now = limits(&[("7:3", Some(5 * MIB), Some(8 * MIB))]);
+    assert_eq!(adopt(&mut before, &[&wrote, &unsure], &now), []);
+}

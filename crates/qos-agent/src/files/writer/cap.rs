@@ -12,13 +12,22 @@
 //! directions; none is a value too) go into a snapshot, which is recorded ([`RestoreRecords`], beside the state
 //! file with [`FileWriter::with_cap_records_file`]) before anything is written; a lift puts the snapshot back and
 //! drops it. An agent restarted after a crash puts back the caps it left with
-//! [`FileWriter::restore_leftover_caps`].
+//! [`FileWriter::restore_leftover_caps`], and those that could not be put back then with
+//! [`FileWriter::retry_leftover_caps`] (the daemon, every round).
+//!
+//! The snapshot also keeps what the agent's last cap left in the files (and, while a write may have landed in
+//! part, what they held before it): before each cap and each lift, a limit in the files that is neither the
+//! snapshot's nor the agent's was set by someone else meanwhile (`docker update --device-read-bps`, a unit's
+//! `IOReadBandwidthMax=`) and becomes the snapshot's ([`cap_plan::adopt`]), so the lift leaves it in place.
+//!
+//! The lift acts on the cgroup the cap was written to (the snapshot's), also when the container's cgroup has
+//! changed since and the old one still exists; a cap in a new cgroup first lifts the old one's.
 
 use std::path::PathBuf;
 
 use qos_core::{Cap, ContainerId};
 use serde::{Deserialize, Serialize};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::{cgroup_of, counter_devices, FileWriter};
 use crate::backend::{BackendError, ContainerInfo, DeviceCap};
@@ -27,14 +36,40 @@ use crate::files::cap_plan::{self, DeviceLimits, Direction, ZeroCap};
 use crate::files::restore_records::RestoreRecords;
 use crate::kernel::DevNum;
 
-/// A container's throttle-file limits before the agent first capped it, on each device a cap covered.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// A container's throttle-file limits before the agent first capped it, on each device a cap covered (with the
+/// limits someone else set since taken in), and what the agent left there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct CapSnapshot {
-    /// The cgroup directory: the snapshot is dropped once it is gone.
+    /// The cgroup directory the cap was written to: the lift acts there; the snapshot is dropped once it is gone.
     dir: PathBuf,
-    /// Each device's limits before its first cap (a device without a limit included, as none).
+    /// Each device's limits before its first cap (a device without a limit included, as none), or the limit
+    /// someone else set since.
     before: DeviceLimits,
+    /// The limits the agent's last cap left on each device (empty in an older agent's record: nothing is taken
+    /// in from the files then).
+    #[serde(default)]
+    wrote: DeviceLimits,
+    /// What the files held before a cap write that has not been read back whole (it failed, or the agent died in
+    /// it): a line may hold this or `wrote`, both the agent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    unsure: Option<DeviceLimits>,
+}
+
+impl CapSnapshot {
+    fn new(dir: &CgroupDir) -> Self {
+        Self { dir: dir.path().to_owned(), before: DeviceLimits::new(), wrote: DeviceLimits::new(), unsure: None }
+    }
+
+    /// Takes into the snapshot the limits someone else set in the files (`now`) since the agent wrote, and says so.
+    fn adopt(&mut self, id: &ContainerId, now: &DeviceLimits) {
+        let mut ours = vec![&self.wrote];
+        ours.extend(self.unsure.as_ref());
+        for (dev, dir, limit) in cap_plan::adopt(&mut self.before, &ours, now) {
+            info!(container = %id.short(), cgroup = %self.dir.display(), device = %dev, what = what(dir), ?limit,
+                  "cap: a limit set by someone else while capped is kept (the lift leaves it; a cap never loosens it)");
+        }
+    }
 }
 
 /// What [`FileWriter::restore_leftover_caps`] did with one recorded cap.
@@ -71,6 +106,25 @@ pub enum LeftoverCap {
     },
 }
 
+impl LeftoverCap {
+    /// Says what was done: a failure as a warning at start-up, at debug level when tried again (`retry`), which
+    /// happens every round until it succeeds.
+    pub fn log(&self, retry: bool) {
+        match self {
+            LeftoverCap::Restored { id, dir, devices } => info!(container = %id.short(), dir = %dir.display(),
+                ?devices, "put back the throttle limits of a cap a previous agent left"),
+            LeftoverCap::Gone { id, dir } => debug!(container = %id.short(), dir = %dir.display(),
+                "a cap a previous agent left went with its cgroup"),
+            LeftoverCap::Failed { id, dir, error, kept } if retry => debug!(container = %id.short(),
+                dir = %dir.display(), error = %error, record_kept = kept,
+                "still cannot put back the throttle limits of a cap a previous agent left"),
+            LeftoverCap::Failed { id, dir, error, kept } => warn!(container = %id.short(), dir = %dir.display(),
+                error = %error, record_kept = kept,
+                "cannot put back the throttle limits of a cap a previous agent left"),
+        }
+    }
+}
+
 impl FileWriter {
     /// Keeps the cap snapshots in `path` too (see [`RestoreRecords`]; the agent's: `<state file>.caps.jsonl`,
     /// [`crate::files::cap_records_file`]): an agent restarted after a crash puts the caps it left back with
@@ -102,80 +156,150 @@ impl FileWriter {
         if let Err(ZeroCap(d)) = cap_plan::targets([], &DeviceLimits::new(), Some(cap)) {
             return Err(BackendError::ZeroCap { id: info.id.clone(), what: what(d) });
         }
+        self.leftovers.remove(&info.id);
         let devices = self.cap_devices(info, dir)?;
-        let now = read_limits(dir)?;
-        let mut snapshot = match self.caps.get(&info.id) {
-            Some(s) if s.dir == dir.path() => s.clone(),
-            Some(s) => {
-                warn!(container = %info.id.short(), old = %s.dir.display(), new = %dir.path().display(),
-                      "cap: the container's cgroup changed; the old cgroup's snapshot is dropped");
-                self.caps.remove(&info.id);
-                CapSnapshot { dir: dir.path().to_owned(), before: DeviceLimits::new() }
+        let mut snapshot = match self.caps.get(&info.id).cloned() {
+            Some(s) if s.dir == dir.path() => s,
+            Some(old) => {
+                // The container's cgroup changed while the old one still holds the cap: put that one back first
+                // (kept, and this cap not written, while it cannot be).
+                warn!(container = %info.id.short(), old = %old.dir.display(), new = %dir.path().display(),
+                      "cap: the container's cgroup changed; lifting the cap in the old one first");
+                self.lift_at_snapshot(&info.id, dir, old)?;
+                CapSnapshot::new(dir)
             }
-            None => CapSnapshot { dir: dir.path().to_owned(), before: DeviceLimits::new() },
+            None => CapSnapshot::new(dir),
         };
+        let now = read_limits(dir)?;
+        snapshot.adopt(&info.id, &now);
         let new: Vec<DevNum> = devices.iter().copied().filter(|d| !snapshot.before.contains_key(d)).collect();
-        if !new.is_empty() {
-            snapshot.before.extend(cap_plan::select(&now, new));
-            if !self.caps.contains(&info.id) {
-                self.caps.prune_gone(|s| &s.dir);
-            }
-            // Recorded before anything is written: a crash from here on leaves a record to restore.
-            self.caps.insert(&info.id, snapshot.clone());
+        if !new.is_empty() && !self.caps.contains(&info.id) {
+            self.caps.prune_gone(|s| &s.dir);
         }
+        snapshot.before.extend(cap_plan::select(&now, new));
         let target = cap_plan::targets(devices.iter().copied(), &snapshot.before, Some(cap))
             .map_err(|ZeroCap(d)| BackendError::ZeroCap { id: info.id.clone(), what: what(d) })?;
+        if !cap_plan::write_lines(dir.version(), &target, &now).is_empty() {
+            // Until read back, a line holds either what it held or the target: both the agent's.
+            snapshot.unsure = Some(cap_plan::select(&now, target.keys().copied()));
+            snapshot.wrote = target.clone();
+        }
+        // Recorded before anything is written: a crash from here on leaves a record to restore.
+        self.record_cap(&info.id, &snapshot);
         let in_force = apply(dir, &target, &now)?;
+        snapshot.wrote = in_force.clone();
+        snapshot.unsure = None;
+        self.record_cap(&info.id, &snapshot);
         debug!(container = %info.id.short(), ?cap, devices = ?in_force, "cap written and read back");
         Ok(device_caps(&in_force))
     }
 
     fn lift_cap(&mut self, info: &ContainerInfo, dir: &CgroupDir) -> Result<Vec<DeviceCap>, BackendError> {
+        self.leftovers.remove(&info.id);
         let Some(snapshot) = self.caps.get(&info.id).cloned() else { return Ok(Vec::new()) };
         if snapshot.dir != dir.path() {
-            if !snapshot.dir.is_dir() {
-                self.caps.remove(&info.id);
-            } else {
-                warn!(container = %info.id.short(), old = %snapshot.dir.display(), new = %dir.path().display(),
-                      "cap: the snapshot is of another cgroup of the container; left for the start-up restore");
-            }
-            return Ok(Vec::new());
+            debug!(container = %info.id.short(), old = %snapshot.dir.display(), new = %dir.path().display(),
+                   "cap: lifted in the cgroup it was written to, not the container's new one");
         }
-        let result = read_limits(dir).and_then(|now| apply(dir, &snapshot.before, &now));
+        Ok(device_caps(&self.lift_at_snapshot(&info.id, dir, snapshot)?))
+    }
+
+    /// Puts `snapshot` back in the cgroup it was taken in, resolved beside `known` (a directory of the same root),
+    /// and drops it; also dropped when that cgroup is gone (nothing in force then).
+    fn lift_at_snapshot(
+        &mut self,
+        id: &ContainerId,
+        known: &CgroupDir,
+        mut snapshot: CapSnapshot,
+    ) -> Result<DeviceLimits, CgroupError> {
+        let result = if snapshot.dir == known.path() { Ok(known.clone()) } else { known.resolve_other(&snapshot.dir) }
+            .and_then(|dir| self.put_back(id, &dir, &mut snapshot));
         match result {
             Ok(in_force) => {
-                self.caps.remove(&info.id);
-                debug!(container = %info.id.short(), devices = ?in_force, "cap lifted, limits put back");
-                Ok(device_caps(&in_force))
+                self.caps.remove(id);
+                debug!(container = %id.short(), cgroup = %snapshot.dir.display(), devices = ?in_force,
+                       "cap lifted, limits put back");
+                Ok(in_force)
             }
-            Err(e) => {
-                if e.is_vanished() {
-                    self.caps.remove(&info.id);
-                }
-                Err(e.into())
+            Err(e) if e.is_vanished() => {
+                self.caps.remove(id);
+                Ok(DeviceLimits::new())
             }
+            Err(e @ CgroupError::OutsideRoot { .. }) => {
+                // Can never be put back (the record was not the agent's to keep).
+                self.caps.remove(id);
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads `dir`'s files, takes in what someone else set since (recorded before anything is written), and
+    /// writes the snapshot's limits back; the limits in force after (the record is the caller's to drop).
+    fn put_back(
+        &mut self,
+        id: &ContainerId,
+        dir: &CgroupDir,
+        snapshot: &mut CapSnapshot,
+    ) -> Result<DeviceLimits, CgroupError> {
+        let now = read_limits(dir)?;
+        snapshot.adopt(id, &now);
+        self.record_cap(id, snapshot);
+        apply(dir, &snapshot.before, &now)
+    }
+
+    /// Records `snapshot` as `id`'s unless that is what the records hold already.
+    fn record_cap(&mut self, id: &ContainerId, snapshot: &CapSnapshot) {
+        if self.caps.get(id) != Some(snapshot) {
+            self.caps.insert(id, snapshot.clone());
         }
     }
 
     /// Puts back every cap a previous agent left (the records of [`Self::with_cap_records_file`]) whose cgroup
     /// still exists under `root`, and drops the records of cgroups that are gone; for the agent to call once at
-    /// start-up, before any cap, and log. A record that cannot be put back is kept (see [`LeftoverCap::Failed`]).
+    /// start-up, before any cap, and log. A record that cannot be put back is kept (see [`LeftoverCap::Failed`]),
+    /// and [`Self::retry_leftover_caps`] tries it again until it is put back, or a cap or lift of its container
+    /// takes it over.
     pub fn restore_leftover_caps(&mut self, root: &CgroupRoot) -> Vec<LeftoverCap> {
-        let records: Vec<(ContainerId, CapSnapshot)> =
-            self.caps.iter().map(|(id, s)| (id.clone(), s.clone())).collect();
+        let ids: Vec<ContainerId> = self.caps.iter().map(|(id, _)| id.clone()).collect();
+        self.leftover_root = Some(root.clone());
+        self.leftovers = ids.into_iter().collect();
+        self.retry_leftover_caps()
+    }
+
+    /// [`Self::restore_leftover_caps`] from the records in `path` (an agent that keeps no records of its own, a
+    /// dry run, putting back what a dead agent left), once: what fails stays recorded there for the next agent,
+    /// and this writer's own records are untouched.
+    pub fn restore_leftover_caps_in(&mut self, path: PathBuf, root: &CgroupRoot) -> Vec<LeftoverCap> {
+        let own = std::mem::replace(&mut self.caps, RestoreRecords::load(path));
+        let done = self.restore_leftover_caps(root);
+        self.caps = own;
+        self.leftovers.clear();
+        self.leftover_root = None;
+        done
+    }
+
+    /// Tries again to put back the caps [`Self::restore_leftover_caps`] could not (none before it ran): each
+    /// outcome, as there. For the daemon to call every round; nothing to do costs nothing.
+    pub fn retry_leftover_caps(&mut self) -> Vec<LeftoverCap> {
+        let Some(root) = self.leftover_root.clone().filter(|_| !self.leftovers.is_empty()) else { return Vec::new() };
         let mut done = Vec::new();
-        for (id, snapshot) in records {
+        for id in std::mem::take(&mut self.leftovers) {
+            let Some(mut snapshot) = self.caps.get(&id).cloned() else { continue };
             let dir = snapshot.dir.clone();
-            let outcome = match restore_one(root, &snapshot) {
-                Ok(devices) => LeftoverCap::Restored { id: id.clone(), dir, devices },
+            let outcome = match root_dir(&root, &snapshot).and_then(|d| self.put_back(&id, &d, &mut snapshot)) {
+                Ok(in_force) => LeftoverCap::Restored { id: id.clone(), dir, devices: device_caps(&in_force) },
                 Err(e) if e.is_vanished() => LeftoverCap::Gone { id: id.clone(), dir },
                 Err(e) => {
                     let kept = !matches!(e, CgroupError::OutsideRoot { .. });
                     LeftoverCap::Failed { id: id.clone(), dir, error: e.into(), kept }
                 }
             };
-            if !matches!(outcome, LeftoverCap::Failed { kept: true, .. }) {
-                self.caps.remove(&id);
+            match outcome {
+                LeftoverCap::Failed { kept: true, .. } => {
+                    self.leftovers.insert(id.clone());
+                }
+                _ => self.caps.remove(&id),
             }
             done.push(outcome);
         }
@@ -205,8 +329,8 @@ impl FileWriter {
     }
 }
 
-/// Puts one leftover snapshot back, in its cgroup resolved (confined) under `root`.
-fn restore_one(root: &CgroupRoot, snapshot: &CapSnapshot) -> Result<Vec<DeviceCap>, CgroupError> {
+/// The cgroup of a leftover snapshot, resolved (confined) under `root`.
+fn root_dir(root: &CgroupRoot, snapshot: &CapSnapshot) -> Result<CgroupDir, CgroupError> {
     let outside = |reason| CgroupError::OutsideRoot {
         path: snapshot.dir.display().to_string(),
         root: root.path().to_owned(),
@@ -214,10 +338,7 @@ fn restore_one(root: &CgroupRoot, snapshot: &CapSnapshot) -> Result<Vec<DeviceCa
     };
     let rel = snapshot.dir.strip_prefix(root.path()).map_err(|_| outside("not below the cgroup root"))?;
     let rel = rel.to_str().ok_or_else(|| outside("not UTF-8"))?;
-    let dir = root.resolve_relative(rel)?;
-    let now = read_limits(&dir)?;
-    let in_force = apply(&dir, &snapshot.before, &now)?;
-    Ok(device_caps(&in_force))
+    root.resolve_relative(rel)
 }
 
 /// Writes the lines that turn `now` into `target`, reads the files back and checks every device of `target`;
