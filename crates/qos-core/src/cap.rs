@@ -7,8 +7,10 @@
 //! and a small read is served at once (on the bench's throttled disk, cgroup v1, BFQ: a 1 MiB read beside a QD32
 //! reader capped at 95 % of its rate took 1.29 ms mean against 15.4 uncapped and 1.16 alone;
 //! `crates/bench/results/2026-11-29/headroom-ab-fio/`). Opt-in (`bottom_cap_window`): with the agent on the same
-//! disk it halved 1 and 10 MiB reads but slowed 100 MiB reads and readers that start together
-//! (`crates/bench/results/2026-11-29/bottom-cap-ab-ce4e266/`).
+//! disk it slowed 100 MiB reads and readers that start together
+//! (`crates/bench/results/2026-11-29/bottom-cap-ab-ce4e266/`), and beside a background capped for seconds (not
+//! just thawed) a 1 MiB read took as long as uncapped, 12.4 against 12.7 ms
+//! (`crates/bench/results/2026-11-29/bottom-cap-steady-state-50650cb/`).
 
 use serde::{Deserialize, Serialize};
 
