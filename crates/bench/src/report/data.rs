@@ -275,11 +275,19 @@ impl CaseReport {
     /// The dDiskQoS reads of this case slower than [`STARVED_FACTOR`] times the slowest Original read of the same
     /// case: reads the agent starved. Empty when either variant has no reads.
     pub fn starved(&self) -> Vec<&Sample> {
-        let (Some(orig), Some(ddq)) = (self.variant(Variant::Original), self.variant(Variant::DDiskQos)) else {
+        self.over_starved_line(Variant::DDiskQos)
+    }
+
+    /// The reads of `variant` over the line [`CaseReport::starved`] draws for dDiskQoS's. For Alone's (no
+    /// background, no agent) a control: readers that start together reach it by themselves (Experiment 2's
+    /// 2MiB@2s did so 6 times in 117 reads of the protect mode's main jobs, dDiskQoS 5;
+    /// `crates/bench/results/2026-11-29/costart-tail-50650cb/`).
+    pub fn over_starved_line(&self, variant: Variant) -> Vec<&Sample> {
+        let (Some(orig), Some(these)) = (self.variant(Variant::Original), self.variant(variant)) else {
             return Vec::new();
         };
         let Some(worst_orig) = orig.samples.iter().map(|s| s.read_ms).reduce(f64::max) else { return Vec::new() };
-        ddq.samples.iter().filter(|s| s.read_ms > STARVED_FACTOR * worst_orig).collect()
+        these.samples.iter().filter(|s| s.read_ms > STARVED_FACTOR * worst_orig).collect()
     }
 
     /// The slowest dDiskQoS read over the slowest Original read of this case.

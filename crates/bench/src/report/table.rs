@@ -362,10 +362,22 @@ fn starved_check(mode: &ModeReport) -> Check {
             r.starved().into_iter().map(move |s| format!("{} round {}: {}", r.label, s.round, fmt_ms(s.read_ms)))
         })
         .collect();
+    // The control: Alone's reads over the same lines (no background, no agent); it fails nothing.
+    let alone: Vec<String> = rows()
+        .flat_map(|r| {
+            r.over_starved_line(Variant::Alone)
+                .into_iter()
+                .map(move |s| format!("{} round {}: {}", r.label, s.round, fmt_ms(s.read_ms)))
+        })
+        .collect();
+    let control = match alone.len() {
+        0 => String::new(),
+        n => format!("; Alone's reads over the same lines, no background, no agent: {n} ({})", alone.join(", ")),
+    };
     let value = if starved.is_empty() {
-        format!("0 of {reads}")
+        format!("0 of {reads}{control}")
     } else {
-        format!("{} of {reads} STARVED ({})", starved.len(), starved.join(", "))
+        format!("{} of {reads} STARVED ({}){control}", starved.len(), starved.join(", "))
     };
     Check {
         what: format!("no STARVED read (dDiskQoS > {STARVED_FACTOR} x the case's slowest Original read)"),
@@ -1019,6 +1031,36 @@ pub(crate) mod tests {
         let checks = target_checks(&run, &slow_means);
         assert!(checks.iter().any(|c| !c.ok && c.what.contains("ratio of means")), "{checks:?}");
         assert!(checks.iter().filter(|c| c.what.contains("median/rep")).all(|c| c.ok), "{checks:?}");
+    }
+
+    #[test]
+    fn alone_reads_over_the_starved_line_are_a_control_that_fails_nothing() {
+        let run = fake_run(vec![]);
+        let mut mode = fake_mode_reps(BfqMode::Default, &[1.2, 1.5, 1.3]);
+        // Original's reads take 100 ms: an Alone read of 230 ms is over the line dDiskQoS's reads are judged by.
+        mode.exp2 = vec![CaseReport::build(
+            "2MiB@2s".into(),
+            2,
+            None,
+            crate::workload::paper_table3(2),
+            vec![
+                (Variant::Alone, lat(&[1.0, 230.0, 1.0]), Throughput::default(), samples(&[1.0, 230.0, 1.0])),
+                (Variant::Original, lat(&[100.0; 3]), Throughput::default(), samples(&[100.0; 3])),
+                (Variant::DDiskQos, lat(&[50.0; 3]), Throughput::default(), samples(&[50.0; 3])),
+            ],
+        )];
+        let checks = target_checks(&run, &mode);
+        let c = checks.iter().find(|c| c.what.contains("STARVED")).expect("a STARVED check");
+        assert!(c.ok, "{c:?}");
+        assert!(
+            c.value.starts_with("0 of 12; Alone's reads over the same lines")
+                && c.value.contains("2MiB@2s round 1: 230 ms"),
+            "{c:?}"
+        );
+        // Without such an Alone read the value is the count alone, as before.
+        mode.exp2.clear();
+        let c = target_checks(&run, &mode).into_iter().find(|c| c.what.contains("STARVED")).expect("a STARVED check");
+        assert_eq!(c.value, "0 of 9", "{c:?}");
     }
 
     #[test]
