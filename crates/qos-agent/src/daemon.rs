@@ -207,7 +207,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         self
     }
 
-    /// Runs until [`Command::Shutdown`] (or the command channel closes), then restores every original weight.
+    /// Runs until [`Command::Shutdown`] (or the command channel closes), then restores every original weight and
+    /// lifts every cap. A permanent discovery error ends it the same way, then is returned.
     pub async fn run(mut self, mut commands: mpsc::Receiver<Command>) -> Result<Summary, DaemonError> {
         let mut discovery = self.discovery.take().expect("run consumes the daemon");
         let initial = discovery.start().await?;
@@ -235,6 +236,9 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
 
         let mut next_round = tokio::time::Instant::now();
         let mut last_round = next_round;
+        // A permanent discovery error ends the loop like a shutdown (every weight put back, every cap lifted: the
+        // agent leaves nothing at a weight it set), then ends `run` with it.
+        let mut failed = None;
         self.metrics.round_interval_seconds.set(self.pacer.period().as_secs_f64());
         loop {
             let deadline = self.engine.poll_timeout().map(tokio::time::Instant::from_std);
@@ -249,7 +253,14 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                     }
                     Some(Command::Status(reply)) => { let _ = reply.send(self.status()); }
                 },
-                Some(ev) = futures_util::StreamExt::next(&mut events) => self.on_event(ev?).await,
+                Some(ev) = futures_util::StreamExt::next(&mut events) => match ev {
+                    Ok(ev) => self.on_event(ev).await,
+                    Err(e) => {
+                        error!(error = %e, "discovery failed for good: putting back every weight and lifting every cap");
+                        failed = Some(e);
+                        break;
+                    }
+                },
                 _ = tokio::time::sleep_until(round_at) => {
                     let started = tokio::time::Instant::now();
                     last_round = started;
@@ -269,7 +280,18 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
         self.lift_all_caps().await;
         self.reconciler.handle_shutdown();
         self.drive().await;
-        Ok(self.restores.take().unwrap_or_default())
+        let summary = self.restores.take().unwrap_or_default();
+        match failed {
+            None => Ok(summary),
+            Some(e) => {
+                info!(
+                    restored = summary.restored,
+                    restore_failures = summary.restore_failures,
+                    "put back the weights before ending on the discovery error"
+                );
+                Err(e.into())
+            }
+        }
     }
 
     // ----- discovery -----

@@ -209,7 +209,7 @@ fn error(id: &ContainerId, fault: Fault, what: &'static str) -> BackendError {
 #[derive(Debug)]
 struct FakeDiscovery {
     initial: Vec<ContainerInfo>,
-    events: mpsc::UnboundedReceiver<DiscoveryEvent>,
+    events: mpsc::UnboundedReceiver<Result<DiscoveryEvent, DiscoveryError>>,
 }
 
 impl Discovery for FakeDiscovery {
@@ -219,7 +219,7 @@ impl Discovery for FakeDiscovery {
 
     async fn next_event(&mut self) -> Result<DiscoveryEvent, DiscoveryError> {
         match self.events.recv().await {
-            Some(ev) => Ok(ev),
+            Some(ev) => ev,
             None => std::future::pending().await,
         }
     }
@@ -408,7 +408,7 @@ fn cfg() -> AgentConfig {
 
 struct Harness {
     world: World,
-    events: mpsc::UnboundedSender<DiscoveryEvent>,
+    events: mpsc::UnboundedSender<Result<DiscoveryEvent, DiscoveryError>>,
     commands: mpsc::Sender<Command>,
     metrics: Arc<Metrics>,
     daemon: JoinHandle<Result<Summary, DaemonError>>,
@@ -455,7 +455,7 @@ impl Harness {
     }
 
     async fn send(&self, ev: DiscoveryEvent) {
-        self.events.send(ev).unwrap();
+        self.events.send(Ok(ev)).unwrap();
         self.settle().await;
     }
 
@@ -1246,6 +1246,25 @@ async fn shutdown_restores_originals_of_changed_containers_only() {
     assert_eq!(world.attempts("never"), attempts_never, "no restore of a weight the agent never changed");
     assert_eq!(world.weight("never"), 250);
     assert_eq!(world.attempts("excluded"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_discovery_that_fails_for_good_ends_the_daemon_with_every_weight_put_back_and_every_cap_lifted() {
+    let world = World::default();
+    world.add("big", 300);
+    world.add("quiet", 500);
+    let h = Harness::start(capped_cfg(), &world, vec![info("big", &[]), info("quiet", &[])]);
+    h.settle().await;
+    read_at_the_bottom(&h, &world, "big", 70 * MIB, 2).await;
+    assert_eq!(world.caps_of("big").len(), 1, "capped before the failure");
+    h.events
+        .send(Err(DiscoveryError::Runtime { what: "watch /x".into(), detail: "inotify watcher stopped".into() }))
+        .unwrap();
+    let err = h.daemon.await.unwrap().expect_err("a permanent discovery error ends the daemon with it");
+    assert!(err.to_string().contains("inotify watcher stopped"), "{err}");
+    assert_eq!(world.weight("big"), 300, "the original weight is put back before the daemon ends");
+    assert_eq!(world.weight("quiet"), 500);
+    assert_eq!(world.caps_of("big").last(), Some(&None), "the cap is lifted before the daemon ends");
 }
 
 #[tokio::test(start_paused = true)]
