@@ -104,6 +104,10 @@ pub struct Daemon<D, C, W> {
     engine: Engine,
     reconciler: Reconciler,
     tracked: HashMap<ContainerId, Tracked>,
+    /// Names of containers that stopped while their original's restore into the runtime's configuration is still
+    /// owed (they left `tracked` when they stopped), for that restore's log lines; dropped once the reconciler
+    /// forgot them. Originals on file of containers this agent never saw have no name here.
+    exited_names: HashMap<ContainerId, String>,
     originals: OriginalWeights,
     metrics: Arc<Metrics>,
     /// The sampling buffer, reused every round.
@@ -173,6 +177,7 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             devices: None,
             engine,
             tracked: HashMap::new(),
+            exited_names: HashMap::new(),
             originals,
             metrics,
             samples: Vec::new(),
@@ -502,7 +507,18 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     /// writer whose weights outlive the cgroup, each one the agent changed first gets its original back in its
     /// configuration (the reconciler's rules).
     async fn drop_exited(&mut self, ids: &[ContainerId]) {
+        for id in ids {
+            if let Some(t) = self.tracked.get(id) {
+                self.exited_names.insert(id.clone(), t.info.name.clone());
+            }
+        }
         self.drop_all(ids, Reconciler::handle_exited).await;
+    }
+
+    /// The container's name for a log line: a tracked container's, else that of one that stopped and whose
+    /// restore is owed; empty for one this agent never saw.
+    fn name_of(&self, id: &ContainerId) -> String {
+        self.tracked.get(id).map(|t| &t.info.name).or_else(|| self.exited_names.get(id)).cloned().unwrap_or_default()
     }
 
     /// Drops containers from everything but the reconciler, then tells it with `tell`.
@@ -849,6 +865,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 Output::Report(report) => self.report(report),
             }
         }
+        let reconciler = &self.reconciler;
+        self.exited_names.retain(|id, _| reconciler.is_tracked(id));
     }
 
     // ----- control -----

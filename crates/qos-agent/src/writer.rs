@@ -100,7 +100,11 @@ impl AgentWriter {
             }
             Way::DockerApi(api) => {
                 if !self.starting.contains(&info.id) {
-                    return api.write(info, weight, &mut self.files).await;
+                    return if restore {
+                        api.restore(info, weight, &mut self.files).await
+                    } else {
+                        api.write(info, weight, &mut self.files).await
+                    };
                 }
                 debug!(container = %info.id.short(), %weight,
                     "container still starting: writing its cgroup files directly (dockerd would answer \

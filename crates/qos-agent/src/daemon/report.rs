@@ -1,25 +1,19 @@
 //! The reconciler's reports as log lines and metrics: the only place the daemon's per-container log lines about
 //! weights are worded. Levels in log lines are shown with [`display_level`].
 
-use std::collections::HashMap;
-
-use qos_core::ContainerId;
 use tracing::{debug, error, info, warn};
 
-use super::{display_level, Daemon, Tracked};
+use super::{display_level, Daemon};
 use crate::backend::{CounterSource, Discovery, WeightWriter};
 use crate::daemon::reconcile::{FailedStep, Report};
 
 impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     /// Turns a reconciler report into log lines and metrics.
     pub(super) fn report(&mut self, report: Report) {
-        let name = |tracked: &HashMap<ContainerId, Tracked>, id: &ContainerId| {
-            tracked.get(id).map(|t| t.info.name.clone()).unwrap_or_default()
-        };
         match report {
             Report::Decision { change, old_weight, weight, effect } => info!(
                 container = %change.id.short(),
-                name = %name(&self.tracked, &change.id),
+                name = %self.name_of(&change.id),
                 reason = change.reason.as_str(),
                 old_level = change.old_level.map(display_level),
                 new_level = change.new_level.map(display_level),
@@ -38,14 +32,14 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
             Report::ApplyFailed { id, weight, step, first, error } => {
                 self.metrics.write_failures.inc();
                 if first {
-                    let name = name(&self.tracked, &id);
+                    let name = self.name_of(&id);
                     match step {
                         FailedStep::Write => error!(container = %id.short(), %name, weight = weight.get(),
                             error = %error, "cannot apply weight; will retry every round"),
                         FailedStep::ReadOriginal => error!(container = %id.short(), %name, weight = weight.get(),
                             error = %error, "cannot read the current weight, so it could not be restored: not \
                             changing it; will retry every round"),
-                        FailedStep::RestoreExited => error!(container = %id.short(), weight = weight.get(),
+                        FailedStep::RestoreExited => error!(container = %id.short(), %name, weight = weight.get(),
                             error = %error, "cannot put the original weight back into the configuration of a \
                             container that stopped (it would start again with the agent's weight): keeping the \
                             original on file; will retry every round"),
@@ -53,22 +47,22 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 }
             }
             Report::ChangedOutside { id, want, have } => warn!(container = %id.short(),
-                name = %name(&self.tracked, &id), want = want.get(), have = have.get(),
+                name = %self.name_of(&id), want = want.get(), have = have.get(),
                 "weight changed outside the agent; writing it again"),
             Report::PutBackWhileStarting { id, want, have } => debug!(container = %id.short(),
-                name = %name(&self.tracked, &id), want = want.get(), have = have.get(),
+                name = %self.name_of(&id), want = want.get(), have = have.get(),
                 "weight put back by the runtime while it set the container up; writing it again"),
             Report::ReverifyFailed { id, error } => {
                 debug!(container = %id.short(), error = %error, "cannot re-verify weight")
             }
             Report::OriginalRestored { id, weight } => info!(container = %id.short(),
-                name = %name(&self.tracked, &id), weight = weight.get(), "original weight restored"),
+                name = %self.name_of(&id), weight = weight.get(), "original weight restored"),
             Report::RestoreFailed { id, weight, error } => error!(container = %id.short(),
-                name = %name(&self.tracked, &id), weight = weight.get(), error = %error,
+                name = %self.name_of(&id), weight = weight.get(), error = %error,
                 "cannot restore original weight"),
             Report::RestoresFinished(summary) => self.restores = Some(summary),
             Report::SampleFailed { id, error } => warn!(container = %id.short(),
-                name = %name(&self.tracked, &id), error = %error,
+                name = %self.name_of(&id), error = %error,
                 "cannot read I/O counters; skipping this container until they read again"),
             Report::Gone { id } => self.drop_tracked(&id),
             Report::SaveFailed { error, first } => {

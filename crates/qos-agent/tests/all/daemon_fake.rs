@@ -973,6 +973,43 @@ async fn a_demoted_container_that_stops_gets_its_original_back_through_a_persist
     assert_eq!(h.shutdown().await, Summary::default(), "nothing left to restore at shutdown");
 }
 
+/// Review finding of 2026-11-29: the lines about restoring a stopped container's original into its configuration
+/// named only its id (the container had already left the daemon's table): the success line's `name` was empty and
+/// the failure line had none. Both name it now, the success also when it comes rounds after the stop.
+#[tokio::test(start_paused = true)]
+async fn the_restore_lines_of_a_stopped_container_name_it() {
+    let world = World::with_containers(&["a", "b"], KERNEL_DEFAULT);
+    world.with(|w| w.persists = true);
+    let logs = LogBuffer::default();
+    let _guard = logs.install();
+    let h = Harness::start(cfg(), &world, vec![info("a", &[]), info("b", &[])]);
+    h.settle().await;
+    world.set_read("a", 3 * MIB);
+    world.set_read("b", 3 * MIB);
+    h.rounds(1).await;
+    assert_eq!((world.config("a"), world.config("b")), (Some(200), Some(200)));
+
+    h.send(DiscoveryEvent::Stopped(ContainerId::new("a"))).await;
+    world.fail_writes("b", Some(Fault::Broken));
+    h.send(DiscoveryEvent::Stopped(ContainerId::new("b"))).await;
+    h.rounds(1).await;
+    world.fail_writes("b", None);
+    h.rounds(1).await;
+    assert_eq!((world.exit_restores_of("a"), world.exit_restores_of("b")), (vec![100], vec![100]));
+
+    let text = logs.text();
+    let lines = |needle: &str| text.lines().filter(|l| l.contains(needle)).map(str::to_owned).collect::<Vec<_>>();
+    let restored = lines("original weight restored");
+    assert_eq!(restored.len(), 2, "{text}");
+    for (line, c) in restored.iter().zip(["a", "b"]) {
+        assert!(line.contains(&format!("container={c} name={c}-name ")), "{line}");
+    }
+    let failed = lines("cannot put the original weight back");
+    assert_eq!(failed.len(), 1, "{text}");
+    assert!(failed[0].contains("container=b name=b-name "), "{}", failed[0]);
+    h.shutdown().await;
+}
+
 /// An agent that starts with originals on file of containers that are not running (stopped while no agent ran,
 /// their configuration holding the last agent's weight) puts them back there with a persisting writer; one the
 /// runtime no longer knows is only forgotten.

@@ -16,7 +16,21 @@
 //! keeps the original on file and is tried again every round (the reconciler's rules,
 //! [`crate::daemon::reconcile`]), and an agent that starts puts back the originals on file of containers not
 //! running. A stopped container's cgroup files are gone, so that restore is verified in what Docker keeps and
-//! applies at the next start, `HostConfig.BlkioWeight` of `docker inspect`. On cgroup v2 Docker 20.10 writes `io.bfq.weight`
+//! applies at the next start, `HostConfig.BlkioWeight` of `docker inspect`.
+//!
+//! Docker cannot unset a weight: `BlkioWeight` 0 in `docker update` means "leave it as it is" (moby's
+//! `Container.UpdateContainer`, `daemon/container/container_unix.go`, copies the weight only `if
+//! resources.BlkioWeight != 0`, and `toContainerdResources`, `daemon/update_linux.go`, sends a running container
+//! none either). A container created without `--blkio-weight` (`BlkioWeight` 0: the kernel's default applies) that
+//! the agent changed through Docker therefore gets its original back as an explicit weight, the number the agent
+//! read from its files, i.e. the kernel's default (100 under BFQ, `blkio.weight`'s own on v1): the weight in force is
+//! the one it had, but `docker inspect` shows it set, runc writes it at every start, and
+//! [`super::cgroup_watch`] takes it for the container's own (so its next start is announced at Docker's `start`
+//! event, not at its cgroup's creation). Only a configuration still without a weight, the agent's weights never
+//! having gone through Docker (all written while the container was starting, see below), is left so: its restore
+//! puts the files back as first read ([`DockerApiWriter::restore`], [`DockerApiWriter::restore_exited`]).
+//!
+//! On cgroup v2 Docker 20.10 writes `io.bfq.weight`
 //! (`default N`) and never `io.weight`, so its weight reaches BFQ devices only; the check after `docker update` is
 //! the file writer's per-device one, and a weight not in force is an error. A container seen at its cgroup's
 //! creation is still starting, and dockerd answers a `docker update` for it only once the start completed (it holds
@@ -96,20 +110,51 @@ impl DockerApiWriter {
         Ok(AppliedVia::DockerApi)
     }
 
+    /// Puts the original weight of a running container back. A configuration still without a weight (`BlkioWeight`
+    /// 0: the agent's weights were all written into the files while the container started) is left without one,
+    /// and the files are put back as first read ([`FileWriter::restore_weight`]): `docker update --blkio-weight
+    /// 100` would make the kernel's default an explicit setting Docker can never unset (see the module doc).
+    /// Otherwise `original` goes through Docker, like any weight ([`Self::write`]).
+    pub async fn restore(
+        &mut self,
+        info: &ContainerInfo,
+        original: Weight,
+        files: &mut FileWriter,
+    ) -> Result<AppliedVia, BackendError> {
+        let found = self.inspect(&info.id, "docker inspect (HostConfig.BlkioWeight)").await?;
+        if configured_weight(&found).is_none() {
+            tracing::debug!(container = %info.id.short(), name = %info.name, original = original.get(),
+                "the container's configuration holds no weight: restoring its files only, leaving it unset");
+            return files.restore_weight(info, original);
+        }
+        self.write(info, original, files).await
+    }
+
     /// Puts `original` back into the configuration of container `id`, which stopped, and verifies it there: its
     /// cgroup files are gone, so what is read back is `HostConfig.BlkioWeight` of `docker inspect`, the weight
     /// dockerd gives the container when it starts again. A container Docker no longer knows, or is removing (`--rm`,
     /// `docker rm -f`: its configuration goes with it, and dockerd refuses to update it with an error that is no
     /// 404), is [`BackendError::NoContainer`]. Docker holds weights 10..=1000: an original below 10 (BFQ's 1..=9,
-    /// written into the files by someone else) goes back as 10, the nearest it holds, and is said so.
+    /// written into the files by someone else) goes back as 10, the nearest it holds, and is said so. A
+    /// configuration without a weight (`BlkioWeight` 0) holds nothing of the agent's: nothing is written (0 is
+    /// Docker's "unchanged", and any other value would set a weight the container never had), and the container
+    /// starts again at the kernel's default, where the original was read. (Where dockerd discards weights, a
+    /// kernel without `blkio.weight`, every configuration stays without one, and the update's check failed every
+    /// round.)
     pub async fn restore_exited(&mut self, id: &ContainerId, original: Weight) -> Result<AppliedVia, BackendError> {
         let found = self.inspect(id, "docker inspect").await?;
         if let Some(why) = removing(&found) {
             return Err(BackendError::NoContainer { id: id.clone(), detail: why });
         }
+        let name = found.name.as_deref().unwrap_or_default().trim_start_matches('/');
+        if configured_weight(&found).is_none() {
+            tracing::debug!(container = %id.short(), name, original = original.get(),
+                "the stopped container's configuration holds no weight: nothing of the agent's to put back");
+            return Ok(AppliedVia::DockerApi);
+        }
         let kept = original.to_docker();
         if u32::from(kept) != original.get() {
-            tracing::warn!(container = %id.short(), original = original.get(), kept,
+            tracing::warn!(container = %id.short(), name, original = original.get(), kept,
                            "original below Docker's least weight; the container's configuration gets the least");
         }
         self.update(id, kept).await?;
@@ -143,6 +188,12 @@ impl DockerApiWriter {
     ) -> Result<bollard::models::ContainerInspectResponse, BackendError> {
         self.docker.inspect_container(id.as_str(), None).await.map_err(|e| api_error(id, what, e))
     }
+}
+
+/// The block-I/O weight the container's configuration sets (`HostConfig.BlkioWeight`), `None` when it sets none
+/// (0 or absent: the kernel's default applies).
+fn configured_weight(found: &bollard::models::ContainerInspectResponse) -> Option<u16> {
+    found.host_config.as_ref().and_then(|h| h.blkio_weight).filter(|&w| w != 0)
 }
 
 /// Why a container's configuration is going away with it (`docker inspect` of a stopped container), if it is.
@@ -227,6 +278,111 @@ mod tests {
         });
         let docker = Docker::connect_with_unix(sock.to_str().unwrap(), 2, bollard::API_DEFAULT_VERSION).unwrap();
         (docker, move || asked.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// A dockerd that knows every container it is asked about, with `HostConfig.BlkioWeight` starting at
+    /// `blkio_weight` (0: unset) and set by `docker update`, as moby does (0 leaves it unchanged); and the weights
+    /// it was sent by `docker update`.
+    fn answering_dockerd(dir: &std::path::Path, blkio_weight: u16) -> (Docker, impl Fn() -> Vec<u64>) {
+        use std::io::{BufRead, BufReader, Read, Write};
+        use std::sync::{Arc, Mutex};
+        let sock = dir.join("answering-dockerd.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let updates = Arc::new(Mutex::new(Vec::new()));
+        let sent = updates.clone();
+        let configured = Arc::new(Mutex::new(u64::from(blkio_weight)));
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let (updates, configured) = (updates.clone(), configured.clone());
+                std::thread::spawn(move || {
+                    let mut conn = BufReader::new(conn.unwrap());
+                    loop {
+                        let mut request = String::new();
+                        let mut length = 0;
+                        loop {
+                            let mut line = String::new();
+                            if conn.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                                length = v.trim().parse().unwrap();
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                            request.push_str(&line);
+                        }
+                        let mut body = vec![0; length];
+                        conn.read_exact(&mut body).unwrap();
+                        let answer = if request.starts_with("POST") && request.contains("/update") {
+                            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                            let weight = body["BlkioWeight"].as_u64().unwrap_or(0);
+                            updates.lock().unwrap().push(weight);
+                            if weight != 0 {
+                                *configured.lock().unwrap() = weight;
+                            }
+                            serde_json::json!({"Warnings": []})
+                        } else {
+                            serde_json::json!({
+                                "Name": "/old-name",
+                                "State": {"Status": "running"},
+                                "HostConfig": {"AutoRemove": false, "BlkioWeight": *configured.lock().unwrap()}
+                            })
+                        };
+                        let answer = answer.to_string();
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                            answer.len()
+                        );
+                        let out = conn.get_mut();
+                        if out.write_all(head.as_bytes()).and_then(|()| out.write_all(answer.as_bytes())).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let docker = Docker::connect_with_unix(sock.to_str().unwrap(), 5, bollard::API_DEFAULT_VERSION).unwrap();
+        (docker, move || sent.lock().unwrap().clone())
+    }
+
+    /// Review finding of 2026-11-29: a container created without `--blkio-weight` (its configuration holds 0: the
+    /// kernel's default applies) was restored with `docker update --blkio-weight 100`, a weight Docker can never
+    /// unset. One whose configuration the agent never wrote (all its writes went into the files while it started)
+    /// keeps it unset: its files are put back, running or not; one the agent wrote through Docker gets the original
+    /// (Docker's 0 would leave the agent's weight there).
+    #[tokio::test]
+    async fn an_unset_configuration_is_restored_through_the_files_and_stays_unset() {
+        let (tmp, info, file) = fixture();
+        let (docker, updates) = answering_dockerd(tmp.path(), 0);
+        let starting = Starting::default();
+        starting.insert(&ContainerId::new("old"));
+        let mut writer = agent_writer(&docker, ActuatorMode::Docker, &starting);
+        assert_eq!(writer.read(&info("old")).await.unwrap(), w(100));
+        assert_eq!(writer.write(&info("old"), w(1000)).await.unwrap(), AppliedVia::CgroupFile);
+        starting.remove(&ContainerId::new("old"));
+
+        assert_eq!(writer.restore(&info("old"), w(100)).await.unwrap(), AppliedVia::CgroupFile);
+        assert_eq!(file("old"), "100\n", "the files as first read");
+        assert_eq!(writer.restore_exited(&ContainerId::new("old"), w(100)).await.unwrap(), AppliedVia::DockerApi);
+        assert_eq!(updates(), Vec::<u64>::new(), "an unset weight was made explicit in the configuration");
+    }
+
+    /// The other side: a configuration that holds a weight (the agent's, after `docker update`) gets the original,
+    /// stopped or running.
+    #[tokio::test]
+    async fn a_configuration_holding_a_weight_gets_the_original_through_docker() {
+        let (tmp, info, file) = fixture();
+        let (docker, updates) = answering_dockerd(tmp.path(), 10);
+        let mut writer = agent_writer(&docker, ActuatorMode::Docker, &Starting::default());
+        assert_eq!(writer.restore_exited(&ContainerId::new("old"), w(100)).await.unwrap(), AppliedVia::DockerApi);
+        assert_eq!(updates(), vec![100]);
+        // Running: Docker is asked, and the files are checked (the fake dockerd writes none, as Docker 20.10 on a
+        // BFQ-only v1 kernel).
+        std::fs::write(tmp.path().join("old").join("blkio.bfq.weight"), "10\n").unwrap();
+        let err = writer.restore(&info("old"), w(100)).await.unwrap_err().to_string();
+        assert!(err.contains("not in force"), "{err}");
+        assert_eq!((updates(), file("old")), (vec![100, 100], "10\n".to_string()));
     }
 
     fn fixture() -> (tempfile::TempDir, impl Fn(&str) -> ContainerInfo, impl Fn(&str) -> String) {
