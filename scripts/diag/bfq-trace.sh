@@ -15,13 +15,17 @@ T=/sys/kernel/tracing
 mountpoint -q $T || mount -t tracefs nodev $T
 [ -e /sys/block/$dev/trace/enable ] || { echo "no block trace for $dev" >&2; exit 1; }
 old_size=$(cat $T/buffer_size_kb | tr -dc 0-9)
-restore() {
+# On any exit (the command's end, a signal): stop tracing, keep what was traced, put the tracer back.
+finish() {
     echo 0 > $T/tracing_on
+    cat $T/trace > "$out"
+    echo "$(wc -l < "$out") lines in $out" >&2
     echo 0 > /sys/block/$dev/trace/enable
     echo nop > $T/current_tracer
     echo "$old_size" > $T/buffer_size_kb
 }
-trap restore EXIT
+trap finish EXIT
+trap 'exit 130' INT TERM
 echo 0 > $T/tracing_on
 echo 150000 > $T/buffer_size_kb
 echo blk > $T/current_tracer
@@ -29,6 +33,3 @@ echo > $T/trace
 echo 1 > /sys/block/$dev/trace/enable
 echo 1 > $T/tracing_on
 "$@" || echo "command exited with $?" >&2
-echo 0 > $T/tracing_on
-cat $T/trace > "$out"
-echo "$(wc -l < "$out") lines in $out" >&2
