@@ -281,6 +281,11 @@ pub struct Common {
     /// Pause after each foreground read.
     #[arg(long, value_parser = duration, default_value = "100ms")]
     pub gap: Duration,
+    /// Pause after entering each block (Alone, Original, dDiskQoS: the background frozen or thawed, the agent in or
+    /// out of dry run) before its first read. A longer one lets what the block set take hold first (the bottom's
+    /// cap, lifted in the dry-run blocks, refills a throttled device's bucket only at its headroom).
+    #[arg(long, value_parser = duration, default_value = "50ms")]
+    pub settle: Duration,
     /// Seed of the file contents.
     #[arg(long, default_value_t = 2026)]
     pub seed: u64,

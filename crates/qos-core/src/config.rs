@@ -96,9 +96,9 @@ pub struct Config {
     /// change): a big reader that keeps a device saturated leaves it a little idle time, and small reads that arrive
     /// are served at once instead of behind its queue. Each stay at the bottom measures the rate afresh. `"off"`
     /// (default) disables it: opt-in, because on the bench's disk it made 100 MiB reads and readers that start
-    /// together slower than without it (`crates/bench/results/2026-11-29/bottom-cap-ab-ce4e266/`), and its gain on
-    /// small reads came from a background that had just restarted: beside one capped for seconds a 1 MiB read took
-    /// as long as uncapped (`crates/bench/results/2026-11-29/bottom-cap-steady-state-50650cb/`).
+    /// together slower than without it (`crates/bench/results/2026-11-29/bottom-cap-ab-ce4e266/`). A container that
+    /// uses up its top allotment lifts every cap and starts the windows afresh: it is a reader the weights serve, and
+    /// a cap beside it took its share (`crates/bench/results/2026-11-29/bottom-cap-steady-state-50650cb/`).
     #[serde(with = "crate::units::opt_duration")]
     pub bottom_cap_window: Option<Duration>,
     /// See `bottom_cap_window`: 50..=99.

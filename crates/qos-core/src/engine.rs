@@ -372,6 +372,20 @@ impl Engine {
             let (deadline, new_level) = (deadline_of(&self.config, c), c.level);
             self.lower_deadline(deadline);
             self.push_level_change(id, old_level, new_level, Reason::Demoted, used);
+            if old_level == 0 {
+                self.lift_other_caps(id);
+            }
+        }
+    }
+
+    /// `leaver` used up its top allotment: no small read that the headroom at the bottom serves at once, but a
+    /// reader the weights must serve. Every other cap is lifted and measured afresh (a window from now): a capped
+    /// container kept up to 1.7x the service the weights gave it uncapped beside such a reader (blk-throttle's held
+    /// bios come back through its worker), and the reader lost what the cap gave the small reads
+    /// (`crates/bench/results/2026-11-29/bottom-cap-steady-state-50650cb/`).
+    fn lift_other_caps(&mut self, leaver: &ContainerId) {
+        for (id, c) in self.containers.iter_mut().filter(|(id, _)| *id != leaver) {
+            c.lift_cap(id, &mut self.caps);
         }
     }
 

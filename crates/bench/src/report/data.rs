@@ -62,6 +62,9 @@ pub struct Meta {
     pub quick: bool,
     /// Pause between foreground reads, ms.
     pub gap_ms: f64,
+    /// Pause after entering each block before its first read, ms (`--settle`; 50 before it was recorded).
+    #[serde(default = "default_settle_ms")]
+    pub settle_ms: f64,
     /// Seed of the file contents.
     pub seed: u64,
     /// Free-form remarks (e.g. what was scaled).
@@ -309,6 +312,11 @@ impl CaseReport {
     pub fn variant(&self, v: Variant) -> Option<&VariantCase> {
         self.variants.iter().find(|c| c.variant == v)
     }
+}
+
+/// What `--settle` was before the report recorded it.
+fn default_settle_ms() -> f64 {
+    50.0
 }
 
 #[cfg(test)]

@@ -239,10 +239,11 @@ fn a_reader_measured_beside_a_new_one_at_the_top_is_capped_from_the_whole_load_n
     let (mut bg, now) = at_bottom(&mut e, "bg", t);
     e.handle_started(&id("fg"), now);
     drain(&mut e);
-    // For a second the new container (sampled first in each round, as a daemon's rounds go) reads 1.1 MiB a round
-    // (it goes down to the third level) and the bottom reader 3.
+    // For 1.2 s the new container (sampled first in each round, as a daemon's rounds go) reads 1.1 MiB a round
+    // (it goes down to the third level) and the bottom reader 3. It leaves the top in the second round, which
+    // starts the bottom reader's window afresh: capped at the twelfth.
     let (mut fg, mut now2) = (0, now);
-    for _ in 0..10 {
+    for _ in 0..12 {
         now2 += ms(100);
         bg += mib(3);
         fg += mib(1) + mib(10) / 100;
@@ -257,6 +258,31 @@ fn a_reader_measured_beside_a_new_one_at_the_top_is_capped_from_the_whole_load_n
 }
 
 #[test]
+fn a_container_that_leaves_the_top_lifts_every_other_cap_and_starts_their_windows_afresh() {
+    let t = t0();
+    let mut e = Engine::new(capped(), t).unwrap();
+    let (bg, now) = at_bottom(&mut e, "bg", t);
+    let (bg, now) = read_steadily(&mut e, "bg", bg, now, 10, 14);
+    assert_eq!(caps(&mut e).len(), 1, "capped after a second at the bottom");
+    // A small read (under the top's 2 MiB) leaves the cap alone.
+    e.handle_started(&id("small"), now);
+    e.handle_sample(&id("small"), read(mib(1)), now + ms(50));
+    drain(&mut e);
+    assert_eq!(caps(&mut e), vec![]);
+    // A reader that uses up its top allotment lifts it at once.
+    e.handle_started(&id("big"), now + ms(60));
+    e.handle_sample(&id("big"), read(mib(3)), now + ms(80));
+    drain(&mut e);
+    assert_eq!(caps(&mut e), vec![CapChange { id: id("bg"), cap: None }]);
+    assert_eq!(e.container(&id("bg"), now + ms(80)).unwrap().cap, None);
+    // Measured afresh from its next sample: a whole window later it is capped again, not before.
+    let (bg, now) = read_steadily(&mut e, "bg", bg, now, 10, 14);
+    assert_eq!(caps(&mut e), vec![], "capped again before a whole window");
+    read_steadily(&mut e, "bg", bg, now, 1, 14);
+    assert_eq!(caps(&mut e).len(), 1);
+}
+
+#[test]
 fn two_readers_at_the_bottom_are_each_capped_under_the_whole_load() {
     // Not by their shares of it: a reader that shared the bottom with a passing big read for its window would be
     // held at its share for the rest of its stay.
@@ -264,11 +290,12 @@ fn two_readers_at_the_bottom_are_each_capped_under_the_whole_load() {
     let mut e = Engine::new(capped(), t).unwrap();
     e.handle_started(&id("a"), t);
     e.handle_started(&id("b"), t);
-    // 50 MiB each in the first round: both at the bottom, their windows starting in the same round.
+    // 50 MiB each in the first round: both at the bottom. b, sampled after a, leaves the top after a's window
+    // began, which starts a's afresh at its next sample: b's window begins in round 0, a's in round 1.
     let (mut a, mut b, mut now) = (mib(50), mib(50), t + ms(100));
     e.handle_sample(&id("a"), read(a), now);
     e.handle_sample(&id("b"), read(b), now);
-    for _ in 0..10 {
+    for _ in 0..11 {
         now += ms(100);
         a += mib(10);
         b += mib(4);
@@ -277,11 +304,10 @@ fn two_readers_at_the_bottom_are_each_capped_under_the_whole_load() {
     }
     let got = caps(&mut e);
     let cap_of = |name: &str| got.iter().find(|c| c.id == id(name)).and_then(|c| c.cap).and_then(|c| c.read_bps);
-    // Each one's window holds ten rounds of the other's bytes, shifted by the order of the samples in a round: b,
-    // sampled after a, sees a's rounds 1-10 (100 MiB) beside its own 40: 140 MiB/s; a sees b's rounds 0-9, its
-    // entry's 50 MiB among them (86 MiB) beside its own 100.
+    // Each one's window holds ten rounds of the other's bytes beside its own: b's (rounds 1-10) a's 100 MiB and its
+    // own 40; a's (rounds 2-11) b's rounds 1-10, 40 MiB, and its own 100. Both 140 MiB/s.
     assert_close(cap_of("b"), mib(140) * 95 / 100);
-    assert_close(cap_of("a"), mib(186) * 95 / 100);
+    assert_close(cap_of("a"), mib(140) * 95 / 100);
 }
 
 #[test]
