@@ -14,15 +14,17 @@ dev=$1 out=$2; shift 3
 T=/sys/kernel/tracing
 mountpoint -q $T || mount -t tracefs nodev $T
 [ -e /sys/block/$dev/trace/enable ] || { echo "no block trace for $dev" >&2; exit 1; }
-old_size=$(cat $T/buffer_size_kb | tr -dc 0-9)
+# "1408", "7 (expanded: 1408)" on a tracer never used since boot, or "X" when the CPUs' sizes differ (then left).
+old_size=$(awk '{print $1}' $T/buffer_size_kb)
 # On any exit (the command's end, a signal): stop tracing, keep what was traced, put the tracer back.
 finish() {
+    set +e
     echo 0 > $T/tracing_on
     cat $T/trace > "$out"
     echo "$(wc -l < "$out") lines in $out" >&2
     echo 0 > /sys/block/$dev/trace/enable
     echo nop > $T/current_tracer
-    echo "$old_size" > $T/buffer_size_kb
+    [ "$old_size" = X ] || echo "$old_size" > $T/buffer_size_kb
 }
 trap finish EXIT
 trap 'exit 130' INT TERM

@@ -155,6 +155,8 @@ impl AgentBuilder {
                     }
                 })?;
                 info!(parent = %self.cfg.cgroup.parent, dry_run = self.cfg.dry_run, "managing child cgroups");
+                let mut backends = backends;
+                restore_leftover_caps(&mut backends.writer, &self.cfg, &self.root);
                 self.finish(backends, originals, tuned, None)
             }
             RuntimeKind::Cri => {
@@ -177,7 +179,8 @@ impl AgentBuilder {
     pub fn assemble_on_files<D: Discovery + 'static>(mut self, discovery: D) -> Result<Agent, AssembleError> {
         let originals = self.take_originals()?;
         let tuned = self.devices_at_start(protect::managed(&self.cfg.devices, std::iter::empty()))?;
-        let backends = crate::files::backends_on_files(discovery, &self.cfg, &self.root, &self.metrics);
+        let mut backends = crate::files::backends_on_files(discovery, &self.cfg, &self.root, &self.metrics);
+        restore_leftover_caps(&mut backends.writer, &self.cfg, &self.root);
         self.finish(backends, originals, tuned, None)
     }
 
@@ -448,9 +451,9 @@ pub fn with_writer<D, C>(
         Some(api) => Way::DockerApi(api),
         None => Way::Files,
     };
-    let RuntimeBackends { discovery, counters, writer, devices, starting } = backends;
-    let mut writer = AgentWriter::new(writer, way).with_starting(starting.clone());
+    let RuntimeBackends { discovery, counters, mut writer, devices, starting } = backends;
     restore_leftover_caps(&mut writer, cfg, root);
+    let writer = AgentWriter::new(writer, way).with_starting(starting.clone());
     Ok(RuntimeBackends { discovery, counters, writer, devices, starting })
 }
 
@@ -462,8 +465,12 @@ pub fn with_writer<D, C>(
 /// steering (an operator expects a dry-run agent never to leave a container throttled by the agent). A dry-run
 /// agent keeps no state file, so it does so only while it holds the state file's lock for a moment (another agent
 /// holding it is alive, and the caps recorded are its own), and once: what fails stays recorded for the next
-/// agent that is not in dry run.
-fn restore_leftover_caps(writer: &mut AgentWriter, cfg: &AgentConfig, root: &CgroupRoot) {
+/// agent that is not in dry run. (An agent that starts in that moment finds the lock held, naming the dry run's
+/// pid, and fails to start: a systemd unit's restart takes it up again.)
+///
+/// Every way of assembling calls it on the files' writer before anything else writes: Docker's and the CRI's
+/// (in [`with_writer`]), the cgroup-dir runtime's and an embedder's ([`AgentBuilder::assemble_on_files`]).
+fn restore_leftover_caps(writer: &mut FileWriter, cfg: &AgentConfig, root: &CgroupRoot) {
     let done = if cfg.dry_run {
         let path = crate::files::restore_records::records_path(&cfg.state_file, "caps");
         if !path.exists() {

@@ -536,7 +536,8 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
     /// Drops a container from the engine, the counters, the metrics and the table (not from the reconciler).
     fn drop_tracked(&mut self, id: &ContainerId) {
         self.engine.handle_removed(id, now());
-        // Its cgroup is gone, and the throttle limits with it.
+        // Its cgroup is gone, and the throttle limits with it; a cgroup a cap was written to that outlived it is the
+        // writer's to put back (`forget`).
         self.caps.remove(id);
         self.counters.detach(id);
         self.writer.forget(id);

@@ -75,12 +75,6 @@ impl AgentWriter {
         self.files.restore_leftover_caps(root)
     }
 
-    /// Puts back once the caps a dead agent left recorded in `path`, whatever the way (see
-    /// [`FileWriter::restore_leftover_caps_in`]): for an agent in dry run, which keeps no records of its own.
-    pub fn restore_leftover_caps_in(&mut self, path: std::path::PathBuf, root: &CgroupRoot) -> Vec<LeftoverCap> {
-        self.files.restore_leftover_caps_in(path, root)
-    }
-
     /// A write (`restore`: of the original) the chosen way, else into the files.
     async fn apply(&mut self, info: &ContainerInfo, weight: Weight, restore: bool) -> Result<AppliedVia, BackendError> {
         match &mut self.way {

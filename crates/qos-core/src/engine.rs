@@ -184,8 +184,8 @@ impl Container {
         }
     }
 
-    /// Stops measuring its rate and lifts its cap, if it has one (queued in `caps`): it left the bottom level or
-    /// the rules changed.
+    /// Stops measuring its rate and lifts its cap, if it has one (queued in `caps`): it left the bottom level, the
+    /// rules changed, or another managed container used up its top allotment ([`Engine::lift_other_caps`]).
     fn lift_cap(&mut self, id: &ContainerId, caps: &mut VecDeque<CapChange>) {
         self.cap_from = None;
         if self.cap.take().is_some() {
@@ -727,12 +727,12 @@ pub const MIN_CAP_BPS: u64 = 1 << 20;
 /// saw a background capped at 18 MB/s, an eighth of the device, that way). A direction that did under
 /// [`MIN_CAP_BPS`] is not capped (and neither direction did: measured afresh). A counter that went down (a cgroup
 /// made again), a sample that counted nothing or one that came more than three quarters of the window after the previous
-/// one (a pause its driver did not pass on) starts the measurement again. Never with a single level (no rule would lift
-/// the cap).
+/// one (a pause its driver did not pass on) starts the measurement again, and so does another managed container
+/// leaving the top level ([`Engine::lift_other_caps`]). Never with a single level (no rule would lift the cap).
 ///
 /// The engine knows no devices: the load is every container's bytes on whatever device. On a host whose containers
 /// use several disks it overstates each disk's load, and a cap then holds less (never more than percent of the
-/// container's own rate).
+/// container's own rate); and a reader leaving the top on any disk lifts every cap on every disk.
 ///
 /// Two big readers at the bottom are each capped under the whole load, so together they may still fill the
 /// device: sharing one headroom by what each did then held a reader that shared the bottom with a passing big

@@ -357,19 +357,19 @@ pub fn target_checks(run: &RunReport, mode: &ModeReport) -> Vec<Check> {
 fn starved_check(mode: &ModeReport) -> Check {
     let rows = || mode.exp1.iter().chain(&mode.exp2);
     let reads: usize = rows().filter_map(|r| r.variant(Variant::DDiskQos)).map(|c| c.samples.len()).sum();
-    let starved: Vec<String> = rows()
-        .flat_map(|r| {
-            r.starved().into_iter().map(move |s| format!("{} round {}: {}", r.label, s.round, fmt_ms(s.read_ms)))
-        })
-        .collect();
+    // Each read of `variant` over its case's line, as "case round N: time".
+    let over = |variant: Variant| -> Vec<String> {
+        rows()
+            .flat_map(|r| {
+                r.over_starved_line(variant)
+                    .into_iter()
+                    .map(move |s| format!("{} round {}: {}", r.label, s.round, fmt_ms(s.read_ms)))
+            })
+            .collect()
+    };
+    let starved = over(Variant::DDiskQos);
     // The control: Alone's reads over the same lines (no background, no agent); it fails nothing.
-    let alone: Vec<String> = rows()
-        .flat_map(|r| {
-            r.over_starved_line(Variant::Alone)
-                .into_iter()
-                .map(move |s| format!("{} round {}: {}", r.label, s.round, fmt_ms(s.read_ms)))
-        })
-        .collect();
+    let alone = over(Variant::Alone);
     let control = match alone.len() {
         0 => String::new(),
         n => format!("; Alone's reads over the same lines, no background, no agent: {n} ({})", alone.join(", ")),

@@ -703,6 +703,26 @@ fn a_lift_acts_on_the_cgroup_the_cap_was_written_to() {
     assert_eq!(fs::read_to_string(&new_read).unwrap(), "");
 }
 
+/// A container the daemon forgets while the cgroup its cap was written to still exists (it moved to another one
+/// while capped, or lingers): the writer puts that cap back at its next retry; nothing else would lift it.
+#[test]
+fn a_cap_on_a_cgroup_that_outlived_its_forgotten_container_is_put_back() {
+    let state = tempfile::tempdir().unwrap();
+    let records = records_path(&state.path().join("state.json"), "caps");
+    let (read, write) = ("7:3 1000\n", "");
+    let mut f = v1_cap_fixture(read, write, Some(&records));
+    let v1 = f.tmp.path().join("blkio");
+    let root = CgroupRoot::from_dir(CgroupVersion::V1, &v1).unwrap().with_fs(Arc::new(FixtureKernel));
+    assert!(f.writer.restore_leftover_caps(&root).is_empty(), "nothing left at start");
+    f.writer.write_cap(&f.info, cap(Some(MIB), Some(MIB))).unwrap();
+    WeightWriter::forget(&mut f.writer, &f.info.id);
+    assert_eq!(f.throttle(), ("7:3 1000\n".into(), "7:3 1048576\n".into()), "forgetting writes nothing");
+    let done = f.writer.retry_leftover_caps();
+    assert!(matches!(done.as_slice(), [LeftoverCap::Restored { .. }]), "{done:?}");
+    assert_eq!(f.throttle(), (read.into(), write.into()));
+    assert!(f.writer.retry_leftover_caps().is_empty(), "put back once");
+}
+
 /// A leftover cap whose start-up restore fails (here EIO on the throttle files) is tried again
 /// ([`FileWriter::retry_leftover_caps`], which the daemon calls every round): once the files take the write, the
 /// limits from before the dead agent's cap are back and the record is gone.
@@ -741,6 +761,42 @@ fn a_leftover_cap_that_could_not_be_put_back_at_start_is_tried_again() {
     assert_eq!(f.throttle(), (read.into(), write.into()));
     assert!(!records.exists(), "the record is gone");
     assert!(f.writer.retry_leftover_caps().is_empty(), "nothing left to try");
+}
+
+/// A discovery that finds nothing and waits forever: an embedder's, for assembling an agent on the files.
+struct NoContainers;
+
+impl qos_agent::backend::Discovery for NoContainers {
+    async fn start(&mut self) -> Result<Vec<ContainerInfo>, qos_agent::backend::DiscoveryError> {
+        Ok(Vec::new())
+    }
+    async fn next_event(&mut self) -> Result<qos_agent::backend::DiscoveryEvent, qos_agent::backend::DiscoveryError> {
+        std::future::pending().await
+    }
+}
+
+/// The cgroup-dir runtime and an embedder assemble on the files' writer without `with_writer`: the caps a killed
+/// agent left are put back there too (they were not: only Docker's and the CRI's assembly did it).
+#[test]
+fn an_agent_assembled_on_the_files_puts_back_the_caps_a_killed_agent_left() {
+    let state = tempfile::tempdir().unwrap();
+    let state_file = state.path().join("state.json");
+    let records = records_path(&state_file, "caps");
+    let (read, write) = ("7:3 1000\n", "");
+    let mut f = v1_cap_fixture(read, write, Some(&records));
+    let v1 = f.tmp.path().join("blkio");
+    let root = Arc::new(CgroupRoot::from_dir(CgroupVersion::V1, &v1).unwrap().with_fs(Arc::new(FixtureKernel)));
+    // The killed agent's cap, recorded beside its state file.
+    f.writer.write_cap(&f.info, cap(Some(MIB), Some(MIB))).unwrap();
+    f.writer = FileWriter::default();
+    assert_eq!(f.throttle(), ("7:3 1000\n".into(), "7:3 1048576\n".into()));
+    let cfg = AgentConfig { state_file, actuator: ActuatorMode::Files, ..Default::default() };
+    let _agent = qos_agent::agent::AgentBuilder::new(cfg, root)
+        .write_devices(false)
+        .assemble_on_files(NoContainers)
+        .expect("assembled");
+    assert_eq!(f.throttle(), (read.into(), write.into()), "the killed agent's cap stayed");
+    assert!(!records.exists(), "the record is gone");
 }
 
 /// An agent started in dry run after one that was SIGKILLed with a cap in force puts that cap back (the dead

@@ -404,6 +404,13 @@ impl Run {
             self.check_starvation_bound();
         }
         self.check_caps(now, &config);
+        // A container that used up its top allotment leaves no other cap in force (`lift_other_caps`).
+        let left_top = changes.iter().find(|c| c.reason == Reason::Demoted && c.old_level == Some(0));
+        if let Some(leaver) = left_top {
+            for view in self.engine.containers(now).filter(|v| v.id != leaver.id) {
+                assert_eq!(view.cap, None, "a cap left in force as {} left the top: {view:?}", leaver.id);
+            }
+        }
         if let Some(model) = self.model.as_mut() {
             let expected = model.drain();
             assert_eq!(changes, expected, "changes differ from the model's at {:?}", now - self.start);

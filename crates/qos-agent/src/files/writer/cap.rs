@@ -308,8 +308,17 @@ impl FileWriter {
 
     /// Drops the cap snapshot of a container whose cgroup is gone (the cap went with it).
     pub(super) fn forget_cap(&mut self, id: &ContainerId) {
-        if self.caps.get(id).is_some_and(|s| !s.dir.is_dir()) {
-            self.caps.remove(id);
+        match self.caps.get(id) {
+            Some(s) if !s.dir.is_dir() => {
+                self.caps.remove(id);
+            }
+            // The cgroup the cap was written to outlived the container (it had moved to another one while capped,
+            // or lingers): nothing would lift it, so it is put back like a previous agent's leftover, every round
+            // until it is ([`Self::retry_leftover_caps`]).
+            Some(_) if self.leftover_root.is_some() => {
+                self.leftovers.insert(id.clone());
+            }
+            _ => {}
         }
     }
 

@@ -27,8 +27,10 @@
 //! the one it had, but `docker inspect` shows it set, runc writes it at every start, and
 //! [`super::cgroup_watch`] takes it for the container's own (so its next start is announced at Docker's `start`
 //! event, not at its cgroup's creation). Only a configuration still without a weight, the agent's weights never
-//! having gone through Docker (all written while the container was starting, see below), is left so: its restore
-//! puts the files back as first read ([`DockerApiWriter::restore`], [`DockerApiWriter::restore_exited`]).
+//! having gone through Docker (all written while the container was starting, see below), is left so: a running
+//! container's restore puts the files back as first read ([`DockerApiWriter::restore`]); a stopped one's writes
+//! nothing, its files gone with its cgroup and its configuration holding nothing of the agent's
+//! ([`DockerApiWriter::restore_exited`]).
 //!
 //! On cgroup v2 Docker 20.10 writes `io.bfq.weight`
 //! (`default N`) and never `io.weight`, so its weight reaches BFQ devices only; the check after `docker update` is
