@@ -866,8 +866,10 @@ impl<D: Discovery, C: CounterSource, W: WeightWriter> Daemon<D, C, W> {
                 Output::Report(report) => self.report(report),
             }
         }
-        let reconciler = &self.reconciler;
-        self.exited_names.retain(|id, _| reconciler.is_tracked(id));
+        if !self.exited_names.is_empty() {
+            let reconciler = &self.reconciler;
+            self.exited_names.retain(|id, _| reconciler.is_tracked(id));
+        }
     }
 
     // ----- control -----

@@ -52,11 +52,7 @@ impl CgroupDir {
     /// Another directory of the same hierarchy by its absolute path (e.g. the cgroup a container had before this
     /// one), resolved and confined like [`CgroupRoot::resolve_relative`] under the root this one was resolved under.
     pub fn resolve_other(&self, path: &Path) -> Result<CgroupDir> {
-        let outside =
-            |reason| CgroupError::OutsideRoot { path: path.display().to_string(), root: self.root.clone(), reason };
-        let rel = path.strip_prefix(&self.root).map_err(|_| outside("not below the cgroup root"))?;
-        let rel = rel.to_str().ok_or_else(|| outside("not UTF-8"))?;
-        resolve_in(&self.root, self.version, &self.fs, rel)
+        resolve_absolute_in(&self.root, self.version, &self.fs, path)
     }
 }
 
@@ -68,6 +64,12 @@ impl CgroupRoot {
     /// reported as [`CgroupError::Vanished`].
     pub fn resolve_relative(&self, rel: &str) -> Result<CgroupDir> {
         resolve_in(&self.path, self.version, &self.fs, rel)
+    }
+
+    /// The cgroup directory at the absolute `path` (one a record kept), resolved and confined like
+    /// [`Self::resolve_relative`]: a path not below the root is [`CgroupError::OutsideRoot`].
+    pub fn resolve_absolute(&self, path: &Path) -> Result<CgroupDir> {
+        resolve_absolute_in(&self.path, self.version, &self.fs, path)
     }
 
     /// The cgroup of process `pid` in this hierarchy, from `/proc/PID/cgroup`. A process that is gone gives
@@ -108,6 +110,14 @@ impl CgroupRoot {
             }),
         }
     }
+}
+
+/// [`CgroupRoot::resolve_absolute`] under `root` (the root's path, version and file system).
+fn resolve_absolute_in(root: &Path, version: CgroupVersion, fs: &FsHandle, path: &Path) -> Result<CgroupDir> {
+    let outside = |reason| CgroupError::OutsideRoot { path: path.display().to_string(), root: root.to_owned(), reason };
+    let rel = path.strip_prefix(root).map_err(|_| outside("not below the cgroup root"))?;
+    let rel = rel.to_str().ok_or_else(|| outside("not UTF-8"))?;
+    resolve_in(root, version, fs, rel)
 }
 
 /// [`CgroupRoot::resolve_relative`] under `root` (the root's path, version and file system).

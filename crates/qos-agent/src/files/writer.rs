@@ -427,7 +427,7 @@ impl WeightWriter for FileWriter {
     }
 
     /// Drops the weight snapshot, and the cap snapshot if the cgroup is gone (a cap in force on a cgroup that
-    /// still exists stays recorded, for a lift or the start-up restore).
+    /// still exists is put back at the next [`FileWriter::retry_leftover_caps`]).
     fn forget(&mut self, id: &ContainerId) {
         self.snapshots.remove(id);
         self.forget_cap(id);

@@ -282,12 +282,17 @@ impl FileWriter {
     /// Tries again to put back the caps [`Self::restore_leftover_caps`] could not (none before it ran): each
     /// outcome, as there. For the daemon to call every round; nothing to do costs nothing.
     pub fn retry_leftover_caps(&mut self) -> Vec<LeftoverCap> {
-        let Some(root) = self.leftover_root.clone().filter(|_| !self.leftovers.is_empty()) else { return Vec::new() };
+        // Every round: nothing owed costs no clone of the root.
+        if self.leftovers.is_empty() {
+            return Vec::new();
+        }
+        let Some(root) = self.leftover_root.clone() else { return Vec::new() };
         let mut done = Vec::new();
         for id in std::mem::take(&mut self.leftovers) {
             let Some(mut snapshot) = self.caps.get(&id).cloned() else { continue };
             let dir = snapshot.dir.clone();
-            let outcome = match root_dir(&root, &snapshot).and_then(|d| self.put_back(&id, &d, &mut snapshot)) {
+            let outcome = match root.resolve_absolute(&snapshot.dir).and_then(|d| self.put_back(&id, &d, &mut snapshot))
+            {
                 Ok(in_force) => LeftoverCap::Restored { id: id.clone(), dir, devices: device_caps(&in_force) },
                 Err(e) if e.is_vanished() => LeftoverCap::Gone { id: id.clone(), dir },
                 Err(e) => {
@@ -336,18 +341,6 @@ impl FileWriter {
         let devices = counter_devices(dir, V1_BFQ_BYTES)?;
         Ok(self.devices.governors(devices).into_iter().filter(|(_, g)| g.bfq).map(|(d, _)| d).collect())
     }
-}
-
-/// The cgroup of a leftover snapshot, resolved (confined) under `root`.
-fn root_dir(root: &CgroupRoot, snapshot: &CapSnapshot) -> Result<CgroupDir, CgroupError> {
-    let outside = |reason| CgroupError::OutsideRoot {
-        path: snapshot.dir.display().to_string(),
-        root: root.path().to_owned(),
-        reason,
-    };
-    let rel = snapshot.dir.strip_prefix(root.path()).map_err(|_| outside("not below the cgroup root"))?;
-    let rel = rel.to_str().ok_or_else(|| outside("not UTF-8"))?;
-    root.resolve_relative(rel)
 }
 
 /// Writes the lines that turn `now` into `target`, reads the files back and checks every device of `target`;
